@@ -1,0 +1,68 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// direct is the Processor used without a middleware: at-least-once, no
+// deduplication.
+type direct struct {
+	name  string
+	h     Handler
+	hooks Hooks
+	log   *slog.Logger
+}
+
+// settleTimeout bounds an ack or nak issued after the processing context may
+// already be cancelled.
+const settleTimeout = 10 * time.Second
+
+func (p *direct) Process(ctx context.Context, d Delivery) {
+	m := d.Message()
+	tr := m.Origin.Transport
+	if ctx.Err() != nil {
+		p.settle(ctx, func(c context.Context) error { return d.Nak(c, 0) })
+		p.hooks.Outcome(p.name, tr, OutcomeCancelled)
+		return
+	}
+	start := time.Now()
+	_, err := CallHandler(ctx, p.h, m)
+	p.hooks.HandlerDone(p.name, time.Since(start), err)
+	switch {
+	case err == nil:
+		p.settle(ctx, d.Ack)
+		p.hooks.Outcome(p.name, tr, OutcomeProcessed)
+	case IsPermanent(err):
+		dlErr := d.DeadLetter(ctx, DeadLetter{Reason: "permanent_error", Err: err.Error(), Handler: p.name, Attempts: d.Attempt()})
+		if dlErr != nil && !errors.Is(dlErr, ErrNoDeadLetter) {
+			p.log.Error("dead-letter publish failed; will retry", "handler", p.name, "origin", m.Origin.String(), "err", dlErr)
+			p.settle(ctx, func(c context.Context) error { return d.Nak(c, Backoff(d.Attempt(), time.Second, 5*time.Minute)) })
+			p.hooks.Outcome(p.name, tr, OutcomeFailed)
+			return
+		}
+		if dlErr != nil {
+			p.log.Error("permanent failure with no dead-letter destination: message dropped", "handler", p.name, "origin", m.Origin.String(), "err", err)
+		}
+		p.settle(ctx, d.Ack)
+		p.hooks.Outcome(p.name, tr, OutcomeDeadLettered)
+	default:
+		delay, ok := RetryDelay(err)
+		if !ok {
+			delay = Backoff(d.Attempt(), time.Second, 5*time.Minute)
+		}
+		p.log.Warn("handler failed; will retry", "handler", p.name, "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", delay, "err", err)
+		p.settle(ctx, func(c context.Context) error { return d.Nak(c, delay) })
+		p.hooks.Outcome(p.name, tr, OutcomeFailed)
+	}
+}
+
+func (p *direct) settle(ctx context.Context, f func(context.Context) error) {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := f(c); err != nil {
+		p.log.Error("settling delivery failed; the broker will redeliver", "handler", p.name, "err", err)
+	}
+}

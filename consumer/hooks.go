@@ -1,0 +1,123 @@
+package consumer
+
+import "time"
+
+// Outcome is what was done with a delivery. The values are the label values
+// of dedup_messages_total (SPEC §8.4).
+type Outcome string
+
+// The outcomes of SPEC §8.4.
+const (
+	OutcomeProcessed     Outcome = "processed"      // the handler ran and its result was stored
+	OutcomeDuplicate     Outcome = "duplicate"      // a completed key: acked without running
+	OutcomeReclaimed     Outcome = "reclaimed"      // processed after taking over an expired lease
+	OutcomeMismatch      Outcome = "mismatch"       // the key was reused for other content (SPEC §3.4)
+	OutcomeMissingKey    Outcome = "missing_key"    // no idempotency key (SPEC §3.2)
+	OutcomePassthrough   Outcome = "passthrough"    // ran without deduplication (missing key, passthrough policy)
+	OutcomeFailed        Outcome = "failed"         // the handler failed; the message will be retried
+	OutcomeDeadLettered  Outcome = "dead_lettered"  // sent to the dead-letter destination and completed
+	OutcomeLeaseLost     Outcome = "lease_lost"     // the claim was lost while running; the new owner finishes it
+	OutcomeStoreBypassed Outcome = "store_bypassed" // the store was down and fail_open ran the handler anyway
+	OutcomeWouldSkip     Outcome = "would_skip"     // shadow mode: would have been skipped, ran anyway
+	OutcomeInFlight      Outcome = "in_flight"      // another worker holds the key: redelivered later
+	OutcomeStoreError    Outcome = "store_error"    // the store was down: nothing ran, nothing acked, retried
+	OutcomeCancelled     Outcome = "cancelled"      // shutdown or revocation stopped it: released, redelivered
+)
+
+// Hook is any value implementing one or more of the Hook* interfaces below.
+// Hooks are called synchronously on the hot path and must be fast and safe
+// for concurrent use. This is how metrics are wired (the binary adapts them to
+// Prometheus) without the core importing a metrics library.
+type Hook any
+
+// HookOutcome is called once for every settled delivery.
+type HookOutcome interface {
+	OnOutcome(handler, transport string, o Outcome)
+}
+
+// HookHandlerDone is called after every run of a handler.
+type HookHandlerDone interface {
+	OnHandlerDone(handler string, took time.Duration, err error)
+}
+
+// HookInflight is called with +1 when a delivery starts processing and -1
+// when it ends.
+type HookInflight interface {
+	OnInflight(handler string, delta int)
+}
+
+// HookStoreCall is called after every call to the deduplication store. op is
+// one of claim, complete, renew, release, wait, get, delete, step.
+type HookStoreCall interface {
+	OnStoreCall(op string, took time.Duration, err error)
+}
+
+// HookLeaseRenewal is called after every lease renewal attempt with result
+// "ok", "lost" or "error".
+type HookLeaseRenewal interface {
+	OnLeaseRenewal(handler, result string)
+}
+
+// HookCorruptRecord is called when a stored value was not a valid record and
+// a claim replaced it (SPEC §4.8).
+type HookCorruptRecord interface {
+	OnCorruptRecord(handler string)
+}
+
+// Hooks is a list of hooks with helpers that call every hook implementing
+// the matching interface.
+type Hooks []Hook
+
+// Outcome calls every HookOutcome.
+func (hs Hooks) Outcome(handler, transport string, o Outcome) {
+	for _, h := range hs {
+		if x, ok := h.(HookOutcome); ok {
+			x.OnOutcome(handler, transport, o)
+		}
+	}
+}
+
+// HandlerDone calls every HookHandlerDone.
+func (hs Hooks) HandlerDone(handler string, took time.Duration, err error) {
+	for _, h := range hs {
+		if x, ok := h.(HookHandlerDone); ok {
+			x.OnHandlerDone(handler, took, err)
+		}
+	}
+}
+
+// Inflight calls every HookInflight.
+func (hs Hooks) Inflight(handler string, delta int) {
+	for _, h := range hs {
+		if x, ok := h.(HookInflight); ok {
+			x.OnInflight(handler, delta)
+		}
+	}
+}
+
+// StoreCall calls every HookStoreCall.
+func (hs Hooks) StoreCall(op string, took time.Duration, err error) {
+	for _, h := range hs {
+		if x, ok := h.(HookStoreCall); ok {
+			x.OnStoreCall(op, took, err)
+		}
+	}
+}
+
+// LeaseRenewal calls every HookLeaseRenewal.
+func (hs Hooks) LeaseRenewal(handler, result string) {
+	for _, h := range hs {
+		if x, ok := h.(HookLeaseRenewal); ok {
+			x.OnLeaseRenewal(handler, result)
+		}
+	}
+}
+
+// CorruptRecord calls every HookCorruptRecord.
+func (hs Hooks) CorruptRecord(handler string) {
+	for _, h := range hs {
+		if x, ok := h.(HookCorruptRecord); ok {
+			x.OnCorruptRecord(handler)
+		}
+	}
+}

@@ -1,0 +1,5 @@
+package consumer
+
+import "runtime/debug"
+
+func stack() []byte { return debug.Stack() }

@@ -1,0 +1,256 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"time"
+)
+
+// ErrShutdownTimeout is the cause of handler contexts cancelled because the
+// worker's drain (Config.ShutdownTimeout) ran out.
+var ErrShutdownTimeout = errors.New("dedup: shutdown timeout: handler cancelled")
+
+// ErrWorkerRunning is returned by Handle after Run started, and by a second
+// concurrent Run.
+var ErrWorkerRunning = errors.New("dedup: worker already running")
+
+// Config configures a Worker. The zero value is usable.
+type Config struct {
+	// Logger receives the worker's logs; nil discards them.
+	Logger *slog.Logger
+	// Hooks receive metrics events (see Hook). The deduplication engine takes
+	// its own hooks; pass the same list to both.
+	Hooks Hooks
+	// ShutdownTimeout bounds the drain after Run's context is cancelled:
+	// in-flight handlers may finish within it; the rest are cancelled with
+	// cause ErrShutdownTimeout and their claims released (SPEC §8.3).
+	// Default 30s; negative means cancel at once.
+	ShutdownTimeout time.Duration
+}
+
+func (c *Config) withDefaults() {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.ShutdownTimeout < 0 {
+		c.ShutdownTimeout = 0
+	}
+}
+
+// Worker runs registered handlers, each behind its Source, until its context
+// is cancelled. Register with Handle, then call Run once.
+type Worker struct {
+	cfg Config
+
+	mu       sync.Mutex
+	running  bool
+	handlers []*registration
+}
+
+type registration struct {
+	name        string
+	src         Source
+	handler     Handler
+	concurrency int
+	middleware  Middleware
+}
+
+// NewWorker returns a Worker with cfg's defaults filled in.
+func NewWorker(cfg Config) *Worker {
+	cfg.withDefaults()
+	return &Worker{cfg: cfg}
+}
+
+// HandleOption configures one registered handler.
+type HandleOption func(*registration)
+
+// WithConcurrency caps how many deliveries of this handler run at once
+// (SPEC §8.1). Default 16.
+func WithConcurrency(n int) HandleOption { return func(r *registration) { r.concurrency = n } }
+
+// WithMiddleware sets what turns the handler into a Processor, typically the
+// deduplication engine: WithMiddleware(engine.Middleware(...)). Without it the
+// handler runs at least once: acked on success, retried on error with a
+// backoff of 1s doubling to 5m, dead-lettered on Permanent errors.
+func WithMiddleware(m Middleware) HandleOption { return func(r *registration) { r.middleware = m } }
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
+
+// Handle registers handler h under name, fed by src. The name is the
+// deduplication scope (SPEC §2): 1–64 characters of letters, digits, '_', '.'
+// and '-', unique within the worker.
+func (w *Worker) Handle(name string, src Source, h Handler, opts ...HandleOption) error {
+	r := &registration{name: name, src: src, handler: h, concurrency: 16}
+	for _, o := range opts {
+		o(r)
+	}
+	switch {
+	case !validName.MatchString(name):
+		return fmt.Errorf("dedup: handler name %q: use 1-64 letters, digits, '_', '.' or '-'", name)
+	case src == nil:
+		return fmt.Errorf("dedup: handler %q: source is nil", name)
+	case h == nil:
+		return fmt.Errorf("dedup: handler %q: handler is nil", name)
+	case r.concurrency < 1:
+		return fmt.Errorf("dedup: handler %q: concurrency %d: must be at least 1", name, r.concurrency)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running {
+		return ErrWorkerRunning
+	}
+	for _, o := range w.handlers {
+		if o.name == name {
+			return fmt.Errorf("dedup: handler %q registered twice", name)
+		}
+	}
+	w.handlers = append(w.handlers, r)
+	return nil
+}
+
+// Run runs every registered handler until ctx is cancelled or a source fails.
+//
+// On cancellation it stops fetching, lets in-flight handlers finish within
+// ShutdownTimeout, cancels the rest (they release their claims and the
+// message is redelivered), waits for every source to finish its bookkeeping
+// and returns nil. If a source fails, the others are stopped the same way and
+// Run returns the failure.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	if w.running {
+		w.mu.Unlock()
+		return ErrWorkerRunning
+	}
+	if len(w.handlers) == 0 {
+		w.mu.Unlock()
+		return errors.New("dedup: worker has no handlers: call Handle before Run")
+	}
+	w.running = true
+	handlers := append([]*registration(nil), w.handlers...)
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.running = false
+		w.mu.Unlock()
+	}()
+
+	fetchCtx, stopFetch := context.WithCancelCause(ctx)
+	defer stopFetch(nil)
+	// workCtx outlives fetchCtx by the drain timeout; it carries ctx's values.
+	workCtx, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelWork(nil)
+
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, reg := range handlers {
+		r := w.newRunner(reg, workCtx)
+		wg.Go(func() {
+			w.cfg.Logger.Info("handler started", "handler", reg.name, "concurrency", reg.concurrency)
+			err := reg.src.Consume(fetchCtx, r)
+			if err != nil && fetchCtx.Err() == nil {
+				err = fmt.Errorf("dedup: handler %q: %w", reg.name, err)
+				w.cfg.Logger.Error("source failed; stopping the worker", "handler", reg.name, "err", err)
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+				stopFetch(err)
+			}
+		})
+	}
+
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+
+	select {
+	case <-done:
+		return errors.Join(errs...)
+	case <-fetchCtx.Done():
+	}
+	w.cfg.Logger.Info("stopping: draining in-flight handlers", "timeout", w.cfg.ShutdownTimeout, "cause", context.Cause(fetchCtx))
+	timer := time.NewTimer(w.cfg.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		w.cfg.Logger.Warn("drain timeout: cancelling in-flight handlers", "timeout", w.cfg.ShutdownTimeout)
+		cancelWork(ErrShutdownTimeout)
+		<-done
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return errors.Join(errs...)
+}
+
+func (w *Worker) newRunner(reg *registration, workCtx context.Context) *runner {
+	r := &runner{
+		name:    reg.name,
+		limit:   reg.concurrency,
+		sem:     make(chan struct{}, reg.concurrency),
+		hooks:   w.cfg.Hooks,
+		workCtx: workCtx,
+	}
+	if reg.middleware != nil {
+		r.proc = reg.middleware(reg.name, reg.handler)
+	} else {
+		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger}
+	}
+	r.prep, _ = r.proc.(BatchPreparer)
+	return r
+}
+
+// runner implements Runner for one registration.
+type runner struct {
+	name    string
+	limit   int
+	sem     chan struct{}
+	proc    Processor
+	prep    BatchPreparer
+	hooks   Hooks
+	workCtx context.Context // the worker's hard-stop context; cancelled after the drain timeout
+}
+
+func (r *runner) Name() string     { return r.name }
+func (r *runner) Concurrency() int { return r.limit }
+
+func (r *runner) Prepare(ctx context.Context, batch []Delivery) {
+	if r.prep == nil || len(batch) == 0 {
+		return
+	}
+	ctx, cancel := r.bind(ctx)
+	defer cancel()
+	r.prep.PrepareBatch(ctx, batch)
+}
+
+func (r *runner) Process(ctx context.Context, d Delivery) {
+	ctx, cancel := r.bind(ctx)
+	defer cancel()
+	select {
+	case r.sem <- struct{}{}:
+	case <-ctx.Done():
+		// Still hand it over: the processor settles a cancelled delivery.
+		r.proc.Process(ctx, d)
+		return
+	}
+	defer func() { <-r.sem }()
+	r.hooks.Inflight(r.name, 1)
+	defer r.hooks.Inflight(r.name, -1)
+	r.proc.Process(ctx, d)
+}
+
+// bind returns ctx also cancelled, with the worker's cause, when the worker's
+// drain runs out.
+func (r *runner) bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(r.workCtx, func() { cancel(context.Cause(r.workCtx)) })
+	return c, func() { stop(); cancel(nil) }
+}

@@ -1,0 +1,175 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// State is the state of a stored record (SPEC §4.1).
+type State string
+
+// Record states.
+const (
+	StateClaimed   State = "CLAIMED"
+	StateCompleted State = "COMPLETED"
+)
+
+// ClaimOutcome is what a claim found and did, decided atomically by the store
+// (SPEC §4.3).
+type ClaimOutcome string
+
+// The claim outcomes of SPEC §4.3.
+const (
+	// ClaimNew: there was no record (or a released one); the caller owns a
+	// fresh claim.
+	ClaimNew ClaimOutcome = "NEW"
+	// ClaimReclaimed: a CLAIMED record's lease had expired; the caller owns
+	// it now with a new token and fence+1.
+	ClaimReclaimed ClaimOutcome = "RECLAIMED"
+	// ClaimDuplicate: the key is COMPLETED (same fingerprint, or one written
+	// under another fingerprint version). Record holds the stored record.
+	ClaimDuplicate ClaimOutcome = "DUPLICATE"
+	// ClaimInFlight: another owner holds a live lease. Record holds it.
+	ClaimInFlight ClaimOutcome = "IN_FLIGHT"
+	// ClaimMismatch: the key exists with a different fingerprint of the same
+	// version (SPEC §3.4). Nothing was changed. Record holds it.
+	ClaimMismatch ClaimOutcome = "MISMATCH"
+	// ClaimRecovered: the stored value was not a valid record; it was
+	// replaced by a fresh claim the caller owns (SPEC §4.8).
+	ClaimRecovered ClaimOutcome = "RECOVERED"
+)
+
+// Owned reports whether the outcome gives the caller a claim to run under.
+func (o ClaimOutcome) Owned() bool {
+	return o == ClaimNew || o == ClaimReclaimed || o == ClaimRecovered
+}
+
+// Record is the stored state of one effective key (SPEC §4.1). Times are on
+// the Redis server's clock.
+type Record struct {
+	// Key is the effective key without the store's namespace
+	// ("<scope>:<key>").
+	Key                string
+	State              State
+	Fingerprint        string
+	FingerprintVersion int
+	// Token is the claim token of the current (or last) owner.
+	Token string
+	// Fence is 1 on the first claim and grows by one with every new owner.
+	Fence      int64
+	ClaimedAt  time.Time
+	LeaseUntil time.Time
+	// Released is true for a CLAIMED record whose owner gave it up after a
+	// transient failure; the next claim takes it as NEW with fence+1, keeping
+	// its Steps.
+	Released    bool
+	CompletedAt time.Time
+	// Outcome is "ok" or "dead_lettered" once COMPLETED.
+	Outcome string
+	// Attempts counts the claims that ran the handler for this key.
+	Attempts int
+	Result   []byte
+	Meta     map[string]string
+	// Steps holds the stored results of finished steps (SPEC §5.4).
+	Steps map[string][]byte
+}
+
+// Record outcomes stored on completion.
+const (
+	RecordOutcomeOK           = "ok"
+	RecordOutcomeDeadLettered = "dead_lettered"
+)
+
+// ClaimRequest asks to claim one effective key.
+type ClaimRequest struct {
+	// Key is the effective key without namespace ("<scope>:<key>"), see
+	// EffectiveKey.
+	Key                string
+	Fingerprint        string
+	FingerprintVersion int
+	// Lease is how long the claim is owned before another worker may reclaim
+	// it, measured on the store's clock.
+	Lease time.Duration
+}
+
+// Claim is an owned claim: the proof of ownership every later write presents.
+type Claim struct {
+	Key        string
+	Token      string
+	Fence      int64
+	LeaseUntil time.Time
+	// Attempts counts claims of this key including this one.
+	Attempts int
+	// Steps are the results of steps finished by earlier owners.
+	Steps map[string][]byte
+}
+
+// ClaimResult is the store's answer for one ClaimRequest.
+type ClaimResult struct {
+	Outcome ClaimOutcome
+	// Claim is set when Outcome.Owned().
+	Claim *Claim
+	// Record is the existing record for DUPLICATE, IN_FLIGHT and MISMATCH.
+	Record *Record
+}
+
+// Completion stores the result of an owned claim.
+type Completion struct {
+	Key   string
+	Token string
+	// Outcome is RecordOutcomeOK or RecordOutcomeDeadLettered.
+	Outcome string
+	Result  []byte
+	Meta    map[string]string
+	// Retention is how long the COMPLETED record is kept: the
+	// deduplication window.
+	Retention time.Duration
+}
+
+// Store is the deduplication state. Implementations must make every state
+// change atomic and fence writes by the claim token: Complete, Renew, Release
+// and SaveStep change nothing and report false when the record is gone,
+// completed, or owned by another token (SPEC §4.5). Leases are measured on the
+// store's clock.
+//
+// Every method returns an error wrapping ErrStoreUnavailable when the store
+// cannot be reached, so callers fail closed (SPEC §7.3).
+type Store interface {
+	// Claim claims a batch of keys in as few round trips as the deployment
+	// allows. The results are in request order. A key may appear only once
+	// per batch.
+	Claim(ctx context.Context, reqs []ClaimRequest) ([]ClaimResult, error)
+	// Complete stores results of owned claims, in one round trip where
+	// possible; ok[i] reports whether completion i was still owned.
+	Complete(ctx context.Context, cs []Completion) (ok []bool, err error)
+	// Renew extends an owned claim's lease to lease from now and returns the
+	// new lease end; ok is false when the claim is no longer owned.
+	Renew(ctx context.Context, key, token string, lease time.Duration) (leaseUntil time.Time, ok bool, err error)
+	// Release gives up an owned claim so the key can be claimed again at
+	// once. A record with stored steps is kept (released, for keep) so the
+	// steps survive; otherwise it is deleted.
+	Release(ctx context.Context, key, token string, keep time.Duration) (ok bool, err error)
+	// SaveStep stores the result of a finished step in an owned claim.
+	SaveStep(ctx context.Context, key, token, step string, result []byte) (ok bool, err error)
+	// Wait waits up to max for an IN_FLIGHT key to settle. It returns the
+	// record when it is COMPLETED, nil when it was released or is gone (claim
+	// again), or the still-CLAIMED record when max passed.
+	Wait(ctx context.Context, key string, max time.Duration) (*Record, error)
+	// Get returns the record, or nil when there is none or the stored value
+	// is not a valid record (SPEC §4.8).
+	Get(ctx context.Context, key string) (*Record, error)
+	// Delete removes the record, forcing the next delivery to run again.
+	Delete(ctx context.Context, key string) (existed bool, err error)
+	// Ping reports whether the store answers.
+	Ping(ctx context.Context) error
+}
+
+// ErrStoreUnavailable wraps every error caused by the store not answering or
+// failing a call. Use errors.Is(err, ErrStoreUnavailable).
+var ErrStoreUnavailable = errors.New("dedup: store unavailable")
+
+// ErrLeaseLost is the cause of a handler context cancelled because its claim
+// was lost: another worker reclaimed it, or renewals failed until the lease
+// ran out (SPEC §6). Check with errors.Is(context.Cause(ctx), ErrLeaseLost).
+var ErrLeaseLost = errors.New("dedup: lease lost")
