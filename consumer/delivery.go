@@ -10,7 +10,8 @@ import (
 // to settle it: exactly one of Ack, Nak or (after DeadLetter) Ack ends it.
 //
 // A Delivery is used by one goroutine at a time, except Heartbeat, which the
-// lease renewer may call while the handler runs.
+// lease renewer may call while the handler runs. Implementations must be
+// comparable (pointer types are): processors key per-delivery state by it.
 type Delivery interface {
 	// Message returns the message. It is never nil.
 	Message() *Message

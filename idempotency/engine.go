@@ -1,0 +1,625 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// Config configures an Engine. The zero value is usable.
+type Config struct {
+	// Logger receives the engine's logs; nil discards them. Payloads are
+	// never logged.
+	Logger *slog.Logger
+	// Hooks receive metrics events (consumer.Hook*).
+	Hooks consumer.Hooks
+	// StoreTimeout bounds every store call. Default 5s.
+	StoreTimeout time.Duration
+}
+
+// Engine deduplicates deliveries against a Store. One Engine serves any
+// number of handlers; each gets its Processor from Middleware.
+type Engine struct {
+	store   Store
+	log     *slog.Logger
+	hooks   consumer.Hooks
+	timeout time.Duration
+}
+
+// New returns an Engine over store.
+func New(store Store, cfg Config) (*Engine, error) {
+	if store == nil {
+		return nil, fmt.Errorf("%w: store is nil", ErrInvalidOption)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.StoreTimeout == 0 {
+		cfg.StoreTimeout = 5 * time.Second
+	}
+	if cfg.StoreTimeout < 0 {
+		return nil, fmt.Errorf("%w: StoreTimeout %s: must be positive", ErrInvalidOption, cfg.StoreTimeout)
+	}
+	return &Engine{
+		store:   observed{s: store, hooks: cfg.Hooks},
+		log:     cfg.Logger,
+		hooks:   cfg.Hooks,
+		timeout: cfg.StoreTimeout,
+	}, nil
+}
+
+// Middleware returns the consumer.Middleware that deduplicates a handler
+// with opts. It fails, naming the option, when an option is invalid.
+func (e *Engine) Middleware(opts ...Option) (consumer.Middleware, error) {
+	cfg := defaultHandlerConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return func(name string, next consumer.Handler) consumer.Processor {
+		return &processor{
+			e:        e,
+			name:     name,
+			h:        next,
+			cfg:      cfg,
+			log:      e.log.With("handler", name),
+			prepared: make(map[consumer.Delivery]*prepared),
+		}
+	}, nil
+}
+
+// processor is the Processor of one handler.
+type processor struct {
+	e    *Engine
+	name string
+	h    consumer.Handler
+	cfg  handlerConfig
+	log  *slog.Logger
+
+	mu       sync.Mutex
+	prepared map[consumer.Delivery]*prepared
+}
+
+// prepared is what the engine knows of a delivery before it runs: its key,
+// fingerprint and, after a batch claim, the claim's result.
+type prepared struct {
+	key  string // raw key; "" when missing
+	ekey string
+	fp   string
+
+	claimed bool // res/err hold a claim made for this delivery
+	res     ClaimResult
+	err     error
+	claimAt time.Time // local time the claim was requested
+}
+
+// settleTimeout bounds an ack, nak or dead-letter publish.
+const settleTimeout = 10 * time.Second
+
+// maxClaimRounds bounds re-claims after an in-flight key was released.
+const maxClaimRounds = 3
+
+func (p *processor) inspect(d consumer.Delivery) *prepared {
+	m := d.Message()
+	pr := &prepared{fp: Fingerprint(m, p.cfg.fpHeaders)}
+	key, _, err := ExtractKey(m, p.cfg.keySources, pr.fp)
+	if err != nil {
+		p.log.Warn("key extraction failed; treating as missing key", "origin", m.Origin.String(), "err", err)
+	}
+	if key != "" {
+		pr.key = key
+		pr.ekey = EffectiveKey(p.name, key)
+	}
+	return pr
+}
+
+// PrepareBatch claims the keys of a fetched batch in one store call
+// (SPEC §4.4). A key that appears twice in the batch is claimed for its first
+// delivery only; the later one claims when it runs and finds the key in
+// flight or done.
+func (p *processor) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+	prs := make([]*prepared, len(batch))
+	reqs := make([]ClaimRequest, 0, len(batch))
+	idx := make([]int, 0, len(batch))
+	seen := make(map[string]struct{}, len(batch))
+	for i, d := range batch {
+		pr := p.inspect(d)
+		prs[i] = pr
+		if pr.key == "" || ctx.Err() != nil {
+			continue
+		}
+		if _, dup := seen[pr.ekey]; dup {
+			continue
+		}
+		seen[pr.ekey] = struct{}{}
+		reqs = append(reqs, p.claimRequest(pr))
+		idx = append(idx, i)
+	}
+	if len(reqs) > 0 {
+		now := time.Now()
+		res, err := p.claim(ctx, reqs)
+		for j, i := range idx {
+			pr := prs[i]
+			pr.claimed, pr.claimAt, pr.err = true, now, err
+			if err == nil {
+				pr.res = res[j]
+			}
+		}
+	}
+	p.mu.Lock()
+	for i, d := range batch {
+		p.prepared[d] = prs[i]
+	}
+	p.mu.Unlock()
+}
+
+func (p *processor) claimRequest(pr *prepared) ClaimRequest {
+	return ClaimRequest{Key: pr.ekey, Fingerprint: pr.fp, FingerprintVersion: FingerprintVersion, Lease: p.cfg.lease}
+}
+
+func (p *processor) claim(ctx context.Context, reqs []ClaimRequest) ([]ClaimResult, error) {
+	cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
+	defer cancel()
+	res, err := p.e.store.Claim(cctx, reqs)
+	if err == nil && len(res) != len(reqs) {
+		err = fmt.Errorf("%w: claim returned %d results for %d keys", ErrStoreUnavailable, len(res), len(reqs))
+	}
+	return res, err
+}
+
+func (p *processor) take(d consumer.Delivery) *prepared {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pr, ok := p.prepared[d]
+	if ok {
+		delete(p.prepared, d)
+	}
+	return pr
+}
+
+// Process takes one delivery through SPEC §5–§7.
+func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
+	pr := p.take(d)
+	if pr == nil {
+		pr = p.inspect(d)
+	}
+	if ctx.Err() != nil {
+		p.abandon(ctx, d, pr)
+		return
+	}
+	if pr.key == "" {
+		p.missingKey(ctx, d)
+		return
+	}
+	for round := 0; ; round++ {
+		if !pr.claimed {
+			pr.claimAt = time.Now()
+			res, err := p.claim(ctx, []ClaimRequest{p.claimRequest(pr)})
+			pr.claimed, pr.err = true, err
+			if err == nil {
+				pr.res = res[0]
+			}
+		}
+		if pr.err != nil {
+			p.storeDown(ctx, d, "claim", pr.err)
+			return
+		}
+		res := pr.res
+		switch res.Outcome {
+		case ClaimNew, ClaimReclaimed, ClaimRecovered:
+			if !p.runOwned(ctx, d, pr) {
+				pr.claimed = false // the claim went stale before the run: claim again
+				if round < maxClaimRounds {
+					continue
+				}
+				p.inFlight(ctx, d, pr)
+			}
+			return
+		case ClaimDuplicate:
+			p.duplicate(ctx, d, res.Record)
+			return
+		case ClaimMismatch:
+			p.mismatch(ctx, d, pr, res.Record)
+			return
+		case ClaimInFlight:
+			if p.cfg.shadow {
+				p.runUnclaimed(ctx, d, pr.key, consumer.OutcomeWouldSkip)
+				return
+			}
+			if round >= maxClaimRounds {
+				p.inFlight(ctx, d, pr)
+				return
+			}
+			wctx, cancel := context.WithTimeout(ctx, p.cfg.inFlightWait+p.e.timeout)
+			rec, err := p.e.store.Wait(wctx, pr.ekey, p.cfg.inFlightWait)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				p.abandon(ctx, d, &prepared{})
+				return
+			case err != nil:
+				p.storeDown(ctx, d, "wait", err)
+				return
+			case rec != nil && rec.State == StateClaimed && !rec.Released:
+				p.inFlight(ctx, d, pr)
+				return
+			}
+			pr.claimed = false // completed, released or gone: the claim decides
+		default:
+			p.storeDown(ctx, d, "claim", fmt.Errorf("%w: unknown claim outcome %q", ErrStoreUnavailable, res.Outcome))
+			return
+		}
+	}
+}
+
+// runOwned runs the handler under an owned claim. It returns false, having
+// done nothing, when a claim prepared earlier turned out to be lost before
+// the handler started.
+func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepared) bool {
+	res := pr.res
+	cl := res.Claim
+	leaseEnd := pr.claimAt.Add(p.cfg.lease)
+	if time.Since(pr.claimAt) > p.cfg.lease/3 {
+		// The claim waited (for a concurrency slot, or behind earlier
+		// messages of its partition): refresh it before starting work.
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, p.e.timeout)
+		_, ok, err := p.e.store.Renew(rctx, cl.Key, cl.Token, p.cfg.lease)
+		cancel()
+		if err != nil {
+			p.storeDown(ctx, d, "renew", err)
+			return true
+		}
+		if !ok {
+			return false
+		}
+		leaseEnd = start.Add(p.cfg.lease)
+	}
+	m := d.Message()
+	if res.Outcome == ClaimRecovered {
+		p.e.hooks.CorruptRecord(p.name)
+		p.log.Warn("stored value was not a valid record; replaced by a fresh claim", "key_hash", keyHash(pr.ekey))
+	}
+	rs := &runState{
+		info: ClaimInfo{
+			Handler: p.name, Key: pr.key, EffectiveKey: cl.Key, Fence: cl.Fence,
+			Attempt: max(cl.Attempts, 1), Reclaimed: res.Outcome == ClaimReclaimed,
+		},
+		store: p.e.store,
+		token: cl.Token,
+		steps: cl.Steps,
+	}
+	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxKey{}, rs))
+	defer cancel(nil)
+	stopRenew := p.renew(hctx, cancel, d, cl, leaseEnd)
+	start := time.Now()
+	result, herr := consumer.CallHandler(hctx, p.h, m)
+	took := time.Since(start)
+	stopRenew()
+	p.e.hooks.HandlerDone(p.name, took, herr)
+
+	if errors.Is(context.Cause(hctx), ErrLeaseLost) {
+		p.log.Warn("claim lost while the handler ran; its result is discarded and the new owner finishes the key",
+			"origin", m.Origin.String(), "fence", cl.Fence, "took", took)
+		p.settle(ctx, d, consumer.OutcomeLeaseLost, ack)
+		return true
+	}
+	if herr == nil {
+		outcome := consumer.OutcomeProcessed
+		if res.Outcome == ClaimReclaimed {
+			outcome = consumer.OutcomeReclaimed
+		}
+		p.completeAndAck(ctx, d, cl, RecordOutcomeOK, result, nil, outcome)
+		return true
+	}
+	if ctx.Err() != nil {
+		p.log.Info("handler cancelled; claim released for redelivery", "origin", m.Origin.String(), "cause", context.Cause(ctx))
+		p.release(ctx, cl)
+		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
+		return true
+	}
+	var pe *consumer.PanicError
+	if errors.As(herr, &pe) {
+		p.log.Error("handler panicked", "origin", m.Origin.String(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
+	}
+	attempt := rs.info.Attempt
+	permanent := consumer.IsPermanent(herr)
+	if permanent || attempt >= p.cfg.maxAttempts {
+		reason := "max_attempts"
+		if permanent {
+			reason = "permanent_error"
+		}
+		p.deadLetterOwned(ctx, d, cl, pr.key, reason, herr, attempt)
+		return true
+	}
+	delay, ok := consumer.RetryDelay(herr)
+	if !ok {
+		delay = consumer.Backoff(attempt, p.cfg.backoffInitial, p.cfg.backoffMax)
+	}
+	p.log.Warn("handler failed; released for retry", "origin", m.Origin.String(), "attempt", attempt,
+		"max_attempts", p.cfg.maxAttempts, "delay", delay, "err", herr)
+	p.release(ctx, cl)
+	p.settle(ctx, d, consumer.OutcomeFailed, nak(delay))
+	return true
+}
+
+// renew renews the lease every third of it (with jitter) and heartbeats the
+// transport, until the returned stop is called (SPEC §6). When the claim is
+// lost, or renewals fail until the lease is about to run out, it cancels the
+// handler with ErrLeaseLost.
+func (p *processor) renew(hctx context.Context, cancel context.CancelCauseFunc, d consumer.Delivery, cl *Claim, leaseEnd time.Time) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	lease := p.cfg.lease
+	margin := lease / 10
+	go func() {
+		defer close(done)
+		interval := lease / 3
+		timer := time.NewTimer(jitter(interval))
+		defer timer.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-hctx.Done():
+				return
+			case <-timer.C:
+			}
+			start := time.Now()
+			rctx, rcancel := context.WithTimeout(context.WithoutCancel(hctx), min(lease/3, p.e.timeout))
+			_, ok, err := p.e.store.Renew(rctx, cl.Key, cl.Token, lease)
+			rcancel()
+			switch {
+			case err != nil:
+				p.e.hooks.LeaseRenewal(p.name, "error")
+				if time.Now().Add(margin).After(leaseEnd) {
+					p.log.Error("lease renewals failed until the lease ran out; cancelling the handler", "err", err)
+					cancel(ErrLeaseLost)
+					return
+				}
+				p.log.Warn("lease renewal failed; retrying", "err", err)
+				timer.Reset(jitter(max(interval/4, 10*time.Millisecond)))
+				continue
+			case !ok:
+				p.e.hooks.LeaseRenewal(p.name, "lost")
+				cancel(ErrLeaseLost)
+				return
+			}
+			p.e.hooks.LeaseRenewal(p.name, "ok")
+			leaseEnd = start.Add(lease)
+			hctx2, hcancel := context.WithTimeout(context.WithoutCancel(hctx), min(lease/3, p.e.timeout))
+			if err := d.Heartbeat(hctx2); err != nil {
+				p.log.Warn("transport heartbeat failed", "err", err)
+			}
+			hcancel()
+			timer.Reset(jitter(interval))
+		}
+	}()
+	return func() { close(quit); <-done }
+}
+
+// jitter returns d ±10 %.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
+// completeAndAck stores the outcome, then acks (SPEC §5.2).
+func (p *processor) completeAndAck(ctx context.Context, d consumer.Delivery, cl *Claim, recOutcome string, result []byte, meta map[string]string, outcome consumer.Outcome) {
+	c := Completion{Key: cl.Key, Token: cl.Token, Outcome: recOutcome, Result: result, Meta: meta, Retention: p.cfg.retention}
+	var (
+		ok  []bool
+		err error
+	)
+	// The work is done: try hard to record it before giving up, since a
+	// redelivery would run it again once the lease expires.
+	for i, wait := 0, 100*time.Millisecond; i < 3; i, wait = i+1, wait*3 {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.e.timeout)
+		ok, err = p.e.store.Complete(cctx, []Completion{c})
+		cancel()
+		if err == nil {
+			break
+		}
+		if i < 2 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+	}
+	if err != nil {
+		p.log.Error("handler finished but its completion could not be stored; not acked, the message will be redelivered",
+			"origin", d.Message().Origin.String(), "err", err)
+		p.settle(ctx, d, consumer.OutcomeStoreError, nak(consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax)))
+		return
+	}
+	if len(ok) != 1 || !ok[0] {
+		p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", cl.Fence)
+		p.settle(ctx, d, consumer.OutcomeLeaseLost, ack)
+		return
+	}
+	p.settle(ctx, d, outcome, ack)
+}
+
+func (p *processor) deadLetterOwned(ctx context.Context, d consumer.Delivery, cl *Claim, key, reason string, herr error, attempt int) {
+	m := d.Message()
+	dl := consumer.DeadLetter{Reason: reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: attempt}
+	if !p.publishDeadLetter(ctx, d, dl) {
+		p.release(ctx, cl)
+		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(attempt, p.cfg.backoffInitial, p.cfg.backoffMax)))
+		return
+	}
+	p.log.Error("message dead-lettered", "origin", m.Origin.String(), "reason", reason, "attempts", attempt, "err", herr)
+	meta := map[string]string{"reason": reason, "error": truncate(herr.Error(), 1024)}
+	p.completeAndAck(ctx, d, cl, RecordOutcomeDeadLettered, nil, meta, consumer.OutcomeDeadLettered)
+}
+
+// publishDeadLetter sends dl and reports whether the message may now be
+// acked: true when published, or when there is no destination (logged: the
+// record still says dead_lettered, SPEC §7.2); false when publishing failed.
+func (p *processor) publishDeadLetter(ctx context.Context, d consumer.Delivery, dl consumer.DeadLetter) bool {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	err := d.DeadLetter(dctx, dl)
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, consumer.ErrNoDeadLetter):
+		p.log.Error("no dead-letter destination configured: the message is recorded as dead-lettered and acked",
+			"origin", d.Message().Origin.String(), "reason", dl.Reason, "err", dl.Err)
+		return true
+	}
+	p.log.Error("dead-letter publish failed; will retry", "origin", d.Message().Origin.String(), "reason", dl.Reason, "err", err)
+	return false
+}
+
+func (p *processor) release(ctx context.Context, cl *Claim) {
+	keep := min(p.cfg.retention, 2*p.cfg.backoffMax+p.cfg.lease)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.e.timeout)
+	defer cancel()
+	if _, err := p.e.store.Release(rctx, cl.Key, cl.Token, keep); err != nil {
+		p.log.Warn("releasing claim failed; it frees itself when its lease expires", "lease", p.cfg.lease, "err", err)
+	}
+}
+
+func (p *processor) duplicate(ctx context.Context, d consumer.Delivery, rec *Record) {
+	if p.cfg.shadow {
+		p.runUnclaimed(ctx, d, "", consumer.OutcomeWouldSkip)
+		return
+	}
+	if p.cfg.onDuplicate != nil && rec != nil {
+		hctx, cancel := context.WithTimeout(ctx, settleTimeout)
+		err := p.cfg.onDuplicate(hctx, d, rec)
+		cancel()
+		if err != nil {
+			p.log.Warn("OnDuplicate hook failed", "origin", d.Message().Origin.String(), "err", err)
+		}
+	}
+	p.settle(ctx, d, consumer.OutcomeDuplicate, ack)
+}
+
+func (p *processor) mismatch(ctx context.Context, d consumer.Delivery, pr *prepared, rec *Record) {
+	if p.cfg.mismatch == MismatchIgnore {
+		p.duplicate(ctx, d, rec)
+		return
+	}
+	if p.cfg.shadow {
+		p.runUnclaimed(ctx, d, pr.key, consumer.OutcomeWouldSkip)
+		return
+	}
+	p.log.Warn("idempotency key reused for different content; rejected", "origin", d.Message().Origin.String(), "key_hash", keyHash(pr.ekey))
+	dl := consumer.DeadLetter{Reason: "fingerprint_mismatch", Err: "payload fingerprint differs from the stored record's", Key: pr.key, Handler: p.name}
+	if !p.publishDeadLetter(ctx, d, dl) {
+		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)))
+		return
+	}
+	p.settle(ctx, d, consumer.OutcomeMismatch, ack)
+}
+
+func (p *processor) missingKey(ctx context.Context, d consumer.Delivery) {
+	if p.cfg.missingKey == MissingKeyPassthrough {
+		p.runUnclaimed(ctx, d, "", consumer.OutcomePassthrough)
+		return
+	}
+	dl := consumer.DeadLetter{Reason: "missing_key", Err: "no idempotency key from " + sourcesString(p.cfg.keySources), Handler: p.name}
+	if !p.publishDeadLetter(ctx, d, dl) {
+		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)))
+		return
+	}
+	p.settle(ctx, d, consumer.OutcomeMissingKey, ack)
+}
+
+func (p *processor) inFlight(ctx context.Context, d consumer.Delivery, pr *prepared) {
+	delay := consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, max(p.cfg.backoffInitial, p.cfg.lease))
+	p.log.Info("key in flight elsewhere; redelivering later", "origin", d.Message().Origin.String(), "key_hash", keyHash(pr.ekey), "delay", delay)
+	p.settle(ctx, d, consumer.OutcomeInFlight, nak(delay))
+}
+
+// storeDown handles an unavailable store (SPEC §7.3): fail-closed by default.
+func (p *processor) storeDown(ctx context.Context, d consumer.Delivery, op string, err error) {
+	if ctx.Err() != nil {
+		p.abandon(ctx, d, &prepared{})
+		return
+	}
+	if p.cfg.failOpen {
+		p.log.Warn("store unavailable; running without deduplication (fail_open)", "op", op, "err", err)
+		p.runUnclaimed(ctx, d, "", consumer.OutcomeStoreBypassed)
+		return
+	}
+	delay := consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax)
+	p.log.Warn("store unavailable; not running, not acking, retrying", "op", op, "delay", delay, "err", err)
+	p.settle(ctx, d, consumer.OutcomeStoreError, nak(delay))
+}
+
+// runUnclaimed runs the handler without a claim (passthrough, fail-open,
+// shadow duplicates): ack on success, retry or dead-letter on failure.
+func (p *processor) runUnclaimed(ctx context.Context, d consumer.Delivery, key string, outcome consumer.Outcome) {
+	m := d.Message()
+	start := time.Now()
+	_, herr := consumer.CallHandler(ctx, p.h, m)
+	p.e.hooks.HandlerDone(p.name, time.Since(start), herr)
+	switch {
+	case herr == nil:
+		p.settle(ctx, d, outcome, ack)
+	case ctx.Err() != nil:
+		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
+	case consumer.IsPermanent(herr) || d.Attempt() >= p.cfg.maxAttempts:
+		reason := "max_attempts"
+		if consumer.IsPermanent(herr) {
+			reason = "permanent_error"
+		}
+		dl := consumer.DeadLetter{Reason: reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: d.Attempt()}
+		if !p.publishDeadLetter(ctx, d, dl) {
+			p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)))
+			return
+		}
+		p.settle(ctx, d, consumer.OutcomeDeadLettered, ack)
+	default:
+		delay, ok := consumer.RetryDelay(herr)
+		if !ok {
+			delay = consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)
+		}
+		p.log.Warn("handler failed; will retry", "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", delay, "err", herr)
+		p.settle(ctx, d, consumer.OutcomeFailed, nak(delay))
+	}
+}
+
+// abandon settles a delivery that will not run because ctx is cancelled:
+// release a claim made for it and ask for redelivery at once.
+func (p *processor) abandon(ctx context.Context, d consumer.Delivery, pr *prepared) {
+	if pr.claimed && pr.err == nil && pr.res.Outcome.Owned() {
+		p.release(ctx, pr.res.Claim)
+	}
+	p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
+}
+
+type settleFunc func(ctx context.Context, d consumer.Delivery) error
+
+func ack(ctx context.Context, d consumer.Delivery) error { return d.Ack(ctx) }
+
+func nak(delay time.Duration) settleFunc {
+	return func(ctx context.Context, d consumer.Delivery) error { return d.Nak(ctx, delay) }
+}
+
+// settle acks or naks with its own deadline (it must work during shutdown,
+// when ctx is cancelled) and reports the outcome.
+func (p *processor) settle(ctx context.Context, d consumer.Delivery, outcome consumer.Outcome, f settleFunc) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := f(sctx, d); err != nil {
+		p.log.Error("settling the delivery failed; the broker will redeliver it", "origin", d.Message().Origin.String(), "outcome", string(outcome), "err", err)
+	}
+	p.e.hooks.Outcome(p.name, d.Message().Origin.Transport, outcome)
+}
