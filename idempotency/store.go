@@ -147,8 +147,10 @@ type Store interface {
 	// new lease end; ok is false when the claim is no longer owned.
 	Renew(ctx context.Context, key, token string, lease time.Duration) (leaseUntil time.Time, ok bool, err error)
 	// Release gives up an owned claim so the key can be claimed again at
-	// once. A record with stored steps is kept (released, for keep) so the
-	// steps survive; otherwise it is deleted.
+	// once. The record is kept, marked released, for keep (at least the
+	// store's grace), so that its fence, attempt count and steps carry over
+	// to the next claim: attempts are counted per key in the record, which is
+	// how max_attempts holds across workers and transports.
 	Release(ctx context.Context, key, token string, keep time.Duration) (ok bool, err error)
 	// SaveStep stores the result of a finished step in an owned claim.
 	SaveStep(ctx context.Context, key, token, step string, result []byte) (ok bool, err error)
