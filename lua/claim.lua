@@ -1,0 +1,98 @@
+-- claim: claims a batch of keys atomically (SPEC §4.3).
+--
+-- KEYS:    the Redis keys of the batch (all in one hash slot on Cluster).
+-- ARGV[1]: grace in ms (a CLAIMED key lives lease + grace).
+-- ARGV, 4 per key from ARGV[2]: token, fingerprint, fingerprint version,
+--          lease in ms.
+-- Returns a flat array, 2 entries per key in KEYS order: the outcome
+-- (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH), then a record
+-- as JSON: the claim just written for NEW/RECLAIMED/RECOVERED, the stored
+-- value untouched for the others.
+
+local NULL = cjson.null
+
+local function opt(x, kind)
+  return x == nil or x == NULL or type(x) == kind
+end
+
+-- Standard base64 with padding, what Go's base64.StdEncoding accepts.
+local function b64(s)
+  return type(s) == 'string' and #s % 4 == 0 and string.find(s, '^[A-Za-z0-9+/]*=?=?$') ~= nil
+end
+
+local function is_string(s) return type(s) == 'string' end
+
+-- strmap: absent, null, or an object whose keys are strings and whose values
+-- pass check. An empty JSON array decodes to the same empty table as {}.
+local function strmap(m, check)
+  if m == nil or m == NULL then return true end
+  if type(m) ~= 'table' then return false end
+  for k, v in pairs(m) do
+    if type(k) ~= 'string' or not check(v) then return false end
+  end
+  return true
+end
+
+-- valid mirrors the Go decoder in redisbackend: what it rejects is not a
+-- record (SPEC §4.8) and is replaced by the next claim.
+local function valid(r)
+  local s = r.state
+  return (s == 'CLAIMED' or s == 'COMPLETED')
+    and type(r.token) == 'string' and type(r.fp) == 'string'
+    and type(r.fpv) == 'number' and type(r.fence) == 'number'
+    and type(r.attempts) == 'number' and type(r.claimed_at_ms) == 'number'
+    and type(r.lease_until_ms) == 'number'
+    and opt(r.completed_at_ms, 'number') and opt(r.outcome, 'string')
+    and opt(r.released, 'boolean') and opt(r.v, 'number')
+    and (r.result == nil or r.result == NULL or b64(r.result))
+    and strmap(r.meta, is_string) and strmap(r.steps, b64)
+end
+
+local grace = tonumber(ARGV[1])
+local now = now_ms()
+local out = {}
+
+for i, key in ipairs(KEYS) do
+  local a = 2 + (i - 1) * 4
+  local token, fp, fpv, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local raw = redis.pcall('GET', key)
+  local outcome, rec = 'NEW', nil
+  if raw then
+    rec = decode(raw)
+    if rec == nil or not valid(rec) then
+      outcome = 'RECOVERED'
+    elseif rec.fpv == fpv and rec.fp ~= fp then
+      outcome = 'MISMATCH'
+    elseif rec.state == 'COMPLETED' then
+      outcome = 'DUPLICATE'
+    elseif rec.released == true then
+      outcome = 'NEW'
+    elseif rec.lease_until_ms < now then
+      outcome = 'RECLAIMED'
+    else
+      outcome = 'IN_FLIGHT'
+    end
+  end
+
+  if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
+    out[#out + 1] = outcome
+    out[#out + 1] = raw
+  else
+    local fence, attempts, steps = 1, 1, nil
+    if rec ~= nil then
+      -- A recovered value keeps a numeric fence when it still has one, so
+      -- fences never go backwards for a downstream system that saw them.
+      if type(rec.fence) == 'number' then fence = rec.fence + 1 end
+      if type(rec.attempts) == 'number' then attempts = rec.attempts + 1 end
+      if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
+    end
+    local claimed = cjson.encode({
+      v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
+      claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
+    })
+    redis.call('SET', key, claimed, 'PX', lease + grace)
+    out[#out + 1] = outcome
+    out[#out + 1] = claimed
+  end
+end
+return out

@@ -1,0 +1,100 @@
+// Package lua holds the Redis Lua scripts behind every state change of the
+// deduplication store (SPEC §4.2), embedded from the .lua files beside this
+// file. Each exported string is a complete script body: the shared helpers of
+// lib.lua followed by one script. Package redisbackend wraps each once in
+// redis.NewScript and runs it with EVALSHA, reloading on NOSCRIPT.
+//
+// # Storage
+//
+// One Redis string per effective key, a JSON object (SPEC §4.1):
+//
+//	{"v":1,"state":"CLAIMED"|"COMPLETED","fp":"…","fpv":1,"token":"…","fence":N,
+//	 "claimed_at_ms":…,"lease_until_ms":…,"completed_at_ms":…,"outcome":"ok",
+//	 "attempts":N,"result":"<base64>","meta":{…},"steps":{"name":"<base64>"},
+//	 "released":true}
+//
+// A value is a record when it is a JSON object with state CLAIMED or
+// COMPLETED; string token and fp; numeric fpv, fence, attempts, claimed_at_ms
+// and lease_until_ms; and, when present and not null, numeric v and
+// completed_at_ms, string outcome, boolean released, base64 result, meta an
+// object of strings, steps an object of base64 strings. Anything else (not
+// JSON, a JSON array or scalar, a missing or ill-typed field, a Redis value of
+// another type) is not a record: absent to readers and replaced by the next
+// claim (SPEC §4.8). The Go decoder in redisbackend applies the same rule, so
+// the two never disagree on what is a record. The v field is written as 1 and
+// not interpreted.
+//
+// All times are milliseconds on the Redis server's clock (TIME), never the
+// caller's. Leases compare lease_until_ms with TIME.
+//
+// # Scripts and replies
+//
+//   - Claim: KEYS the batch; ARGV grace_ms, then per key token, fp, fpv,
+//     lease_ms. Reply: a flat array, two entries per key: the outcome name
+//     (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH) and a
+//     record as JSON — the claim just written for owned outcomes, the stored
+//     value for the others. TTL of a claim: lease + grace.
+//   - Complete: KEYS the batch; ARGV channel, then per key token, outcome,
+//     result (base64 or ""), meta (JSON object or ""), retention_ms. Reply:
+//     an array of 1 (completed, key published on channel) or 0 (not owned).
+//     TTL: retention.
+//   - Renew: KEYS[1]; ARGV token, lease_ms, grace_ms. Reply: the new
+//     lease_until_ms, or 0 when not owned. TTL: lease + grace.
+//   - Release: KEYS[1]; ARGV token, keep_ms, channel. Reply 1 or 0. The
+//     record is kept as CLAIMED with released=true and lease_until_ms = now,
+//     for keep_ms, so fence, attempts and steps carry over; the key is
+//     published.
+//   - Step: KEYS[1]; ARGV token, name, result (base64). Reply 1 or 0. TTL
+//     kept.
+//
+// Complete, Renew, Release and Step change nothing unless the key holds a
+// CLAIMED, unreleased record with the given token (SPEC §4.5).
+//
+// # Claim decisions
+//
+// For each key, in order: no value → NEW (fence 1, attempts 1); not a record
+// → RECOVERED (a fresh claim; fence and attempts continue from the old value
+// when it still has numeric ones); same fingerprint version but another
+// fingerprint → MISMATCH, whatever the state (a released or expired claim's
+// steps belong to other content and must not be replayed); COMPLETED →
+// DUPLICATE; released → NEW with fence+1, attempts+1, steps kept; lease
+// expired → RECLAIMED with fence+1, attempts+1, steps kept; else IN_FLIGHT.
+//
+// Per key the claim does one GET, one cjson.decode with a few type checks, and
+// for owned outcomes one cjson.encode and one SET: batch throughput is bound
+// by this loop.
+package lua
+
+import _ "embed" // the scripts
+
+//go:embed lib.lua
+var lib string
+
+//go:embed claim.lua
+var claim string
+
+//go:embed complete.lua
+var complete string
+
+//go:embed renew.lua
+var renew string
+
+//go:embed release.lua
+var release string
+
+//go:embed step.lua
+var step string
+
+// The scripts, each a complete EVAL body (lib.lua's helpers + one script).
+var (
+	// Claim claims a batch of keys (SPEC §4.3, §4.4).
+	Claim = lib + claim
+	// Complete completes a batch of owned claims and publishes their keys.
+	Complete = lib + complete
+	// Renew extends an owned claim's lease.
+	Renew = lib + renew
+	// Release gives up an owned claim, keeping the record marked released.
+	Release = lib + release
+	// Step saves a finished step's result in an owned claim.
+	Step = lib + step
+)

@@ -1,0 +1,16 @@
+-- release: gives up an owned claim so the key can be claimed again at once
+-- (SPEC §7.1). The record stays, CLAIMED with released = true and an expired
+-- lease, so its fence, attempts and steps carry over to the next claim.
+--
+-- KEYS[1]: the Redis key.
+-- ARGV:    token, keep in ms (how long the released record lives),
+--          the notification channel.
+-- Returns 1 released (and the key published), 0 not owned (nothing changed).
+
+local rec = owned(KEYS[1], ARGV[1])
+if rec == nil then return 0 end
+rec.released = true
+rec.lease_until_ms = now_ms()
+redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', tonumber(ARGV[2]))
+redis.call('PUBLISH', ARGV[3], KEYS[1])
+return 1
