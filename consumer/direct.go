@@ -35,6 +35,11 @@ func (p *direct) Process(ctx context.Context, d Delivery) {
 	case err == nil:
 		p.settle(ctx, d.Ack)
 		p.hooks.Outcome(p.name, tr, OutcomeProcessed)
+	case ctx.Err() != nil:
+		// Shutdown or revocation cut the handler short: hand the message
+		// back at once so another worker takes it.
+		p.settle(ctx, func(c context.Context) error { return d.Nak(c, 0) })
+		p.hooks.Outcome(p.name, tr, OutcomeCancelled)
 	case IsPermanent(err):
 		dlErr := d.DeadLetter(ctx, DeadLetter{Reason: "permanent_error", Err: err.Error(), Handler: p.name, Attempts: d.Attempt()})
 		if dlErr != nil && !errors.Is(dlErr, ErrNoDeadLetter) {

@@ -1,0 +1,335 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// chanSource is a Source fed from a channel; every delivery runs on its own
+// goroutine, as a NATS source would.
+type chanSource struct {
+	in   chan consumer.Delivery
+	fail error // returned by Consume at once when set
+}
+
+func (s *chanSource) Consume(ctx context.Context, r consumer.Runner) error {
+	if s.fail != nil {
+		return s.fail
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d := <-s.in:
+			r.Prepare(ctx, []consumer.Delivery{d})
+			wg.Go(func() { r.Process(context.WithoutCancel(ctx), d) })
+		}
+	}
+}
+
+type delivery struct {
+	msg     consumer.Message
+	attempt int
+	dlErr   error
+
+	mu    sync.Mutex
+	acked bool
+	naks  []time.Duration
+	dead  []consumer.DeadLetter
+	done  chan struct{}
+}
+
+func newDelivery(payload string) *delivery {
+	return &delivery{msg: consumer.Message{Payload: []byte(payload), Origin: consumer.Origin{Transport: "test"}}, attempt: 1, done: make(chan struct{})}
+}
+
+func (d *delivery) Message() *consumer.Message { return &d.msg }
+func (d *delivery) Attempt() int               { return d.attempt }
+func (d *delivery) Ack(context.Context) error {
+	d.mu.Lock()
+	d.acked = true
+	d.mu.Unlock()
+	close(d.done)
+	return nil
+}
+func (d *delivery) Nak(_ context.Context, delay time.Duration) error {
+	d.mu.Lock()
+	d.naks = append(d.naks, delay)
+	d.mu.Unlock()
+	close(d.done)
+	return nil
+}
+func (d *delivery) Heartbeat(context.Context) error { return nil }
+func (d *delivery) DeadLetter(_ context.Context, dl consumer.DeadLetter) error {
+	if d.dlErr != nil {
+		return d.dlErr
+	}
+	d.mu.Lock()
+	d.dead = append(d.dead, dl)
+	d.mu.Unlock()
+	return nil
+}
+
+func wait(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+func TestWorkerDirectAcksAndRetries(t *testing.T) {
+	src := &chanSource{in: make(chan consumer.Delivery)}
+	w := consumer.NewWorker(consumer.Config{})
+	err := w.Handle("h", src, consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
+		switch string(m.Payload) {
+		case "fail":
+			return nil, errors.New("transient")
+		case "perm":
+			return nil, consumer.Permanent(errors.New("bad"))
+		case "later":
+			return nil, consumer.RetryAfter(time.Minute)
+		}
+		return nil, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+
+	ok, fail, perm, later := newDelivery("ok"), newDelivery("fail"), newDelivery("perm"), newDelivery("later")
+	for _, d := range []*delivery{ok, fail, perm, later} {
+		src.in <- d
+		wait(t, d.done, string(d.msg.Payload))
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+	if !ok.acked {
+		t.Error("ok: not acked")
+	}
+	if fail.acked || len(fail.naks) != 1 || fail.naks[0] < 800*time.Millisecond || fail.naks[0] > 1200*time.Millisecond {
+		t.Errorf("fail: acked %v naks %v, want one nak of ~1s", fail.acked, fail.naks)
+	}
+	if !perm.acked || len(perm.dead) != 1 || perm.dead[0].Reason != "permanent_error" {
+		t.Errorf("perm: acked %v dead %+v, want dead-lettered and acked", perm.acked, perm.dead)
+	}
+	if len(later.naks) != 1 || later.naks[0] != time.Minute {
+		t.Errorf("later: naks %v, want one of 1m", later.naks)
+	}
+}
+
+func TestWorkerShutdownDrainsThenCancels(t *testing.T) {
+	src := &chanSource{in: make(chan consumer.Delivery)}
+	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 200 * time.Millisecond})
+	started := make(chan struct{}, 2)
+	causes := make(chan error, 2)
+	err := w.Handle("h", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		started <- struct{}{}
+		if string(m.Payload) == "quick" {
+			<-ctx.Done() // never: the quick one finishes inside the drain
+		}
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return nil, ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	d := newDelivery("slow")
+	src.in <- d
+	wait(t, started, "handler start")
+	cancel()
+	select {
+	case err := <-runErr:
+		if err != nil {
+			t.Fatalf("Run = %v, want nil after a drain", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the shutdown timeout")
+	}
+	if c := <-causes; !errors.Is(c, consumer.ErrShutdownTimeout) {
+		t.Fatalf("handler cancelled with cause %v, want ErrShutdownTimeout", c)
+	}
+	if d.acked || len(d.naks) != 1 || d.naks[0] != 0 {
+		t.Fatalf("cancelled delivery: acked %v naks %v, want one immediate nak", d.acked, d.naks)
+	}
+}
+
+func TestWorkerSourceFailureStopsRun(t *testing.T) {
+	w := consumer.NewWorker(consumer.Config{})
+	boom := errors.New("stream deleted")
+	ok := &chanSource{in: make(chan consumer.Delivery)}
+	if err := w.Handle("a", &chanSource{fail: boom}, consumer.HandlerFunc(nop)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Handle("b", ok, consumer.HandlerFunc(nop)); err != nil {
+		t.Fatal(err)
+	}
+	err := w.Run(context.Background())
+	if !errors.Is(err, boom) || !strings.Contains(err.Error(), `"a"`) {
+		t.Fatalf("Run = %v, want the source's error naming handler a", err)
+	}
+}
+
+func TestWorkerConcurrencyCap(t *testing.T) {
+	src := &chanSource{in: make(chan consumer.Delivery)}
+	w := consumer.NewWorker(consumer.Config{})
+	var cur, peak atomic.Int32
+	gate := make(chan struct{})
+	err := w.Handle("h", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
+		n := cur.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		<-gate
+		cur.Add(-1)
+		return nil, nil
+	}), consumer.WithConcurrency(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	var ds []*delivery
+	for range 10 {
+		d := newDelivery("x")
+		ds = append(ds, d)
+		src.in <- d
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for cur.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(gate)
+	for _, d := range ds {
+		wait(t, d.done, "delivery")
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+	if peak.Load() != 3 {
+		t.Fatalf("peak concurrency %d, want exactly the cap 3", peak.Load())
+	}
+}
+
+func TestHandleValidates(t *testing.T) {
+	w := consumer.NewWorker(consumer.Config{})
+	src := &chanSource{}
+	for _, c := range []struct {
+		name string
+		src  consumer.Source
+		opts []consumer.HandleOption
+		want string
+	}{
+		{"", src, nil, "handler name"},
+		{"has:colon", src, nil, "handler name"},
+		{"ok", nil, nil, "source is nil"},
+		{"ok", src, []consumer.HandleOption{consumer.WithConcurrency(0)}, "concurrency"},
+	} {
+		err := w.Handle(c.name, c.src, consumer.HandlerFunc(nop), c.opts...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Handle(%q): %v, want an error mentioning %q", c.name, err, c.want)
+		}
+	}
+	if err := w.Handle("dup", src, consumer.HandlerFunc(nop)); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Handle("dup", src, consumer.HandlerFunc(nop)); err == nil {
+		t.Fatal("a second handler of the same name was accepted")
+	}
+	if err := consumer.NewWorker(consumer.Config{}).Run(context.Background()); err == nil {
+		t.Fatal("Run without handlers must fail")
+	}
+}
+
+func nop(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }
+
+func TestHeaderIsCaseInsensitive(t *testing.T) {
+	h := consumer.Header{"idempotency-key": {"a", "b"}}
+	if h.Get("Idempotency-Key") != "a" {
+		t.Fatal("Get must match without regard to case and return the first value")
+	}
+	h.Set("IDEMPOTENCY-KEY", "c")
+	if len(h) != 1 || h.Get("idempotency-key") != "c" {
+		t.Fatalf("Set must replace every case variant, got %v", h)
+	}
+	c := h.Clone()
+	c.Set("x", "y")
+	if h.Get("x") != "" {
+		t.Fatal("Clone shares storage")
+	}
+}
+
+func TestBackoffGrowsAndCaps(t *testing.T) {
+	for attempt, base := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 20: time.Minute} {
+		for range 50 {
+			d := consumer.Backoff(attempt, time.Second, time.Minute)
+			if d < base*8/10 || d > base*12/10 {
+				t.Fatalf("Backoff(%d) = %s, want %s ±20%%", attempt, d, base)
+			}
+		}
+	}
+}
+
+func TestErrorConstructors(t *testing.T) {
+	base := errors.New("x")
+	p := consumer.Permanent(base)
+	if !consumer.IsPermanent(p) || !errors.Is(p, base) {
+		t.Fatal("Permanent must be detectable and unwrap to its cause")
+	}
+	if consumer.IsPermanent(base) {
+		t.Fatal("a plain error is not permanent")
+	}
+	r := consumer.RetryAfterErr(time.Second, base)
+	if d, ok := consumer.RetryDelay(r); !ok || d != time.Second || !errors.Is(r, base) {
+		t.Fatal("RetryAfterErr must carry its delay and cause")
+	}
+	if d, _ := consumer.RetryDelay(consumer.RetryAfter(-time.Second)); d != 0 {
+		t.Fatal("a negative delay must become zero")
+	}
+	_, err := consumer.CallHandler(context.Background(), consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
+		panic("boom")
+	}), &consumer.Message{})
+	var pe *consumer.PanicError
+	if !errors.As(err, &pe) || pe.Value != "boom" || len(pe.Stack) == 0 {
+		t.Fatalf("CallHandler must recover a panic into *PanicError with a stack, got %v", err)
+	}
+}
+
+func TestDeadLetterHeaders(t *testing.T) {
+	dl := consumer.DeadLetter{Reason: "max_attempts", Err: "boom", Key: "k1", Handler: "orders", Attempts: 5}
+	h := dl.Headers(consumer.Origin{Transport: "kafka", Topic: "orders", Partition: 3, Offset: 42})
+	want := map[string]string{
+		consumer.HeaderDeadLetterReason: "max_attempts", consumer.HeaderDeadLetterError: "boom",
+		consumer.HeaderDeadLetterKey: "k1", consumer.HeaderDeadLetterAttempts: "5",
+		consumer.HeaderDeadLetterTopic: "orders", consumer.HeaderDeadLetterPartition: "3",
+		consumer.HeaderDeadLetterOffset: "42", consumer.HeaderDeadLetterHandler: "orders",
+	}
+	for k, v := range want {
+		if h.Get(k) != v {
+			t.Errorf("%s = %q, want %q", k, h.Get(k), v)
+		}
+	}
+}
