@@ -1,0 +1,100 @@
+// Package kafka is the Kafka transport of dedupworker: a consumer.Source
+// that consumes one topic as a member of a consumer group, over
+// github.com/segmentio/kafka-go.
+//
+//	src, err := kafka.New(kafka.Config{
+//		Brokers: []string{"127.0.0.1:9092"},
+//		Topic:   "orders",
+//		GroupID: "orders-dedup",
+//	})
+//	w := consumer.NewWorker(consumer.Config{})
+//	w.Handle("orders", src, handler, consumer.WithMiddleware(engine.Middleware()))
+//	err = w.Run(ctx)
+//
+// # Behaviour
+//
+// Partitions assigned to the member run in parallel; inside a partition
+// messages run in offset order (Ordering "partition"), or, with Ordering
+// "key", distinct message keys run in parallel, each key in offset order
+// (SPEC §8.1). At most Runner.Concurrency() deliveries are in Process at once
+// across the member. Every fetched batch (up to BatchSize messages) goes to
+// Runner.Prepare once before its messages run, so the deduplication engine
+// claims the batch in one store round trip (SPEC §4.4).
+//
+// Kafka cannot redeliver one message, so a Nak is a retry in place: the
+// lane (the partition, or the key) waits the requested delay and processes
+// the message again with Attempt()+1 (SPEC §7.1). Attempts are counted by
+// this member; a message that moves to another member after a rebalance
+// starts again at 1. DeadLetter produces the message, with its key, payload
+// and headers plus the consumer.DeadLetter headers, to DeadLetterTopic and
+// waits for all in-sync replicas.
+//
+// The committed offset of a partition is its lowest unfinished offset (a
+// watermark): offsets finish when their delivery is acked, in any order, and
+// the commit never passes a message that has not finished, so a crash never
+// skips one. Offsets are committed every CommitInterval, when a partition is
+// revoked and when the source stops. What was processed but not committed
+// is delivered again to the next owner; the deduplication engine turns those
+// redeliveries into acknowledged duplicates.
+//
+// Rebalance (SPEC §8.2): when the generation ends, the member stops
+// fetching, hands deliveries that were fetched but not started to Process
+// with a cancelled context (cause ErrStopping, so the engine releases their
+// claims), lets in-flight deliveries finish for up to RevokeTimeout, then
+// cancels their context with cause ErrRevoked, commits what finished, and
+// only then lets the group move to the next generation.
+//
+// Shutdown (SPEC §8.3): when Consume's context is cancelled the member
+// stops fetching, waits for in-flight deliveries (the Worker bounds them
+// with its drain timeout), commits, and leaves the group; Consume returns
+// nil. Heartbeats continue while it drains, so the commit is accepted.
+//
+// # Design: ConsumerGroup + Generation, and a fetcher per partition
+//
+// kafka-go offers two ways to be a group member. Reader with GroupID hides
+// the group: it assigns, fetches and commits for you, but it does not tell
+// its caller when partitions are revoked, it commits "the highest offset
+// handed in + 1" (no watermark), and after a rebalance messages of lost
+// partitions may still sit in its queue, so a commit could name a partition
+// the member no longer owns. None of that is compatible with retry in
+// place, key-parallel work or revoke draining.
+//
+// ConsumerGroup exposes what this transport needs. Next returns a
+// Generation with the member's assignment and the committed offset of each
+// partition; the generation ends when a heartbeat reports a rebalance (or
+// the group is closed); CommitOffsets commits exact offsets under the
+// generation's id; and kafka-go waits for every function started with
+// Generation.Start before it rejoins. The source starts one such function
+// per generation and holds it until its partitions are drained and
+// committed, which gives revoke a synchronous hook that commits while the
+// generation is still valid (the coordinator accepts commits of the current
+// generation while a rebalance is being prepared).
+//
+// Fetching uses one kafka.Conn per assigned partition (Dialer.DialLeader,
+// Conn.ReadBatchWith) rather than a partition Reader: a fetch response is a
+// natural batch to hand to Runner.Prepare, the position after it is exact
+// (transaction markers and compaction gaps included), and closing the
+// connection stops a pending fetch at once. The fetcher follows kafka-go's
+// Reader in how it reacts to errors: reconnect on a leader change or a
+// broken connection, re-resolve the position on OffsetOutOfRange, fail
+// Consume on refused credentials or a topic that stays unknown.
+//
+// Every network call has a deadline: dials and metadata (NetworkTimeout),
+// fetches (MaxWait + NetworkTimeout), group calls (NetworkTimeout, plus the
+// rebalance timeout for JoinGroup), dead-letter writes (2 × NetworkTimeout).
+//
+// # Defaults that differ from kafka-go
+//
+// MaxWait 250ms (kafka-go: 10s, which makes every stop of an idle member take
+// seconds), HeartbeatInterval SessionTimeout/10 (kafka-go: 3s, which delays
+// every rebalance), SessionTimeout 10s (SPEC §9.2), dead-letter writes with
+// a 2ms batch timeout (kafka-go: 1s per synchronous write).
+//
+// # Limits
+//
+// kafka-go has no static membership and no cooperative rebalancing: every
+// rebalance revokes all partitions of every member, and a member killed
+// without leaving holds its partitions until SessionTimeout. If draining on
+// shutdown outlasts SessionTimeout the final commit is refused and the
+// finished offsets are delivered again (then acknowledged as duplicates).
+package kafka

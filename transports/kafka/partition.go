@@ -1,0 +1,524 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	kafka "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// partition is one assigned partition in one generation. Three kinds of
+// goroutine work on it, all owned by it and waited for by wait:
+//
+//   - the fetcher reads batches from the partition leader;
+//   - the dispatcher hands each batch to Runner.Prepare, records its offsets
+//     as unfinished and queues the deliveries on lanes;
+//   - a lane runs its queue in order, one delivery at a time, retrying in
+//     place. Partition ordering has one lane; key ordering one per key.
+type partition struct {
+	g    *generation
+	id   int
+	log  *slog.Logger
+	from int64 // the assignment's offset: absolute, or FirstOffset/LastOffset
+
+	stopOnce  sync.Once
+	stopCh    chan struct{} // closed by stop: no new deliveries start
+	stopCause error
+
+	fetchCtx    context.Context // cancelled by stop
+	cancelFetch context.CancelFunc
+
+	workCtx    context.Context // passed to Process; cancelled on revoke timeout
+	cancelWork context.CancelCauseFunc
+
+	batches chan fetched
+	space   chan struct{} // signalled when offsets finish
+
+	loops sync.WaitGroup // fetcher and dispatcher
+	lanes sync.WaitGroup // lane goroutines; Add only by the dispatcher
+
+	mu         sync.Mutex
+	track      tracker
+	lanesByID  map[string]*lane
+	lastCommit int64
+}
+
+// fetched is what the fetcher hands the dispatcher: messages in offset order
+// and the offset it will read next.
+type fetched struct {
+	msgs []kafka.Message
+	next int64
+}
+
+type lane struct {
+	key   string
+	queue []*delivery
+}
+
+func newPartition(g *generation, id int, start int64) *partition {
+	p := &partition{
+		g:          g,
+		id:         id,
+		log:        g.m.s.log.With("partition", id),
+		from:       start,
+		stopCh:     make(chan struct{}),
+		batches:    make(chan fetched, 1),
+		space:      make(chan struct{}, 1),
+		lanesByID:  make(map[string]*lane),
+		lastCommit: -1,
+	}
+	if start >= 0 {
+		p.lastCommit = start
+		p.track.next = start
+	} else {
+		p.track.next = -1
+	}
+	p.fetchCtx, p.cancelFetch = context.WithCancel(g.m.base)
+	p.workCtx, p.cancelWork = context.WithCancelCause(g.m.base)
+	return p
+}
+
+// start launches the fetcher and the dispatcher.
+func (p *partition) start() {
+	p.loops.Go(p.fetch)
+	p.loops.Go(p.dispatch)
+}
+
+// stop stops fetching and starting deliveries; in-flight ones go on.
+func (p *partition) stop(cause error) {
+	p.stopOnce.Do(func() {
+		p.stopCause = cause
+		close(p.stopCh)
+		p.cancelFetch()
+	})
+}
+
+// wait returns when every goroutine of the partition has returned. Call it
+// after stop.
+func (p *partition) wait() {
+	p.loops.Wait()
+	p.lanes.Wait()
+}
+
+func (p *partition) stopped() bool {
+	select {
+	case <-p.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// toCommit returns the watermark when it moved since the last commit.
+func (p *partition) toCommit() (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.track.watermark()
+	if w < 0 || w == p.lastCommit {
+		return 0, false
+	}
+	return w, true
+}
+
+func (p *partition) committed(w int64) {
+	p.mu.Lock()
+	p.lastCommit = w
+	p.mu.Unlock()
+}
+
+// finish marks offset as done; the watermark may move past it.
+func (p *partition) finish(offset int64) {
+	p.mu.Lock()
+	p.track.finish(offset)
+	p.mu.Unlock()
+	select {
+	case p.space <- struct{}{}:
+	default:
+	}
+}
+
+// ---- fetcher ----
+
+func (p *partition) fetch() {
+	ctx := p.fetchCtx
+	offset := p.from
+	unknown := 0
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && !sleepCtx(ctx, backoff(attempt)) {
+			return
+		}
+		conn, pos, err := p.connect(ctx, offset)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if isFatal(err) {
+				p.g.fail(err)
+				return
+			}
+			if errors.Is(err, kafka.UnknownTopicOrPartition) {
+				if unknown++; unknown >= 10 {
+					p.g.fail(err)
+					return
+				}
+			}
+			p.log.Warn("connecting to the partition leader failed; retrying", "attempt", attempt+1, "err", err)
+			continue
+		}
+		unknown, attempt = 0, 0
+		if pos != offset {
+			offset = pos
+			if !p.send(fetched{next: pos}) {
+				conn.Close()
+				return
+			}
+		}
+		offset, err = p.readLoop(ctx, conn, offset)
+		conn.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		if isFatal(err) {
+			p.g.fail(err)
+			return
+		}
+		p.log.Debug("fetch connection ended; reconnecting", "offset", offset, "err", err)
+	}
+}
+
+// connect dials the partition leader and positions at offset, resolving
+// FirstOffset/LastOffset and offsets that fell out of retention.
+func (p *partition) connect(ctx context.Context, offset int64) (*kafka.Conn, int64, error) {
+	s := p.g.m.s
+	var err error
+	for _, b := range s.cfg.Brokers {
+		var conn *kafka.Conn
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+		conn, err = s.dialer.DialLeader(dctx, "tcp", b, s.cfg.Topic, p.id)
+		cancel()
+		if err != nil {
+			continue
+		}
+		_ = conn.SetDeadline(time.Now().Add(s.cfg.NetworkTimeout))
+		first, last, oerr := conn.ReadOffsets()
+		if oerr != nil {
+			conn.Close()
+			return nil, 0, oerr
+		}
+		switch {
+		case offset == kafka.FirstOffset:
+			offset = first
+		case offset == kafka.LastOffset:
+			offset = last
+		case offset < first:
+			p.log.Warn("committed offset is before the first retained offset: messages were deleted unprocessed", "offset", offset, "first", first)
+			offset = first
+		case offset > last:
+			p.log.Warn("committed offset is past the end of the partition; starting at the end", "offset", offset, "last", last)
+			offset = last
+		}
+		if _, serr := conn.Seek(offset, kafka.SeekAbsolute|kafka.SeekDontCheck); serr != nil {
+			conn.Close()
+			return nil, 0, serr
+		}
+		_ = conn.SetDeadline(time.Time{})
+		return conn, offset, nil
+	}
+	return nil, 0, err
+}
+
+// readLoop fetches batches until the connection must be replaced or ctx ends.
+// It returns the offset to resume from.
+func (p *partition) readLoop(ctx context.Context, conn *kafka.Conn, offset int64) (int64, error) {
+	s := p.g.m.s
+	// Closing the connection unblocks a pending fetch at once on stop.
+	unhook := context.AfterFunc(ctx, func() { conn.Close() })
+	defer unhook()
+	for {
+		if ctx.Err() != nil {
+			return offset, ctx.Err()
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(s.cfg.MaxWait + s.cfg.NetworkTimeout))
+		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{
+			MinBytes: 1,
+			MaxBytes: s.cfg.FetchMaxBytes,
+			MaxWait:  s.cfg.MaxWait,
+		})
+		var msgs []kafka.Message
+		var err error
+		for {
+			_ = conn.SetReadDeadline(time.Now().Add(s.cfg.NetworkTimeout))
+			var m kafka.Message
+			if m, err = batch.ReadMessage(); err != nil {
+				break
+			}
+			msgs = append(msgs, m)
+		}
+		next := batch.Offset()
+		cerr := batch.Close()
+		_ = conn.SetReadDeadline(time.Time{})
+		if len(msgs) > 0 {
+			if n := msgs[len(msgs)-1].Offset + 1; n > next {
+				next = n
+			}
+		}
+		if len(msgs) > 0 || next > offset {
+			if !p.send(fetched{msgs: msgs, next: next}) {
+				return next, ctx.Err()
+			}
+			offset = next
+		}
+		if errors.Is(err, io.EOF) {
+			err = cerr
+		}
+		switch {
+		case err == nil, errors.Is(err, io.EOF), errors.Is(err, kafka.RequestTimedOut):
+			continue
+		case errors.Is(err, kafka.OffsetOutOfRange):
+			// Reconnecting re-resolves the position against the retained range.
+			return offset, err
+		default:
+			return offset, err
+		}
+	}
+}
+
+// send hands f to the dispatcher; false when stopping.
+func (p *partition) send(f fetched) bool {
+	select {
+	case p.batches <- f:
+		return true
+	case <-p.stopCh:
+		return false
+	}
+}
+
+func backoff(attempt int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < attempt && d < 5*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Second)
+}
+
+// ---- dispatcher ----
+
+func (p *partition) dispatch() {
+	s := p.g.m.s
+	limit := s.cfg.BatchSize
+	for {
+		var f fetched
+		select {
+		case <-p.stopCh:
+			return
+		case f = <-p.batches:
+		}
+		if p.stopped() {
+			return
+		}
+		for len(f.msgs) > 0 {
+			n := min(len(f.msgs), limit)
+			chunk := f.msgs[:n]
+			f.msgs = f.msgs[n:]
+			if !p.waitSpace(limit) {
+				return
+			}
+			batch := make([]consumer.Delivery, len(chunk))
+			ds := make([]*delivery, len(chunk))
+			p.mu.Lock()
+			for i := range chunk {
+				ds[i] = newDelivery(p, &chunk[i], 1)
+				batch[i] = ds[i]
+				p.track.add(chunk[i].Offset)
+			}
+			p.mu.Unlock()
+			p.g.m.r.Prepare(p.workCtx, batch)
+			p.enqueue(ds)
+		}
+		p.mu.Lock()
+		p.track.advance(f.next)
+		p.mu.Unlock()
+	}
+}
+
+// waitSpace blocks while limit or more offsets are unfinished: the partition
+// never runs (and claims) far ahead of its oldest unfinished message.
+func (p *partition) waitSpace(limit int) bool {
+	for {
+		p.mu.Lock()
+		n := p.track.pending()
+		p.mu.Unlock()
+		if n < limit {
+			return true
+		}
+		select {
+		case <-p.space:
+		case <-p.stopCh:
+			return false
+		}
+	}
+}
+
+func (p *partition) enqueue(ds []*delivery) {
+	keyed := p.g.m.s.cfg.Ordering == OrderingKey
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range ds {
+		key := ""
+		if keyed {
+			if len(d.msg.Key) == 0 {
+				// No key, no order to keep: a lane of its own.
+				p.lanes.Go(func() { p.runLane(&lane{queue: []*delivery{d}}, false) })
+				continue
+			}
+			key = string(d.msg.Key)
+		}
+		if l, ok := p.lanesByID[key]; ok {
+			l.queue = append(l.queue, d)
+			continue
+		}
+		l := &lane{key: key, queue: []*delivery{d}}
+		p.lanesByID[key] = l
+		p.lanes.Go(func() { p.runLane(l, true) })
+	}
+}
+
+// ---- lanes ----
+
+func (p *partition) runLane(l *lane, registered bool) {
+	for {
+		p.mu.Lock()
+		if len(l.queue) == 0 {
+			if registered {
+				delete(p.lanesByID, l.key)
+			}
+			p.mu.Unlock()
+			return
+		}
+		d := l.queue[0]
+		l.queue[0] = nil
+		l.queue = l.queue[1:]
+		p.mu.Unlock()
+		p.deliver(d)
+	}
+}
+
+// deliver runs d to settlement, retrying in place while it is nakked. It
+// returns with d's offset finished, or unfinished when the partition stops.
+func (p *partition) deliver(d *delivery) {
+	m := p.g.m
+	for {
+		if p.stopped() {
+			p.abandon(d)
+			return
+		}
+		select {
+		case m.sem <- struct{}{}:
+		case <-p.stopCh:
+			p.abandon(d)
+			return
+		}
+		m.r.Process(p.workCtx, d)
+		<-m.sem
+		st, delay := d.outcome()
+		switch st {
+		case settledAck:
+			return
+		case settledNak:
+		default:
+			if p.workCtx.Err() != nil {
+				return
+			}
+			delay = time.Second
+			p.log.Error("processor returned without settling the delivery; retrying", "offset", d.msg.Origin.Offset, "delay", delay)
+		}
+		if p.stopped() || p.workCtx.Err() != nil {
+			// Stop retrying; the offset stays unfinished and uncommitted.
+			return
+		}
+		if delay > 0 {
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-p.stopCh:
+				t.Stop()
+				return
+			}
+		}
+		d = d.retry()
+	}
+}
+
+// abandon hands a delivery that will not run to Process with a cancelled
+// context (the contract of consumer.BatchPreparer: a prepared delivery is
+// always processed once), so the processor releases what it prepared. Its
+// offset stays unfinished.
+func (p *partition) abandon(d *delivery) {
+	ctx, cancel := context.WithCancelCause(p.workCtx)
+	cancel(p.stopCause)
+	p.g.m.r.Process(ctx, d)
+}
+
+// ---- offset tracking ----
+
+// tracker finds the lowest unfinished offset of a partition. Offsets are
+// added in increasing order (with gaps: compaction, transaction markers) and
+// finished in any order.
+type tracker struct {
+	offs []int64 // unfinished or finished-but-behind-an-unfinished, ascending
+	done []bool
+	head int
+	next int64 // the offset after the last one dispatched; -1 until known
+}
+
+func (t *tracker) add(off int64) {
+	t.offs = append(t.offs, off)
+	t.done = append(t.done, false)
+	if off+1 > t.next {
+		t.next = off + 1
+	}
+}
+
+func (t *tracker) advance(next int64) {
+	if next > t.next {
+		t.next = next
+	}
+}
+
+func (t *tracker) finish(off int64) {
+	live := t.offs[t.head:]
+	i := sort.Search(len(live), func(i int) bool { return live[i] >= off })
+	if i == len(live) || live[i] != off {
+		return
+	}
+	t.done[t.head+i] = true
+	for t.head < len(t.offs) && t.done[t.head] {
+		t.head++
+	}
+	if t.head == len(t.offs) {
+		t.offs, t.done, t.head = t.offs[:0], t.done[:0], 0
+	} else if t.head > 1024 && t.head*2 > len(t.offs) {
+		n := copy(t.offs, t.offs[t.head:])
+		copy(t.done, t.done[t.head:])
+		t.offs, t.done, t.head = t.offs[:n], t.done[:n], 0
+	}
+}
+
+// pending counts offsets from the lowest unfinished one on.
+func (t *tracker) pending() int { return len(t.offs) - t.head }
+
+// watermark is the offset to commit: the lowest unfinished offset, or the
+// next offset to read when everything dispatched has finished.
+func (t *tracker) watermark() int64 {
+	if t.head < len(t.offs) {
+		return t.offs[t.head]
+	}
+	return t.next
+}

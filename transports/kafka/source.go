@@ -1,0 +1,415 @@
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	kafka "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// ErrRevoked is the cause of a Process context cancelled because its
+// partition was revoked in a rebalance and RevokeTimeout ran out (SPEC §8.2).
+var ErrRevoked = errors.New("kafka: partition revoked")
+
+// ErrStopping is the cause of the already-cancelled context with which
+// deliveries that were fetched (and prepared) but had not started are handed
+// to Runner.Process when the source stops or loses their partition: the
+// processor releases their claims and the offsets stay uncommitted.
+var ErrStopping = errors.New("kafka: source stopping: delivery not started")
+
+// Source consumes one topic as a member of a Kafka consumer group and
+// implements consumer.Source. Create it with New.
+type Source struct {
+	cfg    Config
+	dialer *kafka.Dialer
+	log    *slog.Logger
+}
+
+var _ consumer.Source = (*Source)(nil)
+
+// New validates cfg, fills in its defaults and returns a Source. It does not
+// connect: Consume does.
+func New(cfg Config) (*Source, error) {
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	d, err := cfg.dialer()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Brokers = append([]string(nil), cfg.Brokers...)
+	return &Source{
+		cfg:    cfg,
+		dialer: d,
+		log:    cfg.Logger.With("transport", "kafka", "topic", cfg.Topic, "group", cfg.GroupID),
+	}, nil
+}
+
+// Consume joins the group and processes the partitions assigned to this
+// member until ctx is cancelled or the source cannot go on (see
+// consumer.Source). On cancellation it stops fetching, waits for the
+// deliveries it handed to r.Process, commits the finished offsets, leaves
+// the group and returns nil. It returns an error for an unknown topic, a
+// refused authentication or a configuration the broker rejects.
+//
+// Consume may be called again after it returned; calls must not overlap.
+func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
+	if err := s.checkTopic(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	dlq := s.newDeadLetterWriter()
+	defer func() {
+		if dlq != nil {
+			if err := dlq.close(); err != nil {
+				s.log.Warn("closing the dead-letter writer", "err", err)
+			}
+		}
+	}()
+
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                s.cfg.GroupID,
+		Brokers:           s.cfg.Brokers,
+		Dialer:            s.dialer,
+		Topics:            []string{s.cfg.Topic},
+		HeartbeatInterval: s.cfg.HeartbeatInterval,
+		SessionTimeout:    s.cfg.SessionTimeout,
+		RebalanceTimeout:  s.cfg.RebalanceTimeout,
+		JoinGroupBackoff:  time.Second,
+		StartOffset:       s.cfg.startOffset(),
+		Timeout:           s.cfg.NetworkTimeout,
+		Logger:            kafkaLogger(s.log, slog.LevelDebug),
+		ErrorLogger:       kafkaLogger(s.log, slog.LevelDebug),
+	})
+	if err != nil {
+		return fmt.Errorf("kafka: consumer group %q: %w", s.cfg.GroupID, err)
+	}
+
+	m := &member{
+		s:   s,
+		r:   r,
+		dlq: dlq,
+		// Member-wide cap on deliveries in Process (SPEC §8.1).
+		sem:  make(chan struct{}, max(r.Concurrency(), 1)),
+		base: context.WithoutCancel(ctx),
+	}
+	var fatal error
+	for ctx.Err() == nil {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if isFatal(err) {
+				fatal = fmt.Errorf("kafka: joining group %q: %w", s.cfg.GroupID, err)
+				break
+			}
+			s.log.Warn("joining the group failed; retrying", "err", err)
+			continue
+		}
+		g := m.newGeneration(gen)
+		revoked, err := g.run(ctx)
+		if err != nil {
+			fatal = err
+		}
+		if revoked {
+			// The generation ended by itself (rebalance): its work is
+			// drained and committed; join the next one.
+			g.release()
+			continue
+		}
+		// Stopping (ctx cancelled or a fatal error): the generation is still
+		// alive, so its heartbeats kept the member in the group while it
+		// drained and committed. Now leave: Close ends the generation, whose
+		// end must not be released before Close began, or the group would
+		// rejoin once before leaving.
+		closed := make(chan struct{})
+		go func() {
+			_ = cg.Close()
+			close(closed)
+		}()
+		<-g.gctx.Done()
+		g.release()
+		<-closed
+		return fatal
+	}
+	_ = cg.Close()
+	return fatal
+}
+
+// checkTopic fails when the topic does not exist, after a few tries (a topic
+// may be created concurrently with the consumer's start).
+func (s *Source) checkTopic(ctx context.Context) error {
+	var err error
+	delay := 200 * time.Millisecond
+	for attempt := 1; attempt <= 5; attempt++ {
+		if attempt > 1 {
+			if !sleepCtx(ctx, delay) {
+				return ctx.Err()
+			}
+			delay *= 2
+		}
+		var parts []kafka.Partition
+		parts, err = s.lookupPartitions(ctx)
+		switch {
+		case err == nil && len(parts) > 0:
+			return nil
+		case err == nil:
+			err = kafka.UnknownTopicOrPartition
+		case isFatal(err):
+			return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+		}
+		s.log.Debug("topic not available yet", "attempt", attempt, "err", err)
+	}
+	return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+}
+
+func (s *Source) lookupPartitions(ctx context.Context) ([]kafka.Partition, error) {
+	var err error
+	for _, b := range s.cfg.Brokers {
+		c, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+		var parts []kafka.Partition
+		parts, err = s.dialer.LookupPartitions(c, "tcp", b, s.cfg.Topic)
+		cancel()
+		if err == nil {
+			return parts, nil
+		}
+		var kerr kafka.Error
+		if errors.As(err, &kerr) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// isFatal reports whether err cannot be fixed by retrying: refused
+// credentials, a missing authorization, a configuration the broker rejects,
+// a TLS certificate that does not verify.
+func isFatal(err error) bool {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
+			kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed,
+			kafka.InvalidSessionTimeout, kafka.InvalidGroupId, kafka.InconsistentGroupProtocol:
+			return true
+		}
+		return false
+	}
+	var (
+		unknownAuthority x509.UnknownAuthorityError
+		hostname         x509.HostnameError
+		certInvalid      x509.CertificateInvalidError
+		verify           *tls.CertificateVerificationError
+		recordHeader     tls.RecordHeaderError
+	)
+	return errors.As(err, &unknownAuthority) || errors.As(err, &hostname) || errors.As(err, &certInvalid) ||
+		errors.As(err, &verify) || errors.As(err, &recordHeader)
+}
+
+// member is the state of one Consume call that outlives generations.
+type member struct {
+	s    *Source
+	r    consumer.Runner
+	dlq  *deadLetterWriter
+	sem  chan struct{}
+	base context.Context // Consume's ctx without its cancellation: the root of Process contexts
+}
+
+// generation is this member's share of one group generation: its assigned
+// partitions, their fetchers and lanes, and the committer.
+type generation struct {
+	m     *member
+	gen   *kafka.Generation
+	gctx  context.Context // done when the generation ends (rebalance or Close)
+	hold  chan struct{}   // closed by release: lets the generation end
+	parts []*partition
+
+	fatalOnce sync.Once
+	fatal     chan error // first unrecoverable fetch error
+
+	commitMu sync.Mutex
+}
+
+func (m *member) newGeneration(gen *kafka.Generation) *generation {
+	g := &generation{
+		m:     m,
+		gen:   gen,
+		hold:  make(chan struct{}),
+		fatal: make(chan error, 1),
+	}
+	// A function started on the generation keeps it from completing until
+	// it returns: kafka-go waits for it before rejoining. Holding it open
+	// until release lets this member drain and commit with the generation's
+	// still-valid member id and generation id, on revoke and on shutdown.
+	got := make(chan context.Context, 1)
+	gen.Start(func(ctx context.Context) {
+		got <- ctx
+		<-g.hold
+	})
+	g.gctx = <-got
+	return g
+}
+
+func (g *generation) release() { close(g.hold) }
+
+func (g *generation) fail(err error) {
+	g.fatalOnce.Do(func() { g.fatal <- err })
+}
+
+// run processes the generation's partitions until it ends (revoked=true) or
+// ctx is cancelled or a fetch fails for good (revoked=false). Either way,
+// when run returns, every delivery it handed out has returned from Process
+// and the finished offsets are committed.
+func (g *generation) run(ctx context.Context) (revoked bool, fatal error) {
+	s := g.m.s
+	assigned := g.gen.Assignments[s.cfg.Topic]
+	ids := make([]int, 0, len(assigned))
+	for _, a := range assigned {
+		p := newPartition(g, a.ID, a.Offset)
+		g.parts = append(g.parts, p)
+		ids = append(ids, a.ID)
+	}
+	s.log.Info("generation started", "generation", g.gen.ID, "member", g.gen.MemberID, "partitions", ids)
+	for _, p := range g.parts {
+		p.start()
+	}
+
+	commitDone := make(chan struct{})
+	var commitWG sync.WaitGroup
+	commitWG.Go(func() {
+		t := time.NewTicker(s.cfg.CommitInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-commitDone:
+				return
+			case <-t.C:
+				g.commit()
+			}
+		}
+	})
+
+	select {
+	case <-ctx.Done():
+		g.stop(context.Cause(ctx))
+	case <-g.gctx.Done():
+		revoked = true
+		g.stop(ErrRevoked)
+	case fatal = <-g.fatal:
+		g.stop(fatal)
+	}
+
+	// Drain: every goroutine of every partition returns. A revoked
+	// generation gives in-flight work RevokeTimeout, then cancels it; a
+	// stopping one waits, bounded by the worker's own drain deadline on the
+	// Process contexts — unless the generation ends meanwhile.
+	done := make(chan struct{})
+	go func() {
+		for _, p := range g.parts {
+			p.wait()
+		}
+		close(done)
+	}()
+	var timeout <-chan time.Time
+	if revoked {
+		t := time.NewTimer(s.cfg.RevokeTimeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	gctxDone := g.gctx.Done()
+	if revoked {
+		gctxDone = nil
+	}
+drain:
+	for {
+		select {
+		case <-done:
+			break drain
+		case <-gctxDone:
+			gctxDone = nil
+			t := time.NewTimer(s.cfg.RevokeTimeout)
+			defer t.Stop()
+			timeout = t.C
+		case <-timeout:
+			s.log.Warn("revoke timeout: cancelling in-flight deliveries", "generation", g.gen.ID, "timeout", s.cfg.RevokeTimeout)
+			for _, p := range g.parts {
+				p.cancelWork(ErrRevoked)
+			}
+			timeout = nil
+		}
+	}
+	close(commitDone)
+	commitWG.Wait()
+	g.commit()
+	for _, p := range g.parts {
+		p.cancelWork(context.Canceled)
+	}
+	s.log.Info("generation ended", "generation", g.gen.ID, "revoked", revoked)
+	return revoked, fatal
+}
+
+func (g *generation) stop(cause error) {
+	for _, p := range g.parts {
+		p.stop(cause)
+	}
+}
+
+// commit commits, for every partition whose watermark moved, the lowest
+// offset not yet finished (SPEC §8.1).
+func (g *generation) commit() {
+	g.commitMu.Lock()
+	defer g.commitMu.Unlock()
+	offsets := make(map[int]int64)
+	for _, p := range g.parts {
+		if w, ok := p.toCommit(); ok {
+			offsets[p.id] = w
+		}
+	}
+	if len(offsets) == 0 {
+		return
+	}
+	topic := g.m.s.cfg.Topic
+	// CommitOffsets is bounded by the group's network timeout.
+	if err := g.gen.CommitOffsets(map[string]map[int]int64{topic: offsets}); err != nil {
+		g.m.s.log.Warn("committing offsets failed; they will be delivered again", "generation", g.gen.ID, "offsets", offsets, "err", err)
+		return
+	}
+	for _, p := range g.parts {
+		if w, ok := offsets[p.id]; ok {
+			p.committed(w)
+		}
+	}
+	g.m.s.log.Debug("committed", "generation", g.gen.ID, "offsets", offsets)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// kafkaLogger adapts kafka-go's Printf-style logger to slog.
+func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		if l.Enabled(context.Background(), level) {
+			l.Log(context.Background(), level, fmt.Sprintf(format, args...), "component", "kafka-go")
+		}
+	})
+}
