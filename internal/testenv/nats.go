@@ -1,0 +1,93 @@
+package testenv
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultNATSURL is where NATS looks for a server when NATS_URL is unset.
+const DefaultNATSURL = "nats://127.0.0.1:4222"
+
+// NATS returns the URL of a running nats-server with JetStream enabled:
+// $NATS_URL, else 127.0.0.1:4222 when it answers. Without one the test is
+// skipped, or failed under DEDUP_REQUIRE_SERVICES=1 (see Unavailable).
+func NATS(t testing.TB) string {
+	t.Helper()
+	url := os.Getenv("NATS_URL")
+	if url == "" {
+		url = DefaultNATSURL
+	}
+	if why := probeNATS(url); why != "" {
+		Unavailable(t, "nats", why)
+	}
+	return url
+}
+
+// probeNATS returns why url is not a usable JetStream server, or "".
+func probeNATS(url string) string {
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second), nats.NoReconnect())
+	if err != nil {
+		return "connecting to " + url + ": " + err.Error()
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return url + " has no JetStream: " + err.Error()
+	}
+	return ""
+}
+
+// EmbeddedNATS starts a current nats-server in-process with JetStream on a
+// random loopback port, stores in t.TempDir(), shuts it down when the test
+// ends, and returns its URL.
+func EmbeddedNATS(t testing.TB) string {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{
+		Host:      "127.0.0.1",
+		Port:      -1,
+		JetStream: true,
+		StoreDir:  t.TempDir(),
+		NoSigs:    true,
+		NoLog:     true,
+	})
+	if err != nil {
+		t.Fatalf("testenv: embedded nats-server: %v", err)
+	}
+	s.Start()
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatalf("testenv: embedded nats-server not ready after 10s")
+	}
+	return s.ClientURL()
+}
+
+// NATSServer names a way to get a NATS server for a test.
+type NATSServer struct {
+	Name string
+	URL  func(testing.TB) string
+}
+
+// NATSServers lists the servers every NATS test runs against (SPEC §10):
+// the system one (NATS) and a current one embedded in-process
+// (EmbeddedNATS). Use them as subtests:
+//
+//	for _, srv := range testenv.NATSServers() {
+//		t.Run(srv.Name, func(t *testing.T) { url := srv.URL(t); ... })
+//	}
+func NATSServers() []NATSServer {
+	return []NATSServer{{"system", NATS}, {"embedded", EmbeddedNATS}}
+}
