@@ -1,0 +1,147 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Config configures a Source. Stream and Consumer are required; every other
+// field has a default.
+type Config struct {
+	// Stream is the JetStream stream to consume. Required.
+	Stream string
+	// Consumer is the durable name of the pull consumer. Required. It is
+	// created when it does not exist (unless BindOnly) and bound to
+	// unchanged when it does.
+	Consumer string
+	// Subject is the filter subject of a consumer the Source creates; empty
+	// means every subject of the stream. It is ignored (with a warning) when
+	// the consumer already exists with another filter.
+	Subject string
+	// AckWait is the AckWait of a consumer the Source creates: how long the
+	// server waits for an ack before redelivering. Heartbeats
+	// (Delivery.Heartbeat) reset it. Default 30s, the default lease.
+	AckWait time.Duration
+	// Batch caps how many messages one fetch asks for. Default (0) and any
+	// value above the handler's concurrency mean the concurrency. A fetch
+	// never asks for more than the free processing capacity.
+	Batch int
+	// FetchMaxWait bounds how long one fetch waits for a first message when
+	// the stream has none. It also bounds how long Consume takes to notice
+	// its context was cancelled. Default 1s.
+	FetchMaxWait time.Duration
+	// RequestTimeout is the deadline of every JetStream API call the Source
+	// makes (consumer lookup and creation, stream lookup, dead-letter
+	// publish, DoubleAck) when the caller's context has none. Default 5s.
+	RequestTimeout time.Duration
+	// AckSync makes Ack wait for the server's confirmation (DoubleAck):
+	// an ack lost in transit then fails instead of causing a redelivery.
+	// 5-10× slower than a plain Ack.
+	AckSync bool
+	// DeadLetterSubject is where Delivery.DeadLetter publishes; empty means
+	// none (DeadLetter returns consumer.ErrNoDeadLetter). It must not be
+	// matched by the consumer's own filter in the same stream.
+	DeadLetterSubject string
+	// BindOnly makes a missing consumer an error instead of creating it.
+	BindOnly bool
+	// Logger receives the Source's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+const (
+	defaultAckWait        = 30 * time.Second
+	defaultFetchMaxWait   = time.Second
+	defaultRequestTimeout = 5 * time.Second
+)
+
+func (c *Config) withDefaults() {
+	if c.AckWait == 0 {
+		c.AckWait = defaultAckWait
+	}
+	if c.FetchMaxWait == 0 {
+		c.FetchMaxWait = defaultFetchMaxWait
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = defaultRequestTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// ErrInvalidConfig is wrapped by every error New returns for a bad Config.
+var ErrInvalidConfig = errors.New("dedup: nats: invalid config")
+
+func (c *Config) validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Stream == "":
+		return bad("Stream", "required")
+	case !validName(c.Stream):
+		return bad("Stream", "%q: must not contain whitespace, '.', '*', '>', '/' or '\\'", c.Stream)
+	case c.Consumer == "":
+		return bad("Consumer", "required (the durable consumer's name)")
+	case !validName(c.Consumer):
+		return bad("Consumer", "%q: must not contain whitespace, '.', '*', '>', '/' or '\\'", c.Consumer)
+	case c.Subject != "" && !validSubject(c.Subject, true):
+		return bad("Subject", "%q is not a valid subject filter", c.Subject)
+	case c.AckWait < time.Second:
+		return bad("AckWait", "%s: must be at least 1s", c.AckWait)
+	case c.Batch < 0:
+		return bad("Batch", "%d: must not be negative", c.Batch)
+	case c.FetchMaxWait < 10*time.Millisecond:
+		return bad("FetchMaxWait", "%s: must be at least 10ms", c.FetchMaxWait)
+	case c.RequestTimeout < 0:
+		return bad("RequestTimeout", "%s: must not be negative", c.RequestTimeout)
+	case c.DeadLetterSubject != "" && !validSubject(c.DeadLetterSubject, false):
+		return bad("DeadLetterSubject", "%q is not a valid subject (no wildcards)", c.DeadLetterSubject)
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	return !strings.ContainsAny(s, " \t\r\n.*>/\\")
+}
+
+// validSubject reports whether s is a well-formed subject; wildcards are
+// allowed only when wild is set ('>' only as the last token).
+func validSubject(s string, wild bool) bool {
+	if s == "" || strings.ContainsAny(s, " \t\r\n") {
+		return false
+	}
+	toks := strings.Split(s, ".")
+	for i, t := range toks {
+		switch {
+		case t == "":
+			return false
+		case t == "*" || t == ">":
+			if !wild || (t == ">" && i != len(toks)-1) {
+				return false
+			}
+		case strings.ContainsAny(t, "*>"):
+			return false
+		}
+	}
+	return true
+}
+
+// subjectMatches reports whether the literal subject matches filter, which
+// may contain wildcards.
+func subjectMatches(filter, subject string) bool {
+	f := strings.Split(filter, ".")
+	s := strings.Split(subject, ".")
+	for i, t := range f {
+		if t == ">" {
+			return len(s) > i
+		}
+		if i >= len(s) || (t != "*" && t != s[i]) {
+			return false
+		}
+	}
+	return len(f) == len(s)
+}

@@ -1,0 +1,240 @@
+package nats_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// forEachServer runs f as a subtest against every NATS server of SPEC §10.
+func forEachServer(t *testing.T, f func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, srv := range testenv.NATSServers() {
+		t.Run(srv.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, newEnv(t, srv.URL(t)))
+		})
+	}
+}
+
+// env is one test's connection and its own stream.
+type env struct {
+	url    string
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream string // also the subject prefix, lowercased
+	subj   string
+}
+
+func randID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newEnv(t *testing.T, url string) *env {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := strings.NewReplacer("/", "_", " ", "_", ".", "_").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[len(name)-40:]
+	}
+	e := &env{url: url, nc: nc, js: js, stream: "T_" + name + "_" + randID()}
+	e.subj = strings.ToLower(e.stream)
+	e.createStream(t, e.stream, e.subj+".>")
+	return e
+}
+
+func (e *env) createStream(t *testing.T, name string, subjects ...string) {
+	t.Helper()
+	ctx := ctxT(t, 5*time.Second)
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatalf("create stream %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Logf("delete stream %s: %v", name, err)
+		}
+	})
+}
+
+// publish publishes n messages "m<i>" on <subj>.<i%3>, each with header
+// Idempotency-Key k<i>, and waits for their stream acks.
+func (e *env) publish(t *testing.T, n int) {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	futs := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		m := nats.NewMsg(fmt.Sprintf("%s.%d", e.subj, i%3))
+		m.Data = fmt.Appendf(nil, "m%d", i)
+		m.Header.Set("Idempotency-Key", fmt.Sprintf("k%d", i))
+		f, err := e.js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		futs = append(futs, f)
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("publish: %v", err)
+		case <-ctx.Done():
+			t.Fatal("publish: no stream ack")
+		}
+	}
+}
+
+func (e *env) consumerInfo(t *testing.T, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	ctx := ctxT(t, 5*time.Second)
+	c, err := e.js.Consumer(ctx, e.stream, name)
+	if err != nil {
+		t.Fatalf("consumer %s: %v", name, err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	return info
+}
+
+// drained waits until the consumer has delivered and settled everything.
+func (e *env) drained(t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
+	info := &jetstream.ConsumerInfo{}
+	var lastErr error
+	eventually(t, timeout, func() bool {
+		ctx := ctxT(t, 5*time.Second)
+		c, err := e.js.Consumer(ctx, e.stream, name)
+		if err == nil {
+			info, err = c.Info(ctx)
+		}
+		if lastErr = err; err != nil { // not created yet
+			return false
+		}
+		return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
+	}, func() string {
+		return fmt.Sprintf("consumer %s not drained (%v): pending %d, ack pending %d, redelivered %d", name, lastErr, info.NumPending, info.NumAckPending, info.NumRedelivered)
+	})
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond every 20ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", timeout, msg())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// running is a Worker.Run in progress.
+type running struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// run starts a worker with one handler on src and returns a handle; the
+// test's cleanup stops it if the test did not.
+func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *running {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	w := consumer.NewWorker(cfg)
+	if err := w.Handle("h", src, h, opts...); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(60 * time.Second):
+			t.Error("worker did not stop")
+		}
+	})
+	return r
+}
+
+// wait returns Run's result, failing the test after timeout.
+func (r *running) wait(t *testing.T, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err // keep it for the cleanup
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("Run did not return within %s", timeout)
+		return nil
+	}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("NATS_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+}
+
+// seen records handler runs by payload.
+type seen struct {
+	mu   sync.Mutex
+	runs map[string][]int // payload -> attempts (from the source's Attempt via the recorder processor) or run counts
+	n    int
+}
+
+func newSeen() *seen { return &seen{runs: map[string][]int{}} }
+
+func (s *seen) add(payload string, attempt int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.runs[payload] = append(s.runs[payload], attempt)
+	s.n++
+}
+
+func (s *seen) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+func (s *seen) get(payload string) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int(nil), s.runs[payload]...)
+}

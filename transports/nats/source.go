@@ -1,0 +1,291 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Source consumes a JetStream durable pull consumer for one handler. It
+// implements consumer.Source. One Source feeds one registered handler; a
+// second concurrent Consume fails.
+type Source struct {
+	js  jetstream.JetStream
+	cfg Config
+	log *slog.Logger
+
+	consuming atomic.Bool
+
+	dlMu   sync.Mutex
+	dlMode dlMode
+}
+
+type dlMode int
+
+const (
+	dlUnknown dlMode = iota // not resolved yet
+	dlStream                // a stream captures the subject: JetStream publish
+	dlCore                  // no stream: core publish and flush
+)
+
+var _ consumer.Source = (*Source)(nil)
+
+// New returns a Source reading cfg.Consumer of cfg.Stream through js. It
+// validates cfg (errors wrap ErrInvalidConfig and name the field) and makes
+// no network call: the consumer is bound or created when Consume starts,
+// because its MaxAckPending follows the handler's concurrency.
+func New(js jetstream.JetStream, cfg Config) (*Source, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: jetstream.JetStream is nil", ErrInvalidConfig)
+	}
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Source{
+		js:  js,
+		cfg: cfg,
+		log: cfg.Logger.With("stream", cfg.Stream, "consumer", cfg.Consumer),
+	}, nil
+}
+
+// Config returns the Source's configuration with defaults filled in.
+func (s *Source) Config() Config { return s.cfg }
+
+// Reply answers m's requester (see the package-level Reply) on the Source's
+// connection.
+func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) error {
+	return Reply(ctx, s.js.Conn(), m, data)
+}
+
+// Consume binds to (or creates) the durable consumer and runs its messages on
+// r until ctx is cancelled, per the consumer.Source contract: it fetches at
+// most the free capacity of r.Concurrency() slots, calls r.Prepare once per
+// fetched batch, runs every delivery with r.Process on its own goroutine and
+// context.WithoutCancel(ctx). On cancellation it stops fetching, naks what it
+// fetched but did not start, waits for every Process call to return and
+// returns nil. It returns an error when the stream or the consumer does not
+// exist or disappears, when the consumer cannot be used (a push consumer, an
+// ack policy other than explicit), or when the connection is closed for good.
+func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
+	if !s.consuming.CompareAndSwap(false, true) {
+		return fmt.Errorf("dedup: nats: stream %q consumer %q: already consuming: one Source feeds one handler", s.cfg.Stream, s.cfg.Consumer)
+	}
+	defer s.consuming.Store(false)
+
+	n := r.Concurrency()
+	if n < 1 {
+		n = 1
+	}
+	batch := s.cfg.Batch
+	if batch == 0 || batch > n {
+		batch = n
+	}
+	cons, err := s.bind(ctx, n)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	s.log.Info("consuming", "handler", r.Name(), "concurrency", n, "batch", batch)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	slots := make(chan struct{}, n) // a token per delivery being processed
+	release := func(k int) {
+		for range k {
+			<-slots
+		}
+	}
+	workCtx := context.WithoutCancel(ctx)
+	failures := 0
+	lastCheck := time.Now()
+	for {
+		k := reserve(ctx, slots, batch)
+		if k == 0 {
+			return nil
+		}
+		msgs, ferr := s.fetch(cons, k)
+		release(k - len(msgs))
+		if ctx.Err() != nil {
+			// Fetched after the stop: hand them back at once.
+			s.nakAll(msgs)
+			release(len(msgs))
+			return nil
+		}
+		if ferr != nil {
+			if fatal := s.classify(ctx, cons, ferr); fatal != nil {
+				s.nakAll(msgs)
+				release(len(msgs))
+				return fatal
+			}
+			failures++
+			lastCheck = time.Now()
+			delay := consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second)
+			s.log.Warn("fetch failed; retrying", "handler", r.Name(), "attempt", failures, "delay", delay, "err", ferr)
+			if len(msgs) == 0 {
+				if !sleep(ctx, delay) {
+					return nil
+				}
+				continue
+			}
+		} else {
+			failures = 0
+		}
+		if len(msgs) == 0 {
+			// An idle consumer gets no error when it is deleted on some
+			// servers: look it up now and then.
+			if time.Since(lastCheck) >= idleCheckEvery {
+				lastCheck = time.Now()
+				if fatal := s.checkGone(ctx, cons); fatal != nil {
+					return fatal
+				}
+			}
+			continue
+		}
+		lastCheck = time.Now()
+		ds := make([]consumer.Delivery, len(msgs))
+		for i, m := range msgs {
+			ds[i] = s.newDelivery(m)
+		}
+		r.Prepare(workCtx, ds)
+		for _, d := range ds {
+			wg.Go(func() {
+				defer release(1)
+				r.Process(workCtx, d)
+			})
+		}
+	}
+}
+
+// idleCheckEvery is how often an idle Source checks that its consumer still
+// exists.
+const idleCheckEvery = 5 * time.Second
+
+// reserve blocks for one free slot (or ctx), then takes up to max-1 more
+// that are free at once. It returns how many it took; 0 when ctx is done.
+func reserve(ctx context.Context, slots chan struct{}, max int) int {
+	select {
+	case slots <- struct{}{}:
+	case <-ctx.Done():
+		return 0
+	}
+	if ctx.Err() != nil {
+		<-slots
+		return 0
+	}
+	k := 1
+	for k < max {
+		select {
+		case slots <- struct{}{}:
+			k++
+		default:
+			return k
+		}
+	}
+	return k
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// fetch returns up to k messages. It first takes what is available without
+// waiting; when there is nothing it waits up to FetchMaxWait for one message
+// and then takes what else is available, so a batch is as large as the
+// backlog allows without holding the first message back.
+func (s *Source) fetch(cons jetstream.Consumer, k int) ([]jetstream.Msg, error) {
+	msgs, err := collect(cons.FetchNoWait(k))
+	if err != nil || len(msgs) > 0 {
+		return msgs, err
+	}
+	msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(s.cfg.FetchMaxWait)))
+	if err != nil || len(msgs) == 0 || k == 1 {
+		return msgs, err
+	}
+	more, err := collect(cons.FetchNoWait(k - 1))
+	return append(msgs, more...), err
+}
+
+// collect drains a fetch. The jetstream library ends every fetch by itself:
+// on a full batch, on the server's "no messages" or timeout status, or one
+// second after the request's expiry.
+func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	var msgs []jetstream.Msg
+	for m := range b.Messages() {
+		msgs = append(msgs, m)
+	}
+	return msgs, b.Error()
+}
+
+func (s *Source) nakAll(msgs []jetstream.Msg) {
+	for _, m := range msgs {
+		if err := m.Nak(); err != nil {
+			s.log.Warn("nak of an unstarted message failed; it is redelivered after AckWait", "subject", m.Subject(), "err", err)
+		}
+	}
+}
+
+// classify decides whether a fetch error ends Consume. It returns the error
+// to return, or nil to retry.
+func (s *Source) classify(ctx context.Context, cons jetstream.Consumer, err error) error {
+	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubscription) && s.js.Conn().IsClosed() {
+		return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed: %w", s.cfg.Stream, s.cfg.Consumer, err)
+	}
+	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return s.checkGone(ctx, cons)
+	}
+	return nil
+}
+
+// checkGone looks the consumer up and returns an error naming stream and
+// consumer when it or its stream no longer exists; nil otherwise (also when
+// the lookup itself fails: that is retried).
+func (s *Source) checkGone(ctx context.Context, cons jetstream.Consumer) error {
+	c, cancel := s.withTimeout(context.WithoutCancel(ctx))
+	defer cancel()
+	_, err := cons.Info(c)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return s.goneErr(err)
+	}
+	if s.js.Conn().IsClosed() {
+		return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed: %w", s.cfg.Stream, s.cfg.Consumer, err)
+	}
+	s.log.Warn("consumer lookup failed; retrying", "err", err)
+	return nil
+}
+
+func (s *Source) goneErr(err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("dedup: nats: stream %q (consumer %q) does not exist: %w", s.cfg.Stream, s.cfg.Consumer, err)
+	}
+	return fmt.Errorf("dedup: nats: consumer %q of stream %q does not exist: %w", s.cfg.Consumer, s.cfg.Stream, err)
+}
+
+// withTimeout bounds ctx by Config.RequestTimeout when it has no deadline.
+func (s *Source) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return withDefaultTimeout(ctx, s.cfg.RequestTimeout)
+}
