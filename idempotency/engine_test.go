@@ -1,0 +1,692 @@
+package idempotency_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/redisbackend"
+)
+
+type fixture struct {
+	store idempotency.Store
+	eng   *idempotency.Engine
+	oc    *outcomes
+	calls *storeCalls
+}
+
+// storeCalls counts store calls by op.
+type storeCalls struct{ claim, complete atomic.Int32 }
+
+func (s *storeCalls) OnStoreCall(op string, _ time.Duration, _ error) {
+	switch op {
+	case "claim":
+		s.claim.Add(1)
+	case "complete":
+		s.complete.Add(1)
+	}
+}
+
+func randomName(t *testing.T) string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return "enginetest-" + hex.EncodeToString(b[:])
+}
+
+func newFixture(t *testing.T, client redis.UniversalClient) *fixture {
+	t.Helper()
+	store, err := redisbackend.New(client, redisbackend.Options{Namespace: randomName(t), Grace: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	f := &fixture{store: store, oc: &outcomes{}, calls: &storeCalls{}}
+	f.eng, err = idempotency.New(store, idempotency.Config{Hooks: consumer.Hooks{f.oc, f.calls}, StoreTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	return newFixture(t, testenv.RedisClient(t))
+}
+
+func (f *fixture) processor(t *testing.T, h consumer.Handler, opts ...idempotency.Option) consumer.Processor {
+	t.Helper()
+	mw, err := f.eng.Middleware(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mw("orders", h)
+}
+
+func TestDuplicateAckedWithoutRunningHandler(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var replayed []byte
+	h := &countingHandler{}
+	p := f.processor(t, h, idempotency.WithOnDuplicate(func(_ context.Context, _ consumer.Delivery, rec *idempotency.Record) error {
+		replayed = rec.Result
+		return nil
+	}))
+	ctx := context.Background()
+
+	d1 := newDelivery("k1", "payload")
+	p.Process(ctx, d1)
+	d1.expectAck(t)
+	d2 := newDelivery("k1", "payload")
+	p.Process(ctx, d2)
+	d2.expectAck(t)
+
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if string(replayed) != "ok:payload" {
+		t.Fatalf("OnDuplicate got result %q, want the stored %q", replayed, "ok:payload")
+	}
+	if f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 {
+		t.Fatalf("outcomes %v, want one processed and one duplicate", f.oc.m)
+	}
+	rec, err := f.store.Get(ctx, idempotency.EffectiveKey("orders", "k1"))
+	if err != nil || rec == nil || rec.State != idempotency.StateCompleted || rec.Outcome != idempotency.RecordOutcomeOK {
+		t.Fatalf("record = %+v, %v; want COMPLETED ok", rec, err)
+	}
+}
+
+func TestHandlerErrorReleasesAndNaksWithBackoff(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	fail := atomic.Bool{}
+	fail.Store(true)
+	var fences []int64
+	h := &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
+		ci, _ := idempotency.FromContext(ctx)
+		fences = append(fences, ci.Fence)
+		if fail.Load() {
+			return nil, errBoom
+		}
+		return nil, nil
+	}}
+	p := f.processor(t, h, idempotency.WithBackoff(time.Second, time.Minute))
+	ctx := context.Background()
+
+	d1 := newDelivery("k", "x")
+	p.Process(ctx, d1)
+	delay := d1.expectNak(t)
+	if delay < 800*time.Millisecond || delay > 1200*time.Millisecond {
+		t.Fatalf("nak delay %s, want the first backoff step 1s ±20%%", delay)
+	}
+	rec, err := f.store.Get(ctx, idempotency.EffectiveKey("orders", "k"))
+	if err != nil || rec == nil || !rec.Released {
+		t.Fatalf("after a failure the claim must be released, record = %+v, err %v", rec, err)
+	}
+
+	// The redelivery claims at once (no waiting for the lease) and runs again.
+	fail.Store(false)
+	d2 := newDelivery("k", "x")
+	d2.attempt = 2
+	p.Process(ctx, d2)
+	d2.expectAck(t)
+	if h.runs.Load() != 2 {
+		t.Fatalf("handler ran %d times, want 2", h.runs.Load())
+	}
+	if len(fences) != 2 || fences[1] <= fences[0] {
+		t.Fatalf("fences %v: the second owner must get a higher fence", fences)
+	}
+}
+
+func TestRetryAfterOverridesBackoff(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p := f.processor(t, &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
+		return nil, consumer.RetryAfter(7 * time.Second)
+	}})
+	d := newDelivery("k", "x")
+	p.Process(context.Background(), d)
+	if got := d.expectNak(t); got != 7*time.Second {
+		t.Fatalf("nak delay %s, want the handler's 7s", got)
+	}
+}
+
+func TestMaxAttemptsDeadLettersAndCompletes(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, errBoom }}
+	p := f.processor(t, h, idempotency.WithMaxAttempts(3), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
+	ctx := context.Background()
+
+	for attempt := 1; attempt <= 2; attempt++ {
+		d := newDelivery("poison", "x")
+		d.attempt = attempt
+		p.Process(ctx, d)
+		d.expectNak(t)
+	}
+	d3 := newDelivery("poison", "x")
+	d3.attempt = 3
+	p.Process(ctx, d3)
+	d3.expectAck(t)
+	_, _, dead := d3.state()
+	if len(dead) != 1 {
+		t.Fatalf("want one dead letter, got %d", len(dead))
+	}
+	dl := dead[0]
+	if dl.Reason != "max_attempts" || dl.Attempts != 3 || dl.Key != "poison" || dl.Handler != "orders" || dl.Err != errBoom.Error() {
+		t.Fatalf("dead letter %+v: want reason max_attempts, 3 attempts, key, handler and error", dl)
+	}
+	rec, err := f.store.Get(ctx, idempotency.EffectiveKey("orders", "poison"))
+	if err != nil || rec == nil || rec.State != idempotency.StateCompleted || rec.Outcome != idempotency.RecordOutcomeDeadLettered {
+		t.Fatalf("record %+v, %v: want COMPLETED dead_lettered", rec, err)
+	}
+	// A later redelivery is acked without running.
+	d4 := newDelivery("poison", "x")
+	p.Process(ctx, d4)
+	d4.expectAck(t)
+	if h.runs.Load() != 3 {
+		t.Fatalf("handler ran %d times, want 3", h.runs.Load())
+	}
+	if f.oc.get(consumer.OutcomeDeadLettered) != 1 || f.oc.get(consumer.OutcomeFailed) != 2 {
+		t.Fatalf("outcomes %v", f.oc.m)
+	}
+}
+
+func TestAttemptsCountedPerKeyAcrossDeliveries(t *testing.T) {
+	t.Parallel()
+	// A transport that cannot count (Attempt always 1) still dead-letters
+	// after max attempts: the record counts runs.
+	f := setup(t)
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, errBoom }}
+	p := f.processor(t, h, idempotency.WithMaxAttempts(2), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
+	d1 := newDelivery("k", "x")
+	p.Process(context.Background(), d1)
+	d1.expectNak(t)
+	d2 := newDelivery("k", "x")
+	p.Process(context.Background(), d2)
+	d2.expectAck(t)
+	if _, _, dead := d2.state(); len(dead) != 1 || dead[0].Attempts != 2 {
+		t.Fatalf("dead letters %+v, want one after 2 attempts", dead)
+	}
+}
+
+func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
+		return nil, consumer.Permanent(errors.New("bad order"))
+	}}
+	p := f.processor(t, h)
+	d := newDelivery("k", "x")
+	p.Process(context.Background(), d)
+	d.expectAck(t)
+	if _, _, dead := d.state(); len(dead) != 1 || dead[0].Reason != "permanent_error" {
+		t.Fatalf("dead letters %+v, want one with reason permanent_error", dead)
+	}
+}
+
+func TestDeadLetterPublishFailureIsRetriedNotAcked(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
+	p := f.processor(t, h)
+	d := newDelivery("k", "x")
+	d.dlErr = errors.New("broker down")
+	p.Process(context.Background(), d)
+	d.expectNak(t)
+	rec, err := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
+	if err != nil || rec == nil || rec.State != idempotency.StateClaimed || !rec.Released {
+		t.Fatalf("record %+v, %v: an unpublished dead letter must leave the key released, not completed", rec, err)
+	}
+}
+
+func TestNoDeadLetterDestinationStillCompletes(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
+	p := f.processor(t, h)
+	d := newDelivery("k", "x")
+	d.dlErr = consumer.ErrNoDeadLetter
+	p.Process(context.Background(), d)
+	d.expectAck(t)
+	rec, _ := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
+	if rec == nil || rec.Outcome != idempotency.RecordOutcomeDeadLettered {
+		t.Fatalf("record %+v: want dead_lettered even without a destination", rec)
+	}
+}
+
+func TestLongHandlerIsRenewedHeartbeatsAndRunsOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const lease = 300 * time.Millisecond
+	started := make(chan struct{})
+	h := &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
+		close(started)
+		select { // the work itself: 3× the lease
+		case <-time.After(3 * lease):
+			return []byte("done"), nil
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}}
+	p := f.processor(t, h, idempotency.WithLease(lease), idempotency.WithInFlightWait(10*lease))
+	ctx := context.Background()
+	d1 := newDelivery("long", "x")
+	done := make(chan struct{})
+	go func() { defer close(done); p.Process(ctx, d1) }()
+	<-started
+
+	// A redelivery of the same key meanwhile waits for the first and is
+	// acked as a duplicate.
+	d2 := newDelivery("long", "x")
+	p.Process(ctx, d2)
+	<-done
+	d1.expectAck(t)
+	d2.expectAck(t)
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if hb := d1.heartbeats.Load(); hb < 2 {
+		t.Fatalf("%d heartbeats during 3 leases, want at least 2 (one per renewal)", hb)
+	}
+	if f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 {
+		t.Fatalf("outcomes %v", f.oc.m)
+	}
+}
+
+func TestInFlightKeyIsNakkedAfterTheWait(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	started, finish := make(chan struct{}), make(chan struct{})
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
+		close(started)
+		<-finish
+		return nil, nil
+	}}
+	p := f.processor(t, h, idempotency.WithInFlightWait(100*time.Millisecond))
+	d1 := newDelivery("busy", "x")
+	done := make(chan struct{})
+	go func() { defer close(done); p.Process(context.Background(), d1) }()
+	<-started
+	d2 := newDelivery("busy", "x")
+	p.Process(context.Background(), d2)
+	if delay := d2.expectNak(t); delay <= 0 {
+		t.Fatalf("an in-flight key must be redelivered later, got delay %s", delay)
+	}
+	close(finish)
+	<-done
+	d1.expectAck(t)
+	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeInFlight) != 1 {
+		t.Fatalf("runs %d outcomes %v: want one run and one in_flight", h.runs.Load(), f.oc.m)
+	}
+}
+
+func TestStolenLeaseCancelsHandlerWithErrLeaseLost(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const lease = 300 * time.Millisecond
+	started := make(chan struct{})
+	cause := make(chan error, 1)
+	h := &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
+		close(started)
+		select {
+		case <-ctx.Done():
+			cause <- context.Cause(ctx)
+			return nil, ctx.Err()
+		case <-time.After(10 * lease):
+			cause <- nil
+			return nil, nil
+		}
+	}}
+	p := f.processor(t, h, idempotency.WithLease(lease))
+	d := newDelivery("stolen", "x")
+	done := make(chan struct{})
+	go func() { defer close(done); p.Process(context.Background(), d) }()
+	<-started
+	// Another owner takes the key: the record is replaced under our feet.
+	if _, err := f.store.Delete(context.Background(), idempotency.EffectiveKey("orders", "stolen")); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if err := <-cause; !errors.Is(err, idempotency.ErrLeaseLost) {
+		t.Fatalf("handler context cause = %v, want ErrLeaseLost", err)
+	}
+	d.expectAck(t)
+	if f.oc.get(consumer.OutcomeLeaseLost) != 1 {
+		t.Fatalf("outcomes %v, want lease_lost", f.oc.m)
+	}
+}
+
+func TestPanicIsRecoveredAsFailure(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { panic("kaboom") }}
+	p := f.processor(t, h)
+	d := newDelivery("k", "x")
+	p.Process(context.Background(), d)
+	d.expectNak(t)
+	if f.oc.get(consumer.OutcomeFailed) != 1 {
+		t.Fatalf("outcomes %v, want failed", f.oc.m)
+	}
+}
+
+func TestStepsSkipFinishedStepsOnRetry(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var charges, emails atomic.Int32
+	failEmail := atomic.Bool{}
+	failEmail.Store(true)
+	h := &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
+		receipt, err := idempotency.Step(ctx, "charge", func(context.Context) ([]byte, error) {
+			return []byte("receipt-" + strconv.Itoa(int(charges.Add(1)))), nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		_, err = idempotency.Step(ctx, "email", func(context.Context) ([]byte, error) {
+			emails.Add(1)
+			if failEmail.Load() {
+				return nil, errors.New("smtp down")
+			}
+			return nil, nil
+		})
+		return receipt, err
+	}}
+	p := f.processor(t, h, idempotency.WithBackoff(time.Millisecond, time.Millisecond))
+	d1 := newDelivery("order-1", "x")
+	p.Process(context.Background(), d1)
+	d1.expectNak(t)
+
+	failEmail.Store(false)
+	d2 := newDelivery("order-1", "x")
+	p.Process(context.Background(), d2)
+	d2.expectAck(t)
+	if charges.Load() != 1 || emails.Load() != 2 {
+		t.Fatalf("charge ran %d times (want 1), email %d (want 2)", charges.Load(), emails.Load())
+	}
+	rec, _ := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "order-1"))
+	if rec == nil || string(rec.Result) != "receipt-1" {
+		t.Fatalf("stored result %+v: want the first charge's receipt", rec)
+	}
+}
+
+func TestMissingKeyPolicies(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	t.Run("reject", func(t *testing.T) {
+		h := &countingHandler{}
+		p := f.processor(t, h)
+		d := newDelivery("", "x")
+		p.Process(context.Background(), d)
+		d.expectAck(t)
+		if _, _, dead := d.state(); len(dead) != 1 || dead[0].Reason != "missing_key" || h.runs.Load() != 0 {
+			t.Fatalf("dead %+v runs %d: want missing_key dead letter and no run", dead, h.runs.Load())
+		}
+	})
+	t.Run("passthrough", func(t *testing.T) {
+		h := &countingHandler{}
+		p := f.processor(t, h, idempotency.WithMissingKey(idempotency.MissingKeyPassthrough))
+		for range 2 {
+			d := newDelivery("", "x")
+			p.Process(context.Background(), d)
+			d.expectAck(t)
+		}
+		if h.runs.Load() != 2 || f.oc.get(consumer.OutcomePassthrough) != 2 {
+			t.Fatalf("runs %d outcomes %v: want 2 passthrough runs", h.runs.Load(), f.oc.m)
+		}
+	})
+	t.Run("json-not-json", func(t *testing.T) {
+		h := &countingHandler{}
+		p := f.processor(t, h, idempotency.WithKeySources(idempotency.JSONKey("id")))
+		d := newDelivery("", "not json {")
+		p.Process(context.Background(), d)
+		d.expectAck(t)
+		if _, _, dead := d.state(); len(dead) != 1 || dead[0].Reason != "missing_key" {
+			t.Fatalf("a non-JSON payload with a json: source is a missing key, got %+v", dead)
+		}
+	})
+}
+
+func TestFingerprintMismatch(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{}
+	p := f.processor(t, h)
+	ctx := context.Background()
+	d1 := newDelivery("k", "original")
+	p.Process(ctx, d1)
+	d1.expectAck(t)
+	d2 := newDelivery("k", "different content")
+	p.Process(ctx, d2)
+	d2.expectAck(t)
+	if _, _, dead := d2.state(); len(dead) != 1 || dead[0].Reason != "fingerprint_mismatch" {
+		t.Fatalf("want a fingerprint_mismatch dead letter, got %+v", dead)
+	}
+	if h.runs.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", h.runs.Load())
+	}
+	rec, _ := f.store.Get(ctx, idempotency.EffectiveKey("orders", "k"))
+	if rec == nil || string(rec.Result) != "ok:original" {
+		t.Fatalf("the stored record must be untouched, got %+v", rec)
+	}
+
+	ig := f.processor(t, h, idempotency.WithMismatch(idempotency.MismatchIgnore))
+	d3 := newDelivery("k", "different content")
+	ig.Process(ctx, d3)
+	d3.expectAck(t)
+	if _, _, dead := d3.state(); len(dead) != 0 || h.runs.Load() != 1 {
+		t.Fatalf("mismatch: ignore must ack as a duplicate")
+	}
+}
+
+func TestShadowModeRunsButCountsWouldSkip(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{}
+	p := f.processor(t, h, idempotency.WithShadow())
+	for range 3 {
+		d := newDelivery("k", "x")
+		p.Process(context.Background(), d)
+		d.expectAck(t)
+	}
+	if h.runs.Load() != 3 {
+		t.Fatalf("shadow mode ran the handler %d times, want 3", h.runs.Load())
+	}
+	if f.oc.get(consumer.OutcomeWouldSkip) != 2 || f.oc.get(consumer.OutcomeProcessed) != 1 {
+		t.Fatalf("outcomes %v: want 1 processed, 2 would_skip", f.oc.m)
+	}
+}
+
+func TestPrepareBatchClaimsInOneCall(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{}
+	p := f.processor(t, h)
+	bp, ok := p.(consumer.BatchPreparer)
+	if !ok {
+		t.Fatal("the engine's processor must implement consumer.BatchPreparer")
+	}
+	var batch []consumer.Delivery
+	for i := range 20 {
+		batch = append(batch, newDelivery(fmt.Sprintf("k%d", i%12), "x")) // 8 duplicates
+	}
+	bp.PrepareBatch(context.Background(), batch)
+	if n := f.calls.claim.Load(); n != 1 {
+		t.Fatalf("%d claim calls for one batch, want 1", n)
+	}
+	for _, d := range batch {
+		p.Process(context.Background(), d)
+		d.(*fakeDelivery).expectAck(t)
+	}
+	if h.runs.Load() != 12 {
+		t.Fatalf("handler ran %d times for 12 unique keys", h.runs.Load())
+	}
+}
+
+func TestCancelledBeforeRunReleasesAndNaks(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{}
+	p := f.processor(t, h)
+	d := newDelivery("k", "x")
+	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), []consumer.Delivery{d})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p.Process(ctx, d)
+	if delay := d.expectNak(t); delay != 0 {
+		t.Fatalf("a cancelled delivery must be nakked for immediate redelivery, got delay %s", delay)
+	}
+	rec, _ := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
+	if rec == nil || !rec.Released || h.runs.Load() != 0 {
+		t.Fatalf("record %+v runs %d: the prepared claim must be released without running", rec, h.runs.Load())
+	}
+}
+
+func TestClaimInfoInContext(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var got idempotency.ClaimInfo
+	p := f.processor(t, &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
+		got, _ = idempotency.FromContext(ctx)
+		return nil, nil
+	}})
+	p.Process(context.Background(), newDelivery("k", "x"))
+	want := idempotency.ClaimInfo{Handler: "orders", Key: "k", EffectiveKey: "orders:k", Fence: 1, Attempt: 1}
+	if got != want {
+		t.Fatalf("claim info %+v, want %+v", got, want)
+	}
+}
+
+// startRedis runs a private redis-server that a test may stop.
+func startRedis(t *testing.T) (addr string, stop func()) {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testenv.Unavailable(t, "redis-server binary", err.Error())
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}
+	t.Cleanup(stop)
+	addr = "127.0.0.1:" + strconv.Itoa(port)
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	eventually(t, 5*time.Second, "private redis-server answers", func() bool {
+		return c.Ping(context.Background()).Err() == nil
+	})
+	return addr, stop
+}
+
+func TestStoreDownFailsClosed(t *testing.T) {
+	t.Parallel()
+	addr, stop := startRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	f := newFixture(t, client)
+
+	started := make(chan struct{})
+	release := make(chan struct{})
+	h := &countingHandler{fn: func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		if string(m.Payload) == "mid-run" {
+			close(started)
+			<-release
+		}
+		return nil, nil
+	}}
+	p := f.processor(t, h, idempotency.WithStoreRetry(100*time.Millisecond, time.Second))
+
+	// Redis dies while a handler runs: the completion cannot be stored, so
+	// the delivery must not be acked.
+	d1 := newDelivery("k1", "mid-run")
+	done := make(chan struct{})
+	go func() { defer close(done); p.Process(context.Background(), d1) }()
+	<-started
+	stop()
+	close(release)
+	<-done
+	d1.expectNak(t)
+
+	// With Redis down, a new delivery runs nothing and acks nothing.
+	d2 := newDelivery("k2", "x")
+	p.Process(context.Background(), d2)
+	d2.expectNak(t)
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times with the store down, want only the one already running", n)
+	}
+	if f.oc.get(consumer.OutcomeStoreError) != 2 {
+		t.Fatalf("outcomes %v: want 2 store_error", f.oc.m)
+	}
+}
+
+func TestFailOpenBypassesStore(t *testing.T) {
+	t.Parallel()
+	addr, stop := startRedis(t)
+	client := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	f := newFixture(t, client)
+	stop()
+	h := &countingHandler{}
+	p := f.processor(t, h, idempotency.WithFailOpen())
+	d := newDelivery("k", "x")
+	p.Process(context.Background(), d)
+	d.expectAck(t)
+	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeStoreBypassed) != 1 {
+		t.Fatalf("fail_open: runs %d outcomes %v", h.runs.Load(), f.oc.m)
+	}
+}
+
+func TestInvalidOptionsNameTheField(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	cases := map[string]idempotency.Option{
+		"lease":        idempotency.WithLease(time.Millisecond),
+		"max_attempts": idempotency.WithMaxAttempts(0),
+		"backoff":      idempotency.WithBackoff(time.Minute, time.Second),
+		"missing_key":  idempotency.WithMissingKey("drop"),
+		"key":          idempotency.WithKeySources(),
+	}
+	for field, opt := range cases {
+		_, err := f.eng.Middleware(opt)
+		if !errors.Is(err, idempotency.ErrInvalidOption) || !contains(err.Error(), field) {
+			t.Errorf("%s: error %v, want ErrInvalidOption naming the field", field, err)
+		}
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,85 @@
+package idempotency
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+func TestExtractKeyOrderAndSources(t *testing.T) {
+	m := &consumer.Message{
+		Key:     []byte("customer-7"),
+		Payload: []byte(`{"order":{"id":42,"ref":"r-1"},"s":"x"}`),
+		Header:  consumer.Header{"idempotency-key": {"hk"}, "Nats-Msg-Id": {"mid"}},
+	}
+	cases := []struct {
+		sources []string
+		want    string
+	}{
+		{[]string{"header:Idempotency-Key"}, "hk"},
+		{[]string{"header:X-Missing", "nats-msg-id"}, "mid"},
+		{[]string{"kafka-key"}, "customer-7"},
+		{[]string{"json:order.id"}, "42"},
+		{[]string{"json:order.ref"}, "r-1"},
+		{[]string{"json:order"}, ""}, // an object is not a key
+		{[]string{"json:missing.path", "json:s"}, "x"},
+		{[]string{"payload-hash"}, "FP"},
+	}
+	for _, c := range cases {
+		var srcs []KeySource
+		for _, s := range c.sources {
+			ks, err := ParseKeySource(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srcs = append(srcs, ks)
+		}
+		got, _, err := ExtractKey(m, srcs, "FP")
+		if err != nil || got != c.want {
+			t.Errorf("%v: got %q, %v; want %q", c.sources, got, err, c.want)
+		}
+	}
+}
+
+func TestParseKeySourceRejectsBadSpellings(t *testing.T) {
+	for _, s := range []string{"", "header:", "json:", "json:a..b", "kafka", "header", "uuid"} {
+		if _, err := ParseKeySource(s); err == nil {
+			t.Errorf("ParseKeySource(%q) accepted", s)
+		}
+	}
+}
+
+func TestEffectiveKeyHashesLongKeys(t *testing.T) {
+	if got := EffectiveKey("orders", "abc"); got != "orders:abc" {
+		t.Fatalf("got %q", got)
+	}
+	long := strings.Repeat("x", MaxKeyBytes+1)
+	got := EffectiveKey("orders", long)
+	if !strings.HasPrefix(got, "orders:sha256:") || len(got) != len("orders:sha256:")+64 {
+		t.Fatalf("a key over %d bytes must become sha256:<hex>, got %q", MaxKeyBytes, got)
+	}
+	if EffectiveKey("orders", strings.Repeat("x", MaxKeyBytes)) != "orders:"+strings.Repeat("x", MaxKeyBytes) {
+		t.Fatal("a key of exactly MaxKeyBytes must be kept")
+	}
+}
+
+func TestFingerprint(t *testing.T) {
+	a := &consumer.Message{Payload: []byte("p"), Header: consumer.Header{"Tenant": {"t1"}}}
+	b := &consumer.Message{Payload: []byte("p"), Header: consumer.Header{"Tenant": {"t2"}}}
+	if Fingerprint(a, nil) != Fingerprint(b, nil) {
+		t.Fatal("headers not configured must not change the fingerprint")
+	}
+	if Fingerprint(a, []string{"tenant"}) == Fingerprint(b, []string{"tenant"}) {
+		t.Fatal("a configured header must change the fingerprint")
+	}
+	if !strings.HasPrefix(Fingerprint(a, nil), "1:") || len(Fingerprint(a, nil)) != 2+64 {
+		t.Fatalf("fingerprint %q: want 1:<64 hex>", Fingerprint(a, nil))
+	}
+	// Length prefixes keep payload and header boundaries apart.
+	c := &consumer.Message{Payload: []byte("ab"), Header: consumer.Header{"H": {"c"}}}
+	d := &consumer.Message{Payload: []byte("a"), Header: consumer.Header{"H": {"bc"}}}
+	if Fingerprint(c, []string{"H"}) == Fingerprint(d, []string{"H"}) {
+		t.Fatal("different inputs hashed the same")
+	}
+}
