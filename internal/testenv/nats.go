@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,10 +24,27 @@ func NATS(t testing.TB) string {
 	if url == "" {
 		url = DefaultNATSURL
 	}
-	if why := probeNATS(url); why != "" {
+	if why := probeNATSOnce(url); why != "" {
 		Unavailable(t, "nats", why)
 	}
 	return url
+}
+
+var (
+	natsProbeMu sync.Mutex
+	natsProbes  = map[string]string{}
+)
+
+// probeNATSOnce is probeNATS, once per URL and test binary.
+func probeNATSOnce(url string) string {
+	natsProbeMu.Lock()
+	defer natsProbeMu.Unlock()
+	why, ok := natsProbes[url]
+	if !ok {
+		why = probeNATS(url)
+		natsProbes[url] = why
+	}
+	return why
 }
 
 // probeNATS returns why url is not a usable JetStream server, or "".

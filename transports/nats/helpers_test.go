@@ -238,3 +238,29 @@ func (s *seen) get(payload string) []int {
 	defer s.mu.Unlock()
 	return append([]int(nil), s.runs[payload]...)
 }
+
+// tempDir is a directory for the Example's embedded server, removed by
+// TestMain.
+func tempDir() string {
+	exampleDirOnce.Do(func() {
+		d, err := os.MkdirTemp("", "natstr-example-")
+		if err != nil {
+			panic(err)
+		}
+		exampleDir = d
+	})
+	return exampleDir
+}
+
+var (
+	exampleDirOnce sync.Once
+	exampleDir     string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if exampleDir != "" {
+		_ = os.RemoveAll(exampleDir)
+	}
+	os.Exit(code)
+}
