@@ -1,0 +1,559 @@
+// Package config reads the dedupworker binary's YAML configuration
+// (SPEC §9.2): strict decoding (unknown fields, wrong types and bad durations
+// are errors naming the field path and line), ${ENV} expansion, defaults, and
+// validation.
+package config
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idemkit/dedupworker/idempotency"
+)
+
+// Config is the whole file.
+type Config struct {
+	Redis           Redis     `yaml:"redis"`
+	HTTP            HTTP      `yaml:"http"`
+	Log             Log       `yaml:"log"`
+	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
+	Handlers        []Handler `yaml:"handlers"`
+}
+
+// Redis says where the deduplication store is (SPEC §4.7).
+type Redis struct {
+	// URL is redis://[user:password@]host:port/db or rediss:// for TLS.
+	URL string `yaml:"url"`
+	// Addrs lists Redis Cluster seed nodes (host:port), instead of URL.
+	Addrs []string `yaml:"addrs"`
+	// MasterName selects Sentinel: Addrs are then the sentinels.
+	MasterName     string   `yaml:"master_name"`
+	Username       string   `yaml:"username"`
+	Password       Secret   `yaml:"password"`
+	PasswordFile   string   `yaml:"password_file"`
+	TLS            *TLS     `yaml:"tls"`
+	Namespace      string   `yaml:"namespace"`
+	Grace          Duration `yaml:"grace"`
+	ConnectTimeout Duration `yaml:"connect_timeout"`
+}
+
+// TLS configures a TLS client.
+type TLS struct {
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// HTTP configures the metrics and health server (SPEC §8.4).
+type HTTP struct {
+	// Addr is host:port; nil means the default 127.0.0.1:9464 and "" turns
+	// the server off.
+	Addr *string `yaml:"addr"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // json or text
+}
+
+// Handler is one deduplicated consumer.
+type Handler struct {
+	Name               string      `yaml:"name"`
+	Source             Source      `yaml:"source"`
+	Key                []string    `yaml:"key"`
+	MissingKey         string      `yaml:"missing_key"`
+	Mismatch           string      `yaml:"mismatch"`
+	FingerprintHeaders []string    `yaml:"fingerprint_headers"`
+	Lease              Duration    `yaml:"lease"`
+	Retention          Duration    `yaml:"retention"`
+	InFlightWait       Duration    `yaml:"in_flight_wait"`
+	MaxAttempts        int         `yaml:"max_attempts"`
+	Backoff            Backoff     `yaml:"backoff"`
+	Concurrency        int         `yaml:"concurrency"`
+	Ordering           string      `yaml:"ordering"`
+	Mode               string      `yaml:"mode"`
+	FailOpen           bool        `yaml:"fail_open"`
+	Action             Action      `yaml:"action"`
+	DeadLetter         *DeadLetter `yaml:"dead_letter"`
+}
+
+// Backoff is the retry backoff after handler errors.
+type Backoff struct {
+	Initial Duration `yaml:"initial"`
+	Max     Duration `yaml:"max"`
+}
+
+// Source is exactly one of Kafka or NATS.
+type Source struct {
+	Kafka *KafkaSource `yaml:"kafka"`
+	NATS  *NATSSource  `yaml:"nats"`
+}
+
+// KafkaSource is a Kafka consumer group.
+type KafkaSource struct {
+	Brokers        []string `yaml:"brokers"`
+	Topic          string   `yaml:"topic"`
+	Group          string   `yaml:"group"`
+	Start          string   `yaml:"start"`
+	SessionTimeout Duration `yaml:"session_timeout"`
+	CommitInterval Duration `yaml:"commit_interval"`
+	SASL           *SASL    `yaml:"sasl"`
+	TLS            *TLS     `yaml:"tls"`
+}
+
+// SASL configures Kafka authentication.
+type SASL struct {
+	Mechanism    string `yaml:"mechanism"` // plain, scram-sha-256, scram-sha-512
+	Username     string `yaml:"username"`
+	Password     Secret `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+}
+
+// NATSSource is a JetStream durable pull consumer.
+type NATSSource struct {
+	URL      string   `yaml:"url"`
+	Stream   string   `yaml:"stream"`
+	Consumer string   `yaml:"consumer"`
+	Subject  string   `yaml:"subject"`
+	AckWait  Duration `yaml:"ack_wait"`
+	NATSAuth `yaml:",inline"`
+}
+
+// NATSAuth holds NATS credentials; at most one kind is used.
+type NATSAuth struct {
+	User      string `yaml:"user"`
+	Password  Secret `yaml:"password"`
+	Token     Secret `yaml:"token"`
+	CredsFile string `yaml:"creds_file"`
+	TLS       *TLS   `yaml:"tls"`
+}
+
+// Action is exactly one of Forward, HTTP or Exec (SPEC §9.3).
+type Action struct {
+	Forward *Forward    `yaml:"forward"`
+	HTTP    *HTTPAction `yaml:"http"`
+	Exec    *ExecAction `yaml:"exec"`
+}
+
+// Forward publishes the message to Kafka or NATS.
+type Forward struct {
+	Kafka *KafkaOut `yaml:"kafka"`
+	NATS  *NATSOut  `yaml:"nats"`
+}
+
+// KafkaOut is a Kafka destination. Brokers and credentials default to the
+// handler's Kafka source.
+type KafkaOut struct {
+	Brokers []string `yaml:"brokers"`
+	Topic   string   `yaml:"topic"`
+	SASL    *SASL    `yaml:"sasl"`
+	TLS     *TLS     `yaml:"tls"`
+}
+
+// NATSOut is a NATS destination. URL and credentials default to the
+// handler's NATS source.
+type NATSOut struct {
+	URL      string `yaml:"url"`
+	Subject  string `yaml:"subject"`
+	NATSAuth `yaml:",inline"`
+}
+
+// HTTPAction POSTs the message.
+type HTTPAction struct {
+	URL            string            `yaml:"url"`
+	Timeout        Duration          `yaml:"timeout"`
+	MaxResultBytes int               `yaml:"max_result_bytes"`
+	Headers        map[string]string `yaml:"headers"`
+}
+
+// ExecAction runs a command with the payload on stdin.
+type ExecAction struct {
+	Command        []string          `yaml:"command"`
+	Timeout        Duration          `yaml:"timeout"`
+	MaxOutputBytes int               `yaml:"max_output_bytes"`
+	Env            map[string]string `yaml:"env"`
+}
+
+// DeadLetter is exactly one of Kafka or NATS.
+type DeadLetter struct {
+	Kafka *KafkaOut `yaml:"kafka"`
+	NATS  *NATSOut  `yaml:"nats"`
+}
+
+// Defaults.
+const (
+	DefaultHTTPAddr       = "127.0.0.1:9464"
+	DefaultMaxResultBytes = 1 << 20
+)
+
+// Load reads, expands, decodes, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(data, os.LookupEnv)
+}
+
+// Parse decodes, defaults and validates YAML text. lookupEnv resolves
+// ${NAME} references (os.LookupEnv when nil).
+func Parse(data []byte, lookupEnv func(string) (string, bool)) (*Config, error) {
+	var c Config
+	lines, err := parse(data, &c, lookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	c.fillDefaults()
+	if err := c.validate(lines); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (c *Config) fillDefaults() {
+	if c.Redis.URL == "" && len(c.Redis.Addrs) == 0 {
+		c.Redis.URL = "redis://127.0.0.1:6379/0"
+	}
+	setDefault(&c.Redis.Namespace, "dedup")
+	setDur(&c.Redis.Grace, 60*time.Second)
+	setDur(&c.Redis.ConnectTimeout, 5*time.Second)
+	if c.HTTP.Addr == nil {
+		a := DefaultHTTPAddr
+		c.HTTP.Addr = &a
+	}
+	setDefault(&c.Log.Level, "info")
+	setDefault(&c.Log.Format, "json")
+	setDur(&c.ShutdownTimeout, 30*time.Second)
+	for i := range c.Handlers {
+		h := &c.Handlers[i]
+		if len(h.Key) == 0 {
+			h.Key = []string{"header:Idempotency-Key"}
+		}
+		setDefault(&h.MissingKey, string(idempotency.MissingKeyReject))
+		setDefault(&h.Mismatch, string(idempotency.MismatchReject))
+		setDur(&h.Lease, 30*time.Second)
+		setDur(&h.Retention, 24*time.Hour)
+		setDur(&h.InFlightWait, h.Lease.D())
+		if h.MaxAttempts == 0 {
+			h.MaxAttempts = 5
+		}
+		setDur(&h.Backoff.Initial, time.Second)
+		setDur(&h.Backoff.Max, 5*time.Minute)
+		if h.Concurrency == 0 {
+			h.Concurrency = 16
+		}
+		setDefault(&h.Ordering, "partition")
+		setDefault(&h.Mode, "enforce")
+		if k := h.Source.Kafka; k != nil {
+			setDefault(&k.Start, "earliest")
+			setDur(&k.SessionTimeout, 10*time.Second)
+			setDur(&k.CommitInterval, time.Second)
+			if k.Group == "" && h.Name != "" {
+				k.Group = h.Name + "-dedup"
+			}
+		}
+		if n := h.Source.NATS; n != nil {
+			setDur(&n.AckWait, h.Lease.D())
+			if n.Consumer == "" && h.Name != "" {
+				n.Consumer = h.Name + "-dedup"
+			}
+		}
+		if a := h.Action.HTTP; a != nil {
+			setDur(&a.Timeout, 10*time.Second)
+			if a.MaxResultBytes == 0 {
+				a.MaxResultBytes = DefaultMaxResultBytes
+			}
+		}
+		if a := h.Action.Exec; a != nil {
+			setDur(&a.Timeout, h.Lease.D())
+			if a.MaxOutputBytes == 0 {
+				a.MaxOutputBytes = DefaultMaxResultBytes
+			}
+		}
+		h.defaultOutputs()
+	}
+}
+
+// defaultOutputs fills a forward or dead-letter destination's brokers/URL and
+// credentials from the handler's source of the same kind.
+func (h *Handler) defaultOutputs() {
+	outsK := []*KafkaOut{}
+	outsN := []*NATSOut{}
+	if f := h.Action.Forward; f != nil {
+		outsK, outsN = appendNonNil(outsK, f.Kafka), appendNonNil(outsN, f.NATS)
+	}
+	if dl := h.DeadLetter; dl != nil {
+		outsK, outsN = appendNonNil(outsK, dl.Kafka), appendNonNil(outsN, dl.NATS)
+	}
+	if k := h.Source.Kafka; k != nil {
+		for _, o := range outsK {
+			if len(o.Brokers) == 0 {
+				o.Brokers = slices.Clone(k.Brokers)
+				if o.SASL == nil {
+					o.SASL = k.SASL
+				}
+				if o.TLS == nil {
+					o.TLS = k.TLS
+				}
+			}
+		}
+	}
+	if n := h.Source.NATS; n != nil {
+		for _, o := range outsN {
+			if o.URL == "" {
+				o.URL = n.URL
+				if o.NATSAuth == (NATSAuth{}) {
+					o.NATSAuth = n.NATSAuth
+				}
+			}
+		}
+	}
+}
+
+func appendNonNil[T any](s []*T, v *T) []*T {
+	if v != nil {
+		return append(s, v)
+	}
+	return s
+}
+
+func setDefault(s *string, v string) {
+	if *s == "" {
+		*s = v
+	}
+}
+
+func setDur(d *Duration, v time.Duration) {
+	if *d == 0 {
+		*d = Duration(v)
+	}
+}
+
+var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
+
+// validate checks what decoding cannot: required fields, choices, exclusive
+// options. Errors carry the line of the field, or of its parent when the
+// field is missing.
+func (c *Config) validate(lines map[string]int) error {
+	fail := func(path, format string, args ...any) error {
+		line := lines[path]
+		for p := path; line == 0 && p != ""; {
+			i := strings.LastIndexAny(p, ".[")
+			if i < 0 {
+				p = ""
+				break
+			}
+			p = p[:i]
+			line = lines[p]
+		}
+		return &Error{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)}
+	}
+	if c.Redis.URL != "" && len(c.Redis.Addrs) > 0 {
+		return fail("redis.addrs", "give either redis.url or redis.addrs (Cluster/Sentinel), not both")
+	}
+	if u := c.Redis.URL; u != "" && !strings.HasPrefix(u, "redis://") && !strings.HasPrefix(u, "rediss://") {
+		return fail("redis.url", "%q: want redis://host:port/db or rediss:// for TLS", u)
+	}
+	if c.Redis.Password != "" && c.Redis.PasswordFile != "" {
+		return fail("redis.password_file", "give either password or password_file, not both")
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		return fail("log.level", "%q: want debug, info, warn or error", c.Log.Level)
+	}
+	if c.Log.Format != "json" && c.Log.Format != "text" {
+		return fail("log.format", "%q: want json or text", c.Log.Format)
+	}
+	if len(c.Handlers) == 0 {
+		return fail("handlers", "at least one handler is required")
+	}
+	names := map[string]int{}
+	for i := range c.Handlers {
+		h := &c.Handlers[i]
+		p := fmt.Sprintf("handlers[%d]", i)
+		if !validName.MatchString(h.Name) {
+			return fail(p+".name", "%q: required, 1-64 letters, digits, '_', '.' or '-'", h.Name)
+		}
+		if j, dup := names[h.Name]; dup {
+			return fail(p+".name", "%q is also the name of handlers[%d]", h.Name, j)
+		}
+		names[h.Name] = i
+		if err := h.validate(p, fail); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type failFunc func(path, format string, args ...any) error
+
+func (h *Handler) validate(p string, fail failFunc) error {
+	switch {
+	case h.Source.Kafka != nil && h.Source.NATS != nil:
+		return fail(p+".source", "two sources: give exactly one of kafka or nats")
+	case h.Source.Kafka == nil && h.Source.NATS == nil:
+		return fail(p+".source", "required: give exactly one of kafka or nats")
+	}
+	if k := h.Source.Kafka; k != nil {
+		sp := p + ".source.kafka"
+		switch {
+		case len(k.Brokers) == 0:
+			return fail(sp+".brokers", "required: at least one host:port")
+		case k.Topic == "":
+			return fail(sp+".topic", "required")
+		case k.Start != "earliest" && k.Start != "latest":
+			return fail(sp+".start", "%q: want earliest or latest", k.Start)
+		}
+		if err := validateSASL(sp+".sasl", k.SASL, fail); err != nil {
+			return err
+		}
+	}
+	if n := h.Source.NATS; n != nil {
+		sp := p + ".source.nats"
+		switch {
+		case n.URL == "":
+			return fail(sp+".url", "required, e.g. nats://127.0.0.1:4222")
+		case n.Stream == "":
+			return fail(sp+".stream", "required")
+		}
+		if h.Ordering == "key" {
+			return fail(p+".ordering", "ordering: key is for Kafka sources; NATS runs up to concurrency messages in any order")
+		}
+	}
+	for i, k := range h.Key {
+		if _, err := idempotency.ParseKeySource(k); err != nil {
+			return fail(fmt.Sprintf("%s.key[%d]", p, i), "%v", err)
+		}
+		if k == "kafka-key" && h.Source.Kafka == nil {
+			return fail(fmt.Sprintf("%s.key[%d]", p, i), "kafka-key needs a kafka source")
+		}
+	}
+	switch {
+	case h.MissingKey != "reject" && h.MissingKey != "passthrough":
+		return fail(p+".missing_key", "%q: want reject or passthrough", h.MissingKey)
+	case h.Mismatch != "reject" && h.Mismatch != "ignore":
+		return fail(p+".mismatch", "%q: want reject or ignore", h.Mismatch)
+	case h.Lease.D() < 100*time.Millisecond:
+		return fail(p+".lease", "%s: must be at least 100ms", h.Lease)
+	case h.Retention.D() < time.Second:
+		return fail(p+".retention", "%s: must be at least 1s", h.Retention)
+	case h.MaxAttempts < 1:
+		return fail(p+".max_attempts", "%d: must be at least 1", h.MaxAttempts)
+	case h.Backoff.Max < h.Backoff.Initial:
+		return fail(p+".backoff.max", "%s is below backoff.initial %s", h.Backoff.Max, h.Backoff.Initial)
+	case h.Concurrency < 1 || h.Concurrency > 10000:
+		return fail(p+".concurrency", "%d: want 1 to 10000", h.Concurrency)
+	case h.Ordering != "partition" && h.Ordering != "key":
+		return fail(p+".ordering", "%q: want partition or key", h.Ordering)
+	case h.Mode != "enforce" && h.Mode != "shadow":
+		return fail(p+".mode", "%q: want enforce or shadow", h.Mode)
+	}
+	if err := h.validateAction(p, fail); err != nil {
+		return err
+	}
+	if dl := h.DeadLetter; dl != nil {
+		dp := p + ".dead_letter"
+		if err := validateOut(dp, dl.Kafka, dl.NATS, h, fail); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (h *Handler) validateAction(p string, fail failFunc) error {
+	a := h.Action
+	n := 0
+	for _, set := range []bool{a.Forward != nil, a.HTTP != nil, a.Exec != nil} {
+		if set {
+			n++
+		}
+	}
+	ap := p + ".action"
+	switch {
+	case n == 0:
+		return fail(ap, "required: give exactly one of forward, http or exec")
+	case n > 1:
+		return fail(ap, "two actions: give exactly one of forward, http or exec")
+	}
+	switch {
+	case a.Forward != nil:
+		return validateOut(ap+".forward", a.Forward.Kafka, a.Forward.NATS, h, fail)
+	case a.HTTP != nil:
+		if !strings.HasPrefix(a.HTTP.URL, "http://") && !strings.HasPrefix(a.HTTP.URL, "https://") {
+			return fail(ap+".http.url", "%q: want an http:// or https:// URL", a.HTTP.URL)
+		}
+		if a.HTTP.MaxResultBytes < 0 {
+			return fail(ap+".http.max_result_bytes", "must not be negative")
+		}
+	case a.Exec != nil:
+		if len(a.Exec.Command) == 0 || a.Exec.Command[0] == "" {
+			return fail(ap+".exec.command", "required: the program and its arguments, e.g. [/usr/local/bin/handle, --flag]")
+		}
+		if a.Exec.MaxOutputBytes < 0 {
+			return fail(ap+".exec.max_output_bytes", "must not be negative")
+		}
+	}
+	return nil
+}
+
+func validateOut(p string, k *KafkaOut, n *NATSOut, h *Handler, fail failFunc) error {
+	switch {
+	case k != nil && n != nil:
+		return fail(p, "give exactly one of kafka or nats, not both")
+	case k == nil && n == nil:
+		return fail(p, "required: give one of kafka or nats")
+	case k != nil:
+		if len(k.Brokers) == 0 {
+			return fail(p+".kafka.brokers", "required when the source is not Kafka")
+		}
+		if k.Topic == "" {
+			return fail(p+".kafka.topic", "required")
+		}
+		if h.Source.Kafka != nil && k.Topic == h.Source.Kafka.Topic && sameBrokers(k.Brokers, h.Source.Kafka.Brokers) {
+			return fail(p+".kafka.topic", "%q is the source topic: that would loop", k.Topic)
+		}
+		return validateSASL(p+".kafka.sasl", k.SASL, fail)
+	default:
+		if n.URL == "" {
+			return fail(p+".nats.url", "required when the source is not NATS")
+		}
+		if n.Subject == "" {
+			return fail(p+".nats.subject", "required")
+		}
+	}
+	return nil
+}
+
+func sameBrokers(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
+}
+
+func validateSASL(p string, s *SASL, fail failFunc) error {
+	if s == nil {
+		return nil
+	}
+	if !slices.Contains([]string{"plain", "scram-sha-256", "scram-sha-512"}, s.Mechanism) {
+		return fail(p+".mechanism", "%q: want plain, scram-sha-256 or scram-sha-512", s.Mechanism)
+	}
+	if s.Username == "" {
+		return fail(p+".username", "required")
+	}
+	if s.Password == "" && s.PasswordFile == "" {
+		return fail(p+".password", "required (or password_file)")
+	}
+	return nil
+}
+
+// Print renders the configuration with defaults filled in and secrets
+// redacted, as validate --print shows it.
+func (c *Config) Print() ([]byte, error) {
+	return yaml.Marshal(c)
+}
