@@ -84,6 +84,12 @@ type Config struct {
 	// (one deduplication round trip) and, per partition, how many messages
 	// may wait unfinished before fetching pauses. Default 100.
 	BatchSize int
+	// MaxUnfinished caps how many messages of one partition may be fetched
+	// and not yet finished; fetching pauses beyond it. It bounds how far
+	// key ordering runs ahead of a slow key (and how many claims wait).
+	// Default BatchSize with partition ordering, 10×BatchSize with key
+	// ordering.
+	MaxUnfinished int
 	// FetchMaxBytes caps the size of one fetch response. Default 1 MiB.
 	FetchMaxBytes int
 	// DeadLetterTopic receives dead-lettered messages; empty means none
@@ -131,6 +137,12 @@ func (c *Config) withDefaults() {
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 100
+	}
+	if c.MaxUnfinished == 0 {
+		c.MaxUnfinished = c.BatchSize
+		if c.Ordering == OrderingKey {
+			c.MaxUnfinished = 10 * c.BatchSize
+		}
 	}
 	if c.FetchMaxBytes == 0 {
 		c.FetchMaxBytes = 1 << 20
@@ -197,6 +209,9 @@ func (c *Config) validate() error {
 	}
 	if c.BatchSize < 1 {
 		bad("BatchSize", "%d: must be at least 1", c.BatchSize)
+	}
+	if c.MaxUnfinished < 1 {
+		bad("MaxUnfinished", "%d: must be at least 1", c.MaxUnfinished)
 	}
 	if c.FetchMaxBytes < 1 {
 		bad("FetchMaxBytes", "%d: must be at least 1", c.FetchMaxBytes)

@@ -327,7 +327,7 @@ func (p *partition) dispatch() {
 			n := min(len(f.msgs), limit)
 			chunk := f.msgs[:n]
 			f.msgs = f.msgs[n:]
-			if !p.waitSpace(limit) {
+			if !p.waitSpace(s.cfg.MaxUnfinished) {
 				return
 			}
 			batch := make([]consumer.Delivery, len(chunk))
@@ -348,8 +348,9 @@ func (p *partition) dispatch() {
 	}
 }
 
-// waitSpace blocks while limit or more offsets are unfinished: the partition
-// never runs (and claims) far ahead of its oldest unfinished message.
+// waitSpace blocks while limit or more offsets are unfinished (counted from
+// the oldest unfinished one): the partition never runs, and claims, far ahead
+// of its oldest unfinished message.
 func (p *partition) waitSpace(limit int) bool {
 	for {
 		p.mu.Lock()
