@@ -1,0 +1,170 @@
+package actions
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+func msg() *consumer.Message {
+	return &consumer.Message{
+		Key:     []byte("customer-1"),
+		Payload: []byte(`{"id":7}`),
+		Header:  consumer.Header{"Idempotency-Key": {"stale"}, "Traceparent": {"00-abc"}},
+		Origin:  consumer.Origin{Transport: "nats", Topic: "ORDERS", Subject: "orders.eu", Offset: 3},
+	}
+}
+
+func TestHTTPStatusClasses(t *testing.T) {
+	var got *http.Request
+	var gotBody string
+	status, body, retryAfter := 200, "stored-result", ""
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got, gotBody = r, string(b)
+		if retryAfter != "" {
+			w.Header().Set("Retry-After", retryAfter)
+		}
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}))
+	defer srv.Close()
+	h := HTTP(HTTPConfig{Handler: "orders", URL: srv.URL, Timeout: 5 * time.Second, MaxResultBytes: 8})
+
+	res, err := h.Handle(context.Background(), msg())
+	if err != nil || string(res) != "stored-r" {
+		t.Fatalf("2xx: result %q err %v; want the body capped at 8 bytes", res, err)
+	}
+	if gotBody != `{"id":7}` || got.Header.Get("Traceparent") != "00-abc" || got.Header.Get("X-Dedup-Handler") != "orders" || got.Header.Get("X-Dedup-Attempt") != "1" {
+		t.Fatalf("request: body %q headers %v", gotBody, got.Header)
+	}
+	for _, c := range []struct {
+		status    int
+		permanent bool
+	}{{404, true}, {400, true}, {408, false}, {429, false}, {500, false}, {503, false}} {
+		status = c.status
+		_, err := h.Handle(context.Background(), msg())
+		if err == nil || consumer.IsPermanent(err) != c.permanent {
+			t.Errorf("status %d: err %v, want permanent=%v", c.status, err, c.permanent)
+		}
+	}
+	status, retryAfter = 429, "7"
+	_, err = h.Handle(context.Background(), msg())
+	if d, ok := consumer.RetryDelay(err); !ok || d != 7*time.Second {
+		t.Fatalf("429 with Retry-After: 7 must retry after 7s, got %v", err)
+	}
+}
+
+func TestHTTPTimeoutIsTransient(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-release }))
+	defer srv.Close()
+	defer close(release)
+	h := HTTP(HTTPConfig{URL: srv.URL, Timeout: 100 * time.Millisecond, MaxResultBytes: 10})
+	_, err := h.Handle(context.Background(), msg())
+	if err == nil || consumer.IsPermanent(err) {
+		t.Fatalf("a timeout must be a transient error, got %v", err)
+	}
+}
+
+func TestExecExitCodesAndEnvironment(t *testing.T) {
+	run := func(script string, timeout time.Duration) ([]byte, error) {
+		h := Exec(ExecConfig{Handler: "orders", Command: []string{"sh", "-c", script}, Timeout: timeout, MaxOutputBytes: 64, Env: map[string]string{"EXTRA": "x"}})
+		return h.Handle(context.Background(), msg())
+	}
+	res, err := run(`read p; echo "$p|$DEDUP_HANDLER|$DEDUP_ATTEMPT|$DEDUP_SOURCE|$EXTRA"`, 5*time.Second)
+	if err != nil || string(res) != "{\"id\":7}|orders|1|orders.eu|x\n" {
+		t.Fatalf("exit 0: result %q err %v", res, err)
+	}
+	if _, err := run("echo bad >&2; exit 65", 5*time.Second); !consumer.IsPermanent(err) || !strings.Contains(err.Error(), "bad") {
+		t.Fatalf("exit 65 must be permanent and carry stderr, got %v", err)
+	}
+	if _, err := run("exit 3", 5*time.Second); err == nil || consumer.IsPermanent(err) {
+		t.Fatalf("exit 3 must be transient, got %v", err)
+	}
+	start := time.Now()
+	if _, err := run("sleep 30 & wait", 200*time.Millisecond); err == nil || consumer.IsPermanent(err) {
+		t.Fatalf("a timeout must be transient, got %v", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("the process group was not killed on timeout (took %s)", time.Since(start))
+	}
+	res, _ = run("head -c 1000 /dev/zero", 5*time.Second)
+	if len(res) != 64 {
+		t.Fatalf("stdout must be capped at 64 bytes, got %d", len(res))
+	}
+}
+
+func TestExecKilledWhenContextEnds(t *testing.T) {
+	h := Exec(ExecConfig{Command: []string{"sleep", "30"}, MaxOutputBytes: 10})
+	ctx, cancel := context.WithCancelCause(context.Background())
+	errc := make(chan error, 1)
+	go func() { _, err := h.Handle(ctx, msg()); errc <- err }()
+	cause := errors.New("lease lost")
+	time.AfterFunc(100*time.Millisecond, func() { cancel(cause) })
+	select {
+	case err := <-errc:
+		if !errors.Is(err, cause) {
+			t.Fatalf("err %v, want the context's cause", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the command was not killed when its context ended")
+	}
+}
+
+type fakeWriter struct{ got []kafka.Message }
+
+func (w *fakeWriter) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
+	w.got = append(w.got, msgs...)
+	return nil
+}
+
+type fakeJS struct {
+	got  *nats.Msg
+	opts []jetstream.PublishOpt
+}
+
+func (j *fakeJS) PublishMsg(_ context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	j.got, j.opts = m, opts
+	return &jetstream.PubAck{Stream: "OUT", Sequence: 9}, nil
+}
+
+func TestForwardKafkaKeepsMessage(t *testing.T) {
+	w := &fakeWriter{}
+	if _, err := ForwardKafka("orders", w).Handle(context.Background(), msg()); err != nil {
+		t.Fatal(err)
+	}
+	m := w.got[0]
+	if string(m.Key) != "customer-1" || string(m.Value) != `{"id":7}` {
+		t.Fatalf("forwarded %+v: key and payload must be unchanged", m)
+	}
+	var traceparent bool
+	for _, h := range m.Headers {
+		traceparent = traceparent || (h.Key == "Traceparent" && string(h.Value) == "00-abc")
+	}
+	if !traceparent {
+		t.Fatalf("original headers must be forwarded, got %v", m.Headers)
+	}
+}
+
+func TestForwardNATSSetsMsgID(t *testing.T) {
+	js := &fakeJS{}
+	res, err := ForwardNATS("orders", js, "orders.unique").Handle(context.Background(), msg())
+	if err != nil || string(res) != "OUT:9" {
+		t.Fatalf("result %q err %v", res, err)
+	}
+	if js.got.Subject != "orders.unique" || js.got.Header.Get("Traceparent") != "00-abc" || string(js.got.Data) != `{"id":7}` {
+		t.Fatalf("forwarded %+v", js.got)
+	}
+}

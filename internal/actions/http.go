@@ -1,0 +1,97 @@
+package actions
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// HTTPConfig configures the http action.
+type HTTPConfig struct {
+	Handler        string
+	URL            string
+	Timeout        time.Duration
+	MaxResultBytes int
+	// Headers are added to every request.
+	Headers map[string]string
+	// Client defaults to a client with Timeout.
+	Client *http.Client
+	Logger *slog.Logger
+}
+
+// HTTP POSTs the payload with the original headers plus Idempotency-Key,
+// X-Dedup-Key, X-Dedup-Fence, X-Dedup-Attempt and X-Dedup-Handler
+// (SPEC §9.3). 2xx succeeds and its body (up to MaxResultBytes) is the
+// result; 4xx other than 408 and 429 is permanent; 5xx, 408, 429, timeouts
+// and connection errors are transient (a Retry-After in seconds is honoured).
+func HTTP(cfg HTTPConfig) consumer.Handler {
+	client := cfg.Client
+	if client == nil {
+		client = &http.Client{Timeout: cfg.Timeout}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		ci := claimOf(ctx, cfg.Handler)
+		if cfg.Timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, cfg.Timeout)
+			defer cancel()
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL, bytes.NewReader(m.Payload))
+		if err != nil {
+			return nil, consumer.Permanent(fmt.Errorf("http action: %w", err))
+		}
+		for name, vs := range m.Header {
+			for _, v := range vs {
+				req.Header.Add(name, v)
+			}
+		}
+		for k, v := range cfg.Headers {
+			req.Header.Set(k, v)
+		}
+		if ci.Key != "" {
+			req.Header.Set(IdempotencyHeader, ci.Key)
+		}
+		for k, v := range dedupHeaders(ci) {
+			req.Header.Set(k, v)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("http action: POST %s: %w", cfg.URL, err)
+		}
+		defer resp.Body.Close()
+		body := &capped{n: cfg.MaxResultBytes}
+		if _, err := io.Copy(body, io.LimitReader(resp.Body, int64(cfg.MaxResultBytes)+64<<10)); err != nil && resp.StatusCode/100 == 2 {
+			return nil, fmt.Errorf("http action: reading the response of %s: %w", cfg.URL, err)
+		}
+		switch code := resp.StatusCode; {
+		case code/100 == 2:
+			if body.dropped > 0 {
+				log.Warn("http action: response body over max_result_bytes; stored truncated",
+					"handler", cfg.Handler, "max_result_bytes", cfg.MaxResultBytes)
+			}
+			return body.buf, nil
+		case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code/100 == 5:
+			err := fmt.Errorf("http action: POST %s: %s", cfg.URL, resp.Status)
+			if s, perr := strconv.Atoi(resp.Header.Get("Retry-After")); perr == nil && s >= 0 {
+				return nil, consumer.RetryAfterErr(time.Duration(s)*time.Second, err)
+			}
+			return nil, err
+		case code/100 == 4:
+			return nil, consumer.Permanent(fmt.Errorf("http action: POST %s: %s", cfg.URL, resp.Status))
+		default:
+			return nil, errors.New("http action: unexpected status " + resp.Status)
+		}
+	})
+}

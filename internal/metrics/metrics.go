@@ -1,0 +1,138 @@
+// Package metrics adapts dedupworker's hooks (consumer.Hook*) to Prometheus
+// metrics with the names of SPEC §8.4, and serves /metrics, /healthz and
+// /readyz.
+package metrics
+
+import (
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// Outcomes lists every value of the outcome label, so a registered handler
+// exports zeros for outcomes that have not happened yet.
+var Outcomes = []consumer.Outcome{
+	consumer.OutcomeProcessed, consumer.OutcomeDuplicate, consumer.OutcomeReclaimed,
+	consumer.OutcomeMismatch, consumer.OutcomeMissingKey, consumer.OutcomePassthrough,
+	consumer.OutcomeFailed, consumer.OutcomeDeadLettered, consumer.OutcomeLeaseLost,
+	consumer.OutcomeStoreBypassed, consumer.OutcomeWouldSkip, consumer.OutcomeInFlight,
+	consumer.OutcomeStoreError, consumer.OutcomeCancelled,
+}
+
+// Metrics is a consumer.Hook that implements every hook interface.
+type Metrics struct {
+	messages        *prometheus.CounterVec
+	handlerDuration *prometheus.HistogramVec
+	storeDuration   *prometheus.HistogramVec
+	storeErrors     *prometheus.CounterVec
+	leaseRenewals   *prometheus.CounterVec
+	inflight        *prometheus.GaugeVec
+	corrupt         prometheus.Counter
+}
+
+var (
+	_ consumer.HookOutcome       = (*Metrics)(nil)
+	_ consumer.HookHandlerDone   = (*Metrics)(nil)
+	_ consumer.HookInflight      = (*Metrics)(nil)
+	_ consumer.HookStoreCall     = (*Metrics)(nil)
+	_ consumer.HookLeaseRenewal  = (*Metrics)(nil)
+	_ consumer.HookCorruptRecord = (*Metrics)(nil)
+)
+
+// New creates the metrics and registers them, with the Go and process
+// collectors, on reg.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedup_messages_total",
+			Help: "Deliveries settled, by transport, handler and outcome (SPEC §8.4).",
+		}, []string{"transport", "handler", "outcome"}),
+		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dedup_handler_duration_seconds",
+			Help:    "Time one handler run took.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 14), // 1ms .. ~150s
+		}, []string{"handler"}),
+		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "dedup_store_duration_seconds",
+			Help:    "Time one call to the deduplication store took, by operation.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14), // 100µs .. ~15s
+		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedup_store_errors_total",
+			Help: "Failed calls to the deduplication store, by operation.",
+		}, []string{"op"}),
+		leaseRenewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedup_lease_renewals_total",
+			Help: "Lease renewals by result: ok, lost, error.",
+		}, []string{"result"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedup_inflight",
+			Help: "Deliveries being processed now, by handler.",
+		}, []string{"handler"}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedup_corrupt_records_total",
+			Help: "Stored values that were not valid records and were replaced by a claim (SPEC §4.8).",
+		}),
+	}
+	for _, c := range []prometheus.Collector{
+		m.messages, m.handlerDuration, m.storeDuration, m.storeErrors, m.leaseRenewals, m.inflight, m.corrupt,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	} {
+		if err := reg.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				continue
+			}
+			return nil, err
+		}
+	}
+	for _, r := range []string{"ok", "lost", "error"} {
+		m.leaseRenewals.WithLabelValues(r)
+	}
+	return m, nil
+}
+
+// Register makes a handler's series exist (at zero) before its first message.
+func (m *Metrics) Register(transport, handler string) {
+	for _, o := range Outcomes {
+		m.messages.WithLabelValues(transport, handler, string(o))
+	}
+	m.inflight.WithLabelValues(handler)
+	m.handlerDuration.WithLabelValues(handler)
+}
+
+// OnOutcome counts a settled delivery.
+func (m *Metrics) OnOutcome(handler, transport string, o consumer.Outcome) {
+	m.messages.WithLabelValues(transport, handler, string(o)).Inc()
+}
+
+// OnHandlerDone observes a handler run.
+func (m *Metrics) OnHandlerDone(handler string, took time.Duration, _ error) {
+	m.handlerDuration.WithLabelValues(handler).Observe(took.Seconds())
+}
+
+// OnInflight moves the in-flight gauge.
+func (m *Metrics) OnInflight(handler string, delta int) {
+	m.inflight.WithLabelValues(handler).Add(float64(delta))
+}
+
+// OnStoreCall observes a store call and counts its failure.
+func (m *Metrics) OnStoreCall(op string, took time.Duration, err error) {
+	m.storeDuration.WithLabelValues(op).Observe(took.Seconds())
+	if err != nil {
+		m.storeErrors.WithLabelValues(op).Inc()
+	}
+}
+
+// OnLeaseRenewal counts a renewal by result.
+func (m *Metrics) OnLeaseRenewal(_ string, result string) {
+	m.leaseRenewals.WithLabelValues(result).Inc()
+}
+
+// OnCorruptRecord counts a recovered corrupt record.
+func (m *Metrics) OnCorruptRecord(string) { m.corrupt.Inc() }
