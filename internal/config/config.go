@@ -464,6 +464,17 @@ func (h *Handler) validate(p string, fail failFunc) error {
 		if err := validateOut(dp, dl.Kafka, dl.NATS, h, fail); err != nil {
 			return err
 		}
+		// The transport publishes dead letters on its own connection.
+		switch {
+		case h.Source.Kafka != nil && dl.Kafka == nil:
+			return fail(dp, "a Kafka source dead-letters to a Kafka topic: use dead_letter: {kafka: {topic: ...}}")
+		case h.Source.NATS != nil && dl.NATS == nil:
+			return fail(dp, "a NATS source dead-letters to a NATS subject: use dead_letter: {nats: {subject: ...}}")
+		case dl.Kafka != nil && !sameBrokers(dl.Kafka.Brokers, h.Source.Kafka.Brokers):
+			return fail(dp+".kafka.brokers", "the dead-letter topic must be on the source's cluster; leave brokers out")
+		case dl.NATS != nil && dl.NATS.URL != h.Source.NATS.URL:
+			return fail(dp+".nats.url", "the dead-letter subject must be on the source's server; leave url out")
+		}
 	}
 	return nil
 }

@@ -1,0 +1,455 @@
+// Package app assembles a running dedupworker from its configuration: the
+// Redis store, the deduplication engine, one source and one action per
+// handler, the Worker, metrics and the health server. The binary's run and
+// demo commands both use it, so the demo exercises exactly what production
+// runs.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/actions"
+	"github.com/idemkit/dedupworker/internal/config"
+	"github.com/idemkit/dedupworker/internal/metrics"
+	"github.com/idemkit/dedupworker/redisbackend"
+	"github.com/idemkit/dedupworker/transports/kafka"
+	natssrc "github.com/idemkit/dedupworker/transports/nats"
+)
+
+// App is an assembled worker. Build it, Run it once, and it cleans up after
+// itself when Run returns.
+type App struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	store   *redisbackend.Store
+	worker  *consumer.Worker
+	metrics *metrics.Metrics
+	reg     *prometheus.Registry
+	checks  []metrics.Check
+
+	mu      sync.Mutex
+	closers []func() error // in reverse order of creation
+	httpSrv *metrics.Server
+}
+
+// Options adjust Build for tests and the demo.
+type Options struct {
+	// Registry receives the metrics; a new one when nil.
+	Registry *prometheus.Registry
+	// Hooks are added to the metrics hooks (the demo counts runs).
+	Hooks consumer.Hooks
+	// Wrap, when set, wraps each handler's action (the demo counts runs).
+	Wrap func(handler string, h consumer.Handler) consumer.Handler
+}
+
+// connectTimeout bounds every connection made while building.
+const connectTimeout = 10 * time.Second
+
+// Build connects to Redis and the brokers and assembles the worker. Errors
+// name the handler and the field at fault. On error everything already
+// opened is closed.
+func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (_ *App, err error) {
+	a := &App{cfg: cfg, log: log, reg: opts.Registry}
+	defer func() {
+		if err != nil {
+			a.close()
+		}
+	}()
+	if a.reg == nil {
+		a.reg = prometheus.NewRegistry()
+	}
+	if a.metrics, err = metrics.New(a.reg); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	hooks := append(consumer.Hooks{a.metrics}, opts.Hooks...)
+
+	if a.store, err = a.openStore(ctx); err != nil {
+		return nil, err
+	}
+	a.checks = append(a.checks, metrics.Check{Name: "redis", Fn: a.store.Ping})
+	engine, err := idempotency.New(a.store, idempotency.Config{Logger: log, Hooks: hooks})
+	if err != nil {
+		return nil, err
+	}
+	a.worker = consumer.NewWorker(consumer.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()})
+
+	conns := &natsConns{app: a}
+	for i := range cfg.Handlers {
+		h := &cfg.Handlers[i]
+		field := fmt.Sprintf("handlers[%d] (%s)", i, h.Name)
+		src, transport, err := a.source(h, conns)
+		if err != nil {
+			return nil, fmt.Errorf("%s.source: %w", field, err)
+		}
+		action, err := a.action(h, conns)
+		if err != nil {
+			return nil, fmt.Errorf("%s.action: %w", field, err)
+		}
+		if opts.Wrap != nil {
+			action = opts.Wrap(h.Name, action)
+		}
+		mw, err := engine.Middleware(engineOptions(h)...)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		if err := a.worker.Handle(h.Name, src, action, consumer.WithMiddleware(mw), consumer.WithConcurrency(h.Concurrency)); err != nil {
+			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		a.metrics.Register(transport, h.Name)
+	}
+	return a, nil
+}
+
+// Registry is the Prometheus registry behind /metrics.
+func (a *App) Registry() *prometheus.Registry { return a.reg }
+
+// Store is the deduplication store.
+func (a *App) Store() *redisbackend.Store { return a.store }
+
+// HTTPAddr is the bound address of the metrics server, once Run started it.
+func (a *App) HTTPAddr() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.httpSrv == nil {
+		return ""
+	}
+	return a.httpSrv.Addr()
+}
+
+// Run serves metrics and runs the worker until ctx is cancelled (then drains
+// and returns nil) or a source fails.
+func (a *App) Run(ctx context.Context) error {
+	defer a.close()
+	if addr := *a.cfg.HTTP.Addr; addr != "" {
+		srv, err := metrics.Listen(addr, a.reg, a.checks, a.log)
+		if err != nil {
+			return fmt.Errorf("http.addr %s: %w", addr, err)
+		}
+		a.mu.Lock()
+		a.httpSrv = srv
+		a.mu.Unlock()
+		srv.Start()
+		a.log.Info("serving /metrics, /healthz and /readyz", "addr", srv.Addr())
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+	}
+	return a.worker.Run(ctx)
+}
+
+func (a *App) onClose(f func() error) {
+	a.mu.Lock()
+	a.closers = append(a.closers, f)
+	a.mu.Unlock()
+}
+
+func (a *App) close() {
+	a.mu.Lock()
+	cs := a.closers
+	a.closers = nil
+	a.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		if err := cs[i](); err != nil {
+			a.log.Warn("closing", "err", err)
+		}
+	}
+	if a.store != nil {
+		_ = a.store.Close()
+		a.store = nil
+	}
+}
+
+func (a *App) openStore(ctx context.Context) (*redisbackend.Store, error) {
+	rc := a.cfg.Redis
+	password, err := secret("redis.password", rc.Password, rc.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := tlsConfig("redis.tls", rc.TLS)
+	if err != nil {
+		return nil, err
+	}
+	opts := redisbackend.Options{Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: a.log}
+	cctx, cancel := context.WithTimeout(ctx, rc.ConnectTimeout.D()+time.Second)
+	defer cancel()
+	if rc.URL != "" {
+		return redisbackend.NewFromURL(cctx, rc.URL, opts, func(o *redis.Options) {
+			o.DialTimeout = rc.ConnectTimeout.D()
+			if rc.Username != "" {
+				o.Username = rc.Username
+			}
+			if password != "" {
+				o.Password = password
+			}
+			if tc != nil {
+				o.TLSConfig = tc
+			}
+		})
+	}
+	client := redis.NewUniversalClient(&redis.UniversalOptions{
+		Addrs: rc.Addrs, MasterName: rc.MasterName, Username: rc.Username, Password: password,
+		TLSConfig: tc, DialTimeout: rc.ConnectTimeout.D(), ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second,
+	})
+	if err := client.Ping(cctx).Err(); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("redis.addrs %v: %w: %w", rc.Addrs, idempotency.ErrStoreUnavailable, err)
+	}
+	s, err := redisbackend.New(client, opts)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	a.onClose(client.Close) // New does not own a client it was given
+	return s, nil
+}
+
+func engineOptions(h *config.Handler) []idempotency.Option {
+	var keys []idempotency.KeySource
+	for _, k := range h.Key {
+		ks, _ := idempotency.ParseKeySource(k) // validated by config
+		keys = append(keys, ks)
+	}
+	opts := []idempotency.Option{
+		idempotency.WithKeySources(keys...),
+		idempotency.WithMissingKey(idempotency.MissingKeyPolicy(h.MissingKey)),
+		idempotency.WithMismatch(idempotency.MismatchPolicy(h.Mismatch)),
+		idempotency.WithFingerprintHeaders(h.FingerprintHeaders...),
+		idempotency.WithLease(h.Lease.D()),
+		idempotency.WithRetention(h.Retention.D()),
+		idempotency.WithInFlightWait(h.InFlightWait.D()),
+		idempotency.WithMaxAttempts(h.MaxAttempts),
+		idempotency.WithBackoff(h.Backoff.Initial.D(), h.Backoff.Max.D()),
+	}
+	if h.Mode == "shadow" {
+		opts = append(opts, idempotency.WithShadow())
+	}
+	if h.FailOpen {
+		opts = append(opts, idempotency.WithFailOpen())
+	}
+	return opts
+}
+
+func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, string, error) {
+	log := a.log.With("handler", h.Name)
+	if k := h.Source.Kafka; k != nil {
+		tc, err := tlsConfig("kafka.tls", k.TLS)
+		if err != nil {
+			return nil, "", err
+		}
+		kc := kafka.Config{
+			Brokers: k.Brokers, Topic: k.Topic, GroupID: k.Group, Start: k.Start,
+			SessionTimeout: k.SessionTimeout.D(), CommitInterval: k.CommitInterval.D(),
+			Ordering: h.Ordering, TLS: tc, Logger: log,
+		}
+		if s := k.SASL; s != nil {
+			password, err := secret("kafka.sasl.password", s.Password, s.PasswordFile)
+			if err != nil {
+				return nil, "", err
+			}
+			kc.SASL = &kafka.SASL{Mechanism: strings.ToUpper(s.Mechanism), Username: s.Username, Password: password}
+		}
+		if dl := h.DeadLetter; dl != nil {
+			kc.DeadLetterTopic = dl.Kafka.Topic
+		}
+		src, err := kafka.New(kc)
+		if err != nil {
+			return nil, "", err
+		}
+		a.checks = append(a.checks, metrics.Check{Name: "kafka " + h.Name, Fn: dialAny(k.Brokers)})
+		return src, "kafka", nil
+	}
+	n := h.Source.NATS
+	js, err := conns.get("nats", n.URL, n.NATSAuth)
+	if err != nil {
+		return nil, "", err
+	}
+	nc := natssrc.Config{Stream: n.Stream, Consumer: n.Consumer, Subject: n.Subject, AckWait: n.AckWait.D(), Logger: log}
+	if dl := h.DeadLetter; dl != nil {
+		nc.DeadLetterSubject = dl.NATS.Subject
+	}
+	src, err := natssrc.New(js, nc)
+	if err != nil {
+		return nil, "", err
+	}
+	return src, "nats", nil
+}
+
+func (a *App) action(h *config.Handler, conns *natsConns) (consumer.Handler, error) {
+	switch act := h.Action; {
+	case act.HTTP != nil:
+		return actions.HTTP(actions.HTTPConfig{
+			Handler: h.Name, URL: act.HTTP.URL, Timeout: act.HTTP.Timeout.D(),
+			MaxResultBytes: act.HTTP.MaxResultBytes, Headers: act.HTTP.Headers, Logger: a.log,
+		}), nil
+	case act.Exec != nil:
+		return actions.Exec(actions.ExecConfig{
+			Handler: h.Name, Command: act.Exec.Command, Timeout: act.Exec.Timeout.D(),
+			MaxOutputBytes: act.Exec.MaxOutputBytes, Env: act.Exec.Env,
+		}), nil
+	case act.Forward != nil && act.Forward.Kafka != nil:
+		k := act.Forward.Kafka
+		w, err := a.kafkaWriter(k)
+		if err != nil {
+			return nil, fmt.Errorf("forward.kafka: %w", err)
+		}
+		return actions.ForwardKafka(h.Name, w), nil
+	case act.Forward != nil && act.Forward.NATS != nil:
+		n := act.Forward.NATS
+		js, err := conns.get("forward.nats", n.URL, n.NATSAuth)
+		if err != nil {
+			return nil, err
+		}
+		return actions.ForwardNATS(h.Name, js, n.Subject), nil
+	}
+	return nil, errors.New("no action configured")
+}
+
+func (a *App) kafkaWriter(k *config.KafkaOut) (*kafkago.Writer, error) {
+	mech, err := saslMechanism("sasl", k.SASL)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := tlsConfig("tls", k.TLS)
+	if err != nil {
+		return nil, err
+	}
+	w := &kafkago.Writer{
+		Addr:         kafkago.TCP(k.Brokers...),
+		Topic:        k.Topic,
+		Balancer:     &kafkago.Hash{}, // same message key, same partition: per-key order survives the relay
+		RequiredAcks: kafkago.RequireAll,
+		BatchTimeout: 2 * time.Millisecond,
+		WriteTimeout: connectTimeout,
+		ReadTimeout:  connectTimeout,
+		Transport:    &kafkago.Transport{SASL: mech, TLS: tc, DialTimeout: connectTimeout},
+	}
+	a.onClose(w.Close)
+	return w, nil
+}
+
+func saslMechanism(field string, s *config.SASL) (sasl.Mechanism, error) {
+	if s == nil {
+		return nil, nil
+	}
+	password, err := secret(field+".password", s.Password, s.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	switch strings.ToLower(s.Mechanism) {
+	case "plain":
+		return plain.Mechanism{Username: s.Username, Password: password}, nil
+	case "scram-sha-256":
+		return scram.Mechanism(scram.SHA256, s.Username, password)
+	case "scram-sha-512":
+		return scram.Mechanism(scram.SHA512, s.Username, password)
+	}
+	return nil, fmt.Errorf("%s.mechanism %q: want plain, scram-sha-256 or scram-sha-512", field, s.Mechanism)
+}
+
+// dialAny is a readiness check: some broker accepts a TCP connection.
+func dialAny(brokers []string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var errs []error
+		for _, b := range brokers {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "tcp", b)
+			if err == nil {
+				return c.Close()
+			}
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+}
+
+// natsConns shares one connection per server and credentials.
+type natsConns struct {
+	app   *App
+	conns map[string]jetstream.JetStream
+}
+
+func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetStream, error) {
+	id := url + "\x00" + auth.User + "\x00" + auth.CredsFile
+	if js, ok := c.conns[id]; ok {
+		return js, nil
+	}
+	closed := make(chan struct{})
+	opts := []nats.Option{
+		nats.Name("dedupworker"),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
+		nats.Timeout(connectTimeout),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			c.app.log.Warn("nats disconnected; reconnecting", "url", url, "err", err)
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { c.app.log.Info("nats reconnected", "url", url) }),
+	}
+	if auth.User != "" {
+		opts = append(opts, nats.UserInfo(auth.User, string(auth.Password)))
+	}
+	if auth.Token != "" {
+		opts = append(opts, nats.Token(string(auth.Token)))
+	}
+	if auth.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(auth.CredsFile))
+	}
+	tc, err := tlsConfig(field+".tls", auth.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%s.url %s: %w", field, url, err)
+	}
+	c.app.onClose(func() error {
+		// Drain flushes what was published and the last acks, then closes.
+		if err := nc.Drain(); err != nil {
+			nc.Close()
+		}
+		select {
+		case <-closed:
+		case <-time.After(connectTimeout):
+			nc.Close()
+		}
+		return nil
+	})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	c.app.checks = append(c.app.checks, metrics.Check{Name: "nats " + url, Fn: func(context.Context) error {
+		if s := nc.Status(); s != nats.CONNECTED {
+			return fmt.Errorf("nats %s: %s", url, s)
+		}
+		return nil
+	}})
+	if c.conns == nil {
+		c.conns = map[string]jetstream.JetStream{}
+	}
+	c.conns[id] = js
+	return js, nil
+}
