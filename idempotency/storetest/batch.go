@@ -1,0 +1,165 @@
+package storetest
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/idempotency"
+)
+
+func batchChecks() []check {
+	return []check{
+		{name: "Batch/MixedOutcomes", run: testBatchMixed},
+		{name: "Batch/Large", run: testBatchLarge},
+	}
+}
+
+// One batch meets every outcome of SPEC §4.3, in request order.
+func testBatchMixed(t *testing.T, h *Harness) {
+	s := h.Store
+	type kase struct {
+		name string
+		req  idempotency.ClaimRequest
+		want idempotency.ClaimOutcome
+		// fence and attempts of an owned claim; token of a stored record
+		fence int64
+		token string
+	}
+	var cases []kase
+	add := func(name string, r idempotency.ClaimRequest, want idempotency.ClaimOutcome, fence int64, token string) {
+		cases = append(cases, kase{name, r, want, fence, token})
+	}
+
+	add("new", req(newKey(t), fp("a"), longLease), idempotency.ClaimNew, 1, "")
+
+	dup := newKey(t)
+	cd := mustOwn(t, s, req(dup, fp("a"), longLease), idempotency.ClaimNew)
+	mustComplete(t, s, cd, "dup")
+	add("duplicate", req(dup, fp("a"), longLease), idempotency.ClaimDuplicate, 0, cd.Token)
+
+	mis := newKey(t)
+	cm := mustOwn(t, s, req(mis, fp("a"), longLease), idempotency.ClaimNew)
+	mustComplete(t, s, cm, "mis")
+	add("mismatch", req(mis, fp("other"), longLease), idempotency.ClaimMismatch, 0, cm.Token)
+
+	inf := newKey(t)
+	ci := mustOwn(t, s, req(inf, fp("a"), longLease), idempotency.ClaimNew)
+	add("in flight", req(inf, fp("a"), longLease), idempotency.ClaimInFlight, 0, ci.Token)
+
+	rel := newKey(t)
+	cr := mustOwn(t, s, req(rel, fp("a"), longLease), idempotency.ClaimNew)
+	if !release(t, s, rel, cr.Token, time.Minute) {
+		t.Fatal("Release = false")
+	}
+	add("released", req(rel, fp("a"), longLease), idempotency.ClaimNew, 2, "")
+
+	exp := newKey(t)
+	ce := mustOwn(t, s, req(exp, fp("a"), shortLease), idempotency.ClaimNew)
+	add("expired", req(exp, fp("a"), longLease), idempotency.ClaimReclaimed, 2, "")
+
+	if h.SetRaw != nil {
+		cor := newKey(t)
+		h.SetRaw(t, cor, []byte("not a record"))
+		add("corrupt", req(cor, fp("a"), longLease), idempotency.ClaimRecovered, 1, "")
+	}
+	for i := range 20 { // more fresh keys, spread over cluster slots
+		add(fmt.Sprintf("new %d", i), req(newKey(t), fp("a"), longLease), idempotency.ClaimNew, 1, "")
+	}
+	// Interleave: move the fresh keys between the others.
+	for i, j := 1, len(cases)-1; i < j; i, j = i+2, j-1 {
+		cases[i], cases[j] = cases[j], cases[i]
+	}
+
+	time.Sleep(expiry) // let the "expired" claim's lease run out on the server's clock
+	reqs := make([]idempotency.ClaimRequest, len(cases))
+	for i, c := range cases {
+		reqs[i] = c.req
+	}
+	res, err := s.Claim(ctxT(t), reqs)
+	if err != nil {
+		t.Fatalf("batch Claim: %v", err)
+	}
+	if len(res) != len(reqs) {
+		t.Fatalf("batch Claim: %d results for %d requests", len(res), len(reqs))
+	}
+	var cs []idempotency.Completion
+	for i, c := range cases {
+		r := res[i]
+		if r.Outcome != c.want {
+			t.Errorf("%s (%d): %s, want %s", c.name, i, r.Outcome, c.want)
+			continue
+		}
+		if r.Outcome.Owned() {
+			if r.Claim == nil || r.Claim.Key != c.req.Key || r.Claim.Fence != c.fence {
+				t.Errorf("%s: claim %+v, want key %s fence %d", c.name, r.Claim, c.req.Key, c.fence)
+				continue
+			}
+			cs = append(cs, completion(r.Claim, c.name))
+		} else if r.Record == nil || r.Record.Key != c.req.Key || r.Record.Token != c.token {
+			t.Errorf("%s: record %+v, want key %s token %s", c.name, r.Record, c.req.Key, c.token)
+		}
+	}
+	if complete1(t, s, completion(ce, "stale")) {
+		t.Error("Complete by the owner whose expired claim was reclaimed in the batch = true")
+	}
+	// Completions in one batch: the owned claims, another owner's live
+	// claim, a gone key.
+	stranger := completion(ci, "stranger")
+	stranger.Token = "ffffffffffffffffffffffffffffffff"
+	cs = append(cs, stranger)
+	cs = append(cs, idempotency.Completion{Key: newKey(t), Token: ce.Token, Outcome: idempotency.RecordOutcomeOK, Retention: retention})
+	ok, err := s.Complete(ctxT(t), cs)
+	if err != nil {
+		t.Fatalf("batch Complete: %v", err)
+	}
+	for i, c := range cs {
+		want := i < len(cs)-2
+		if ok[i] != want {
+			t.Errorf("completion %d (%s): %v, want %v", i, c.Result, ok[i], want)
+		}
+	}
+	for _, c := range cs[:len(cs)-2] {
+		if rec := mustGet(t, s, c.Key); rec.State != idempotency.StateCompleted || string(rec.Result) != string(c.Result) {
+			t.Errorf("%s after batch Complete: %+v", c.Result, rec)
+		}
+	}
+}
+
+func testBatchLarge(t *testing.T, h *Harness) {
+	s := h.Store
+	const n = 300
+	reqs := make([]idempotency.ClaimRequest, n)
+	for i := range reqs {
+		reqs[i] = req(newKey(t), fp(fmt.Sprint(i)), longLease)
+	}
+	res, err := s.Claim(ctxT(t), reqs)
+	if err != nil {
+		t.Fatalf("Claim of %d keys: %v", n, err)
+	}
+	cs := make([]idempotency.Completion, n)
+	for i, r := range res {
+		if r.Outcome != idempotency.ClaimNew || r.Claim.Key != reqs[i].Key {
+			t.Fatalf("key %d: %s %+v", i, r.Outcome, r.Claim)
+		}
+		cs[i] = completion(r.Claim, fmt.Sprint("result ", i))
+	}
+	ok, err := s.Complete(ctxT(t), cs)
+	if err != nil {
+		t.Fatalf("Complete of %d keys: %v", n, err)
+	}
+	for i, v := range ok {
+		if !v {
+			t.Fatalf("completion %d = false", i)
+		}
+	}
+	res, err = s.Claim(ctxT(t), reqs)
+	if err != nil {
+		t.Fatalf("second Claim of %d keys: %v", n, err)
+	}
+	for i, r := range res {
+		if r.Outcome != idempotency.ClaimDuplicate || string(r.Record.Result) != fmt.Sprint("result ", i) {
+			t.Fatalf("key %d on the second claim: %s %+v (results must come back in request order)", i, r.Outcome, r.Record)
+		}
+	}
+}
