@@ -1,0 +1,142 @@
+package redisbackend
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of Options and of NewFromURL's client.
+const (
+	DefaultNamespace   = "dedup"
+	DefaultGrace       = 60 * time.Second
+	DefaultPollFloor   = 50 * time.Millisecond
+	DefaultPollCap     = time.Second
+	DefaultDialTimeout = 5 * time.Second
+	DefaultIOTimeout   = 3 * time.Second
+)
+
+// Options configure a Store. The zero value is valid: every zero field takes
+// its default.
+type Options struct {
+	// Namespace prefixes every key ("<namespace>:<key>") and the
+	// notification channel ("<namespace>:dedup:done"). Default "dedup". It
+	// may not contain '{' or '}': a hash tag would pin every key to one
+	// cluster slot.
+	Namespace string
+	// Grace is how long a CLAIMED key outlives its lease (TTL = lease +
+	// grace), so an expired claim is seen and reclaimed rather than
+	// vanishing; also the least time a released record is kept. Default 60s.
+	Grace time.Duration
+	// Logger receives the store's warnings (a lost subscription, a script
+	// reload). Default: discard.
+	Logger *slog.Logger
+	// PollFloor and PollCap bound Wait's re-reads: the first after
+	// PollFloor, doubling up to PollCap (SPEC §4.6). Defaults 50ms and 1s.
+	PollFloor time.Duration
+	PollCap   time.Duration
+}
+
+// withDefaults returns o with defaults filled in, or an error naming the
+// first bad field.
+func (o Options) withDefaults() (Options, error) {
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	if strings.ContainsAny(o.Namespace, "{}") {
+		return o, fmt.Errorf("dedup: redisbackend: Options.Namespace %q contains '{' or '}': a hash tag would pin every key to one cluster slot", o.Namespace)
+	}
+	switch {
+	case o.Grace < 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.Grace is negative (%s)", o.Grace)
+	case o.Grace == 0:
+		o.Grace = DefaultGrace
+	case o.Grace < time.Millisecond:
+		return o, fmt.Errorf("dedup: redisbackend: Options.Grace %s is under the store's 1ms resolution", o.Grace)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case o.PollFloor < 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.PollFloor is negative (%s)", o.PollFloor)
+	case o.PollFloor == 0:
+		o.PollFloor = DefaultPollFloor
+	}
+	switch {
+	case o.PollCap < 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.PollCap is negative (%s)", o.PollCap)
+	case o.PollCap == 0:
+		o.PollCap = max(DefaultPollCap, o.PollFloor)
+	case o.PollCap < o.PollFloor:
+		return o, fmt.Errorf("dedup: redisbackend: Options.PollCap %s is less than Options.PollFloor %s", o.PollCap, o.PollFloor)
+	}
+	return o, nil
+}
+
+// ClientOption adjusts the client options NewFromURL parsed from its URL,
+// before the client is made (for example a TLS root CA, pool size or a
+// credentials provider).
+type ClientOption func(*redis.Options)
+
+// NewFromURL connects to the Redis at url and returns a Store that owns the
+// client (Close closes it). url is redis://[user:password@]host[:port][/db]
+// or rediss:// for TLS, with go-redis's query parameters (dial_timeout,
+// read_timeout, ...). A connect timeout is always set (default 5s, and
+// never disabled), read and write timeouts default to 3s, and the client
+// honours context deadlines. The server must answer a PING within the
+// connect timeout (and ctx), else NewFromURL fails with an error wrapping
+// idempotency.ErrStoreUnavailable and naming the address.
+func NewFromURL(ctx context.Context, rawURL string, opts Options, clientOpts ...ClientOption) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Parse's error repeats the URL, password included: say less.
+		return nil, fmt.Errorf("dedup: redisbackend: url: not a valid URL")
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return nil, fmt.Errorf("dedup: redisbackend: url: scheme %q is not supported, want redis:// or rediss://", u.Scheme)
+	}
+	ro, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: redisbackend: url: %w", err)
+	}
+	if ro.DialTimeout <= 0 {
+		ro.DialTimeout = DefaultDialTimeout
+	}
+	if ro.ReadTimeout == 0 {
+		ro.ReadTimeout = DefaultIOTimeout
+	}
+	if ro.WriteTimeout == 0 {
+		ro.WriteTimeout = DefaultIOTimeout
+	}
+	ro.ContextTimeoutEnabled = true
+	for _, o := range clientOpts {
+		o(ro)
+	}
+	if ro.DialTimeout <= 0 {
+		ro.DialTimeout = DefaultDialTimeout
+	}
+	opts, err = opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	client := redis.NewClient(ro)
+	pctx, cancel := context.WithTimeout(ctx, ro.DialTimeout)
+	defer cancel()
+	if err := client.Ping(pctx).Err(); err != nil {
+		_ = client.Close()
+		return nil, storeErr("connect to "+ro.Addr, err)
+	}
+	s, err := newStore(client, opts)
+	if err != nil {
+		_ = client.Close()
+		return nil, err
+	}
+	s.ownsClient = true
+	return s, nil
+}

@@ -1,0 +1,468 @@
+package redisbackend
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/lua"
+)
+
+var _ idempotency.Store = (*Store)(nil)
+
+// Store is an idempotency.Store on Redis. It is safe for concurrent use.
+// Close it to stop its subscriber goroutine.
+type Store struct {
+	client  redis.UniversalClient
+	cluster *redis.ClusterClient // client, when it is one: batches split by slot
+	prefix  string               // "<namespace>:"
+	channel string               // "<namespace>:dedup:done"
+	graceMs int64
+	floor   time.Duration
+	cap     time.Duration
+	log     *slog.Logger
+
+	claim, complete, renew, release, step *redis.Script
+	scriptsLoaded                         atomic.Bool
+
+	notify     *notifier
+	ownsClient bool
+	closed     atomic.Bool
+	closeOnce  sync.Once
+}
+
+// New returns a Store on client. The caller keeps ownership of client: Close
+// stops the Store's own goroutine but leaves client open. New does no I/O.
+func New(client redis.UniversalClient, opts Options) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("dedup: redisbackend: client is nil")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return newStore(client, opts)
+}
+
+// newStore builds a Store from validated options.
+func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
+	if _, ok := client.(*redis.Ring); ok {
+		return nil, errors.New("dedup: redisbackend: client: *redis.Ring is not supported (its sharding splits multi-key scripts); use a Client, a FailoverClient or a ClusterClient")
+	}
+	s := &Store{
+		client:   client,
+		prefix:   opts.Namespace + ":",
+		channel:  opts.Namespace + ":dedup:done",
+		graceMs:  durMs(opts.Grace),
+		floor:    opts.PollFloor,
+		cap:      opts.PollCap,
+		log:      opts.Logger,
+		claim:    redis.NewScript(lua.Claim),
+		complete: redis.NewScript(lua.Complete),
+		renew:    redis.NewScript(lua.Renew),
+		release:  redis.NewScript(lua.Release),
+		step:     redis.NewScript(lua.Step),
+	}
+	s.cluster, _ = client.(*redis.ClusterClient)
+	s.notify = newNotifier(client, s.channel, opts.Logger)
+	return s, nil
+}
+
+// Close stops the subscriber goroutine and waits for it, then closes the
+// client if NewFromURL made it. Waits in progress return ErrClosed; later
+// calls of any method return ErrClosed. Close is idempotent.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.notify.close()
+		if s.ownsClient {
+			err = s.client.Close()
+		}
+	})
+	return err
+}
+
+// Namespace returns the namespace the Store prefixes to keys.
+func (s *Store) Namespace() string { return s.prefix[:len(s.prefix)-1] }
+
+// RedisKey returns the Redis key holding the record of key: "<namespace>:<key>".
+func (s *Store) RedisKey(key string) string { return s.prefix + key }
+
+// Channel returns the Pub/Sub channel on which Complete and Release publish
+// the Redis keys they settle.
+func (s *Store) Channel() string { return s.channel }
+
+func (s *Store) live(op string) error {
+	if s.closed.Load() {
+		return storeErr(op, ErrClosed)
+	}
+	return nil
+}
+
+func invalid(op, format string, args ...any) error {
+	return fmt.Errorf("dedup: redis %s: %w: %s", op, ErrInvalidRequest, fmt.Sprintf(format, args...))
+}
+
+// Claim claims a batch of keys (SPEC §4.3, §4.4): one script call on a
+// single node, one per hash slot in one pipeline on a cluster. Results are in
+// request order. A key twice in reqs is refused with ErrInvalidRequest.
+//
+// When the call fails partway on a cluster (a node down), the slots that
+// answered hold claims nobody runs; they are reclaimed when their lease
+// expires.
+func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
+	const op = "claim"
+	if err := s.live(op); err != nil {
+		return nil, err
+	}
+	if len(reqs) == 0 {
+		return []idempotency.ClaimResult{}, nil
+	}
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Key == "" {
+			return nil, invalid(op, "request %d has an empty key", i)
+		}
+		if r.Lease <= 0 {
+			return nil, invalid(op, "request %d (key %q) has a non-positive lease %s", i, r.Key, r.Lease)
+		}
+	}
+	if err := noDuplicates(op, len(reqs), func(i int) string { return reqs[i].Key }); err != nil {
+		return nil, err
+	}
+	tokens := newTokens(len(reqs))
+	groups := s.groups(len(reqs), func(i int) string { return reqs[i].Key })
+	calls := make([]*call, len(groups))
+	for gi, g := range groups {
+		args := make([]any, 0, 1+4*len(g.idx))
+		args = append(args, s.graceMs)
+		for _, i := range g.idx {
+			r := &reqs[i]
+			args = append(args, tokens[i], r.Fingerprint, r.FingerprintVersion, durMs(r.Lease))
+		}
+		calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
+	}
+	if err := s.exec(ctx, op, calls); err != nil {
+		return nil, err
+	}
+	results := make([]idempotency.ClaimResult, len(reqs))
+	for gi, g := range groups {
+		vals, err := calls[gi].cmd.Slice()
+		if err != nil {
+			return nil, storeErr(op, err)
+		}
+		if len(vals) != 2*len(g.idx) {
+			return nil, storeErr(op, fmt.Errorf("script returned %d values for %d keys", len(vals), len(g.idx)))
+		}
+		for j, i := range g.idx {
+			res, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
+			if err != nil {
+				return nil, storeErr(op, err)
+			}
+			results[i] = res
+		}
+	}
+	return results, nil
+}
+
+// claimResult turns one (outcome, record JSON) pair of the claim script into
+// a ClaimResult.
+func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, error) {
+	o, _ := outcome.(string)
+	js, _ := raw.(string)
+	rec, ok := decodeRecord(key, []byte(js))
+	if !ok {
+		return idempotency.ClaimResult{}, fmt.Errorf("key %q: script returned %q with a record this store cannot read", key, o)
+	}
+	res := idempotency.ClaimResult{Outcome: idempotency.ClaimOutcome(o)}
+	switch res.Outcome {
+	case idempotency.ClaimNew, idempotency.ClaimReclaimed, idempotency.ClaimRecovered:
+		if rec.Token != token {
+			return idempotency.ClaimResult{}, fmt.Errorf("key %q: script returned a claim under another token", key)
+		}
+		res.Claim = &idempotency.Claim{
+			Key:        key,
+			Token:      token,
+			Fence:      rec.Fence,
+			LeaseUntil: rec.LeaseUntil,
+			Attempts:   rec.Attempts,
+			Steps:      rec.Steps,
+		}
+	case idempotency.ClaimDuplicate, idempotency.ClaimInFlight, idempotency.ClaimMismatch:
+		res.Record = rec
+	default:
+		return idempotency.ClaimResult{}, fmt.Errorf("key %q: unknown outcome %q from script", key, o)
+	}
+	return res, nil
+}
+
+// Complete stores the results of owned claims (SPEC §4.5): one script call
+// on a single node, one per slot in one pipeline on a cluster. ok[i] is false
+// when completion i was no longer owned (gone, completed, released, another
+// token); that completion changed nothing.
+func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
+	const op = "complete"
+	if err := s.live(op); err != nil {
+		return nil, err
+	}
+	if len(cs) == 0 {
+		return []bool{}, nil
+	}
+	for i := range cs {
+		c := &cs[i]
+		switch {
+		case c.Key == "":
+			return nil, invalid(op, "completion %d has an empty key", i)
+		case c.Retention <= 0:
+			return nil, invalid(op, "completion %d (key %q) has a non-positive retention %s", i, c.Key, c.Retention)
+		case c.Outcome != idempotency.RecordOutcomeOK && c.Outcome != idempotency.RecordOutcomeDeadLettered:
+			return nil, invalid(op, "completion %d (key %q) has outcome %q, want %q or %q", i, c.Key, c.Outcome,
+				idempotency.RecordOutcomeOK, idempotency.RecordOutcomeDeadLettered)
+		}
+	}
+	if err := noDuplicates(op, len(cs), func(i int) string { return cs[i].Key }); err != nil {
+		return nil, err
+	}
+	groups := s.groups(len(cs), func(i int) string { return cs[i].Key })
+	calls := make([]*call, len(groups))
+	for gi, g := range groups {
+		args := make([]any, 0, 1+5*len(g.idx))
+		args = append(args, s.channel)
+		for _, i := range g.idx {
+			c := &cs[i]
+			meta := ""
+			if len(c.Meta) > 0 {
+				b, err := json.Marshal(c.Meta)
+				if err != nil {
+					return nil, invalid(op, "completion %d (key %q): meta: %v", i, c.Key, err)
+				}
+				meta = string(b)
+			}
+			args = append(args, c.Token, c.Outcome, base64.StdEncoding.EncodeToString(c.Result), meta, durMs(c.Retention))
+		}
+		calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
+	}
+	if err := s.exec(ctx, op, calls); err != nil {
+		return nil, err
+	}
+	ok := make([]bool, len(cs))
+	for gi, g := range groups {
+		vals, err := calls[gi].cmd.Int64Slice()
+		if err != nil {
+			return nil, storeErr(op, err)
+		}
+		if len(vals) != len(g.idx) {
+			return nil, storeErr(op, fmt.Errorf("script returned %d values for %d keys", len(vals), len(g.idx)))
+		}
+		for j, i := range g.idx {
+			ok[i] = vals[j] == 1
+		}
+	}
+	return ok, nil
+}
+
+// Renew extends an owned claim's lease to lease from now on the server's
+// clock, and the key's TTL to lease + grace.
+func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duration) (time.Time, bool, error) {
+	const op = "renew"
+	if err := s.live(op); err != nil {
+		return time.Time{}, false, err
+	}
+	if key == "" {
+		return time.Time{}, false, invalid(op, "empty key")
+	}
+	if lease <= 0 {
+		return time.Time{}, false, invalid(op, "key %q: non-positive lease %s", key, lease)
+	}
+	c := &call{script: s.renew, keys: []string{s.prefix + key}, args: []any{token, durMs(lease), s.graceMs}}
+	if err := s.exec(ctx, op, []*call{c}); err != nil {
+		return time.Time{}, false, err
+	}
+	until, err := c.cmd.Int64()
+	if err != nil {
+		return time.Time{}, false, storeErr(op, err)
+	}
+	if until == 0 {
+		return time.Time{}, false, nil
+	}
+	return time.UnixMilli(until), true, nil
+}
+
+// Release gives up an owned claim: the record stays, marked released with
+// an expired lease, for keep (at least the store's grace), so the next claim
+// takes it as NEW with its fence, attempts and steps carried over. The key
+// is published so waiters claim again at once.
+func (s *Store) Release(ctx context.Context, key, token string, keep time.Duration) (bool, error) {
+	const op = "release"
+	if err := s.live(op); err != nil {
+		return false, err
+	}
+	if key == "" {
+		return false, invalid(op, "empty key")
+	}
+	keepMs := max(durMs(keep), s.graceMs)
+	c := &call{script: s.release, keys: []string{s.prefix + key}, args: []any{token, keepMs, s.channel}}
+	if err := s.exec(ctx, op, []*call{c}); err != nil {
+		return false, err
+	}
+	n, err := c.cmd.Int64()
+	if err != nil {
+		return false, storeErr(op, err)
+	}
+	return n == 1, nil
+}
+
+// SaveStep stores the result of a finished step in an owned claim; the
+// key's TTL is unchanged.
+func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []byte) (bool, error) {
+	const op = "save step"
+	if err := s.live(op); err != nil {
+		return false, err
+	}
+	if key == "" || step == "" {
+		return false, invalid(op, "empty key or step name (key %q, step %q)", key, step)
+	}
+	c := &call{script: s.step, keys: []string{s.prefix + key}, args: []any{token, step, base64.StdEncoding.EncodeToString(result)}}
+	if err := s.exec(ctx, op, []*call{c}); err != nil {
+		return false, err
+	}
+	n, err := c.cmd.Int64()
+	if err != nil {
+		return false, storeErr(op, err)
+	}
+	return n == 1, nil
+}
+
+// Get returns the record of key, or nil when there is none or the stored
+// value is not a record (SPEC §4.8).
+func (s *Store) Get(ctx context.Context, key string) (*idempotency.Record, error) {
+	const op = "get"
+	if err := s.live(op); err != nil {
+		return nil, err
+	}
+	return s.get(ctx, op, key)
+}
+
+func (s *Store) get(ctx context.Context, op, key string) (*idempotency.Record, error) {
+	raw, err := s.client.Get(ctx, s.prefix+key).Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return nil, nil
+	case redis.HasErrorPrefix(err, "WRONGTYPE"):
+		s.log.Debug("dedup: redis value is not a string: treated as absent", "key", s.prefix+key)
+		return nil, nil
+	case err != nil:
+		return nil, storeErr(op, err)
+	}
+	rec, ok := decodeRecord(key, raw)
+	if !ok {
+		s.log.Debug("dedup: redis value is not a record: treated as absent", "key", s.prefix+key)
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// Delete removes the record of key and reports whether there was one.
+func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
+	const op = "delete"
+	if err := s.live(op); err != nil {
+		return false, err
+	}
+	n, err := s.client.Del(ctx, s.prefix+key).Result()
+	if err != nil {
+		return false, storeErr(op, err)
+	}
+	return n > 0, nil
+}
+
+// Ping reports whether Redis answers.
+func (s *Store) Ping(ctx context.Context) error {
+	const op = "ping"
+	if err := s.live(op); err != nil {
+		return err
+	}
+	return storeErr(op, s.client.Ping(ctx).Err())
+}
+
+// group is the part of a batch that goes into one script call: indices into
+// the batch and their Redis keys, in batch order.
+type group struct {
+	idx  []int
+	keys []string
+}
+
+// groups splits a batch of n keys into script calls: one group on a single
+// node, one per hash slot on a cluster, in order of first appearance.
+func (s *Store) groups(n int, key func(int) string) []group {
+	if s.cluster == nil {
+		g := group{idx: make([]int, n), keys: make([]string, n)}
+		for i := range n {
+			g.idx[i], g.keys[i] = i, s.prefix+key(i)
+		}
+		return []group{g}
+	}
+	var gs []group
+	bySlot := make(map[uint16]int, n)
+	for i := range n {
+		k := s.prefix + key(i)
+		slot := hashSlot(k)
+		gi, ok := bySlot[slot]
+		if !ok {
+			gi = len(gs)
+			bySlot[slot] = gi
+			gs = append(gs, group{})
+		}
+		gs[gi].idx = append(gs[gi].idx, i)
+		gs[gi].keys = append(gs[gi].keys, k)
+	}
+	return gs
+}
+
+// noDuplicates refuses a batch that names one key twice: its results could
+// not be told apart, and the second claim would always find the first.
+func noDuplicates(op string, n int, key func(int) string) error {
+	if n < 2 {
+		return nil
+	}
+	seen := make(map[string]int, n)
+	for i := range n {
+		k := key(i)
+		if j, dup := seen[k]; dup {
+			return invalid(op, "key %q appears twice in one batch (at %d and %d)", k, j, i)
+		}
+		seen[k] = i
+	}
+	return nil
+}
+
+// newTokens returns n claim tokens: 128 random bits each, in hex.
+func newTokens(n int) []string {
+	buf := make([]byte, 16*n)
+	_, _ = rand.Read(buf) // never fails (crypto/rand crashes the program instead)
+	out := make([]string, n)
+	for i := range out {
+		out[i] = hex.EncodeToString(buf[16*i : 16*i+16])
+	}
+	return out
+}
+
+// durMs converts d to whole milliseconds, rounding up so a positive duration
+// never becomes 0.
+func durMs(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}

@@ -1,0 +1,287 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/idempotency"
+)
+
+// Wait waits up to max for key to settle (SPEC §4.6). It returns the record
+// once COMPLETED; nil once the key is released, gone or not a record (claim
+// again); the record still CLAIMED when max has passed. It subscribes before
+// its first read, so a completion between the two is not missed, and re-reads
+// after PollFloor, doubling to PollCap, whether or not a notification comes.
+// A done ctx ends it with ctx's error.
+func (s *Store) Wait(ctx context.Context, key string, max time.Duration) (*idempotency.Record, error) {
+	const op = "wait"
+	if err := s.live(op); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(max)
+	rkey := s.prefix + key
+	wake, ready, stopped := s.notify.watch(rkey)
+	defer s.notify.unwatch(rkey, wake)
+
+	timer := time.NewTimer(min(max, s.cap))
+	defer timer.Stop()
+	if max > 0 {
+		// Subscribe, then read. The subscription is normally confirmed in a
+		// round trip; should it not be, the re-reads below still find the
+		// outcome, only later.
+		select {
+		case <-ready:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, waitCtxErr(ctx)
+		case <-stopped:
+			return nil, storeErr(op, ErrClosed)
+		}
+	}
+	poll := s.floor
+	for {
+		rec, err := s.get(ctx, op, key)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, waitCtxErr(ctx)
+			}
+			return nil, err
+		}
+		if rec == nil || rec.Released {
+			return nil, nil
+		}
+		if rec.State == idempotency.StateCompleted {
+			return rec, nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return rec, nil
+		}
+		timer.Reset(min(poll, left))
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			return nil, waitCtxErr(ctx)
+		case <-stopped:
+			return nil, storeErr(op, ErrClosed)
+		}
+		poll = min(2*poll, s.cap)
+	}
+}
+
+// waitCtxErr is the error of a Wait whose context ended while it slept: the
+// context's, not the store's.
+func waitCtxErr(ctx context.Context) error {
+	return &ctxError{err: context.Cause(ctx)}
+}
+
+type ctxError struct{ err error }
+
+func (e *ctxError) Error() string { return "dedup: redis wait: " + e.err.Error() }
+func (e *ctxError) Unwrap() error { return e.err }
+
+// subscriberHealth is how long the subscriber connection may be silent
+// before it is pinged; a ping unanswered for as long again means the
+// connection is dead and is replaced.
+const subscriberHealth = 5 * time.Second
+
+// notifier is a Store's single Pub/Sub connection (SPEC §4.6), fanning the
+// keys published on the channel out to the waiters of each key. It starts
+// with the first watch, resubscribes when the connection fails, and stops at
+// close.
+type notifier struct {
+	client  redis.UniversalClient
+	channel string
+	log     *slog.Logger
+
+	ctx    context.Context // ends at close: unblocks dials and reads
+	cancel context.CancelFunc
+	stop   chan struct{} // closed by close
+	done   chan struct{} // closed when run returns
+
+	mu          sync.Mutex
+	waiters     map[string]map[chan struct{}]struct{}
+	started     bool
+	closed      bool
+	ready       chan struct{} // closed while subscribed; replaced when that ends
+	readyClosed bool
+	ps          *redis.PubSub
+}
+
+func newNotifier(client redis.UniversalClient, channel string, log *slog.Logger) *notifier {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &notifier{
+		client:  client,
+		channel: channel,
+		log:     log,
+		ctx:     ctx,
+		cancel:  cancel,
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+		waiters: make(map[string]map[chan struct{}]struct{}),
+		ready:   make(chan struct{}),
+	}
+}
+
+// watch registers a waiter for rkey, starting the subscriber if it is not
+// running. wake receives (without blocking the subscriber) when rkey is
+// published; ready is closed once the subscription is confirmed; stopped is
+// closed by close.
+func (n *notifier) watch(rkey string) (wake chan struct{}, ready, stopped <-chan struct{}) {
+	wake = make(chan struct{}, 1)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	set := n.waiters[rkey]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		n.waiters[rkey] = set
+	}
+	set[wake] = struct{}{}
+	if !n.started && !n.closed {
+		n.started = true
+		go n.run()
+	}
+	return wake, n.ready, n.stop
+}
+
+func (n *notifier) unwatch(rkey string, wake chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	set := n.waiters[rkey]
+	delete(set, wake)
+	if len(set) == 0 {
+		delete(n.waiters, rkey)
+	}
+}
+
+func (n *notifier) dispatch(rkey string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for wake := range n.waiters[rkey] {
+		select {
+		case wake <- struct{}{}:
+		default: // already woken, not yet read
+		}
+	}
+}
+
+func (n *notifier) setReady(ready bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	switch {
+	case ready && !n.readyClosed:
+		close(n.ready)
+		n.readyClosed = true
+	case !ready && n.readyClosed:
+		n.ready = make(chan struct{})
+		n.readyClosed = false
+	}
+}
+
+// close stops the subscriber and waits for it.
+func (n *notifier) close() {
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return
+	}
+	n.closed = true
+	started, ps := n.started, n.ps
+	close(n.stop)
+	n.cancel()
+	n.mu.Unlock()
+	if ps != nil {
+		_ = ps.Close() // unblocks a read in progress
+	}
+	if started {
+		<-n.done
+	}
+}
+
+// run keeps one subscription alive until close.
+func (n *notifier) run() {
+	defer close(n.done)
+	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
+	backoff := minBackoff
+	for {
+		ps := n.client.Subscribe(n.ctx, n.channel)
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			_ = ps.Close()
+			return
+		}
+		n.ps = ps
+		n.mu.Unlock()
+
+		subscribed, err := n.receive(ps)
+		n.setReady(false)
+		n.mu.Lock()
+		n.ps = nil
+		closed := n.closed
+		n.mu.Unlock()
+		_ = ps.Close()
+		if closed {
+			return
+		}
+		if subscribed {
+			backoff = minBackoff
+		}
+		n.log.Warn("dedup: redis subscriber lost its connection; waiters poll until it is back",
+			"channel", n.channel, "err", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-n.stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// receive reads from ps until the connection fails or close; it reports
+// whether the subscription was confirmed first.
+func (n *notifier) receive(ps *redis.PubSub) (subscribed bool, err error) {
+	pinged := false
+	for {
+		msg, err := ps.ReceiveTimeout(n.ctx, subscriberHealth)
+		if err != nil {
+			if n.ctx.Err() != nil {
+				return subscribed, n.ctx.Err()
+			}
+			if isTimeout(err) && !pinged {
+				// Silent for a while: prove the connection still answers.
+				if err := ps.Ping(n.ctx); err != nil {
+					return subscribed, err
+				}
+				pinged = true
+				continue
+			}
+			return subscribed, err
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" && m.Channel == n.channel {
+				subscribed = true
+				n.setReady(true)
+			}
+		case *redis.Message:
+			n.dispatch(m.Payload)
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
