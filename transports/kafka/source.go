@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	kafka "github.com/segmentio/kafka-go"
@@ -31,6 +32,8 @@ type Source struct {
 	cfg    Config
 	dialer *kafka.Dialer
 	log    *slog.Logger
+
+	noCommit atomic.Bool // tests: simulate a crash before any commit
 }
 
 var _ consumer.Source = (*Source)(nil)
@@ -371,6 +374,9 @@ func (g *generation) stop(cause error) {
 func (g *generation) commit() {
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()
+	if g.m.s.noCommit.Load() {
+		return
+	}
 	offsets := make(map[int]int64)
 	for _, p := range g.parts {
 		if w, ok := p.toCommit(); ok {
