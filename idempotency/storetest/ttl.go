@@ -70,7 +70,7 @@ func testTTLReleased(t *testing.T, h *Harness) {
 		keep, want time.Duration
 	}{
 		{keep: h.Grace + 2*time.Minute, want: h.Grace + 2*time.Minute},
-		{keep: 0, want: h.Grace},               // at least grace
+		{keep: 0, want: h.Grace},                // at least grace
 		{keep: time.Millisecond, want: h.Grace}, // at least grace
 	} {
 		key := newKey(t)
