@@ -1,0 +1,503 @@
+package integration_test
+
+// Helpers of the NATS integration tests. Every name starts with "nats" so
+// the tests of other transports in this package cannot collide with them.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/redisbackend"
+	natstr "github.com/idemkit/dedupworker/transports/nats"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+)
+
+// natsEachServer runs f against the system nats-server and an embedded
+// current one (SPEC §10), in parallel.
+func natsEachServer(t *testing.T, f func(t *testing.T, h *natsHarness)) {
+	t.Helper()
+	for _, srv := range testenv.NATSServers() {
+		t.Run(srv.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, newNATSHarness(t, srv.URL(t)))
+		})
+	}
+}
+
+// natsHarness is one test's NATS stream and Redis namespace.
+type natsHarness struct {
+	url      string
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	stream   string
+	subj     string
+	ns       string // Redis namespace
+	redisURL string
+	redis    redis.UniversalClient
+}
+
+func natsRandID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newNATSHarness(t *testing.T, url string) *natsHarness {
+	t.Helper()
+	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t)}
+	h.nc, h.js = natsConnect(t, url)
+	name := strings.NewReplacer("/", "_", " ", "_", ".", "_").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[len(name)-40:]
+	}
+	h.stream = "IT_" + name + "_" + natsRandID()
+	h.subj = strings.ToLower(h.stream)
+	h.ns = "it-" + natsRandID()
+	h.createStream(t, h.stream, h.subj+".>")
+	t.Cleanup(func() { natsDeleteNamespace(h.redis, h.ns) })
+	return h
+}
+
+func natsConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+func natsDeleteNamespace(c redis.UniversalClient, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, ns+":*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	for len(keys) > 0 {
+		n := min(len(keys), 500)
+		c.Del(ctx, keys[:n]...)
+		keys = keys[n:]
+	}
+}
+
+func (h *natsHarness) createStream(t *testing.T, name string, subjects ...string) {
+	t.Helper()
+	ctx := natsCtx(t, 5*time.Second)
+	if _, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatalf("create stream %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = h.js.DeleteStream(ctx, name)
+	})
+}
+
+// natsPlan is what a test publishes: one message per entry, keyed.
+type natsPlan []string
+
+// natsPlanWithDuplicates returns unique keys k0…k<unique-1> and dups more
+// entries repeating random earlier keys, shuffled with a fixed seed.
+func natsPlanWithDuplicates(unique, dups int) natsPlan {
+	r := mrand.New(mrand.NewPCG(1, 2))
+	p := make(natsPlan, 0, unique+dups)
+	for i := range unique {
+		p = append(p, fmt.Sprintf("k%d", i))
+	}
+	for range dups {
+		p = append(p, p[r.IntN(unique)])
+	}
+	r.Shuffle(len(p), func(i, j int) { p[i], p[j] = p[j], p[i] })
+	return p
+}
+
+func (p natsPlan) unique() int {
+	m := map[string]bool{}
+	for _, k := range p {
+		m[k] = true
+	}
+	return len(m)
+}
+
+// publish publishes each key of p as its own message on <subj>.orders with
+// the Idempotency-Key header and the payload "order <key>".
+func (h *natsHarness) publish(t testing.TB, p natsPlan) {
+	t.Helper()
+	ctx := natsCtx(t, 60*time.Second)
+	for start := 0; start < len(p); start += 1000 {
+		futs := make([]jetstream.PubAckFuture, 0, 1000)
+		for _, key := range p[start:min(start+1000, len(p))] {
+			m := nats.NewMsg(h.subj + ".orders")
+			m.Data = []byte("order " + key)
+			m.Header.Set("Idempotency-Key", key)
+			f, err := h.js.PublishMsgAsync(m)
+			if err != nil {
+				t.Fatalf("publish: %v", err)
+			}
+			futs = append(futs, f)
+		}
+		for _, f := range futs {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				t.Fatalf("publish: %v", err)
+			case <-ctx.Done():
+				t.Fatal("publish: no stream ack")
+			}
+		}
+	}
+}
+
+func (h *natsHarness) consumerInfo(t testing.TB, name string) (*jetstream.ConsumerInfo, error) {
+	ctx := natsCtx(t, 5*time.Second)
+	c, err := h.js.Consumer(ctx, h.stream, name)
+	if err != nil {
+		return nil, err
+	}
+	return c.Info(ctx)
+}
+
+// drained waits until the consumer acked all of the n messages of the
+// stream: nothing pending, nothing awaiting an ack, ack floor at n.
+func (h *natsHarness) drained(t testing.TB, name string, n uint64, timeout time.Duration) {
+	t.Helper()
+	var (
+		info    *jetstream.ConsumerInfo
+		lastErr error
+	)
+	natsEventually(t, timeout, func() bool {
+		info, lastErr = h.consumerInfo(t, name)
+		return lastErr == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.AckFloor.Stream == n
+	}, func() string {
+		if lastErr != nil {
+			return lastErr.Error()
+		}
+		return fmt.Sprintf("consumer %s: pending %d, ack pending %d, redelivered %d, ack floor %d of %d",
+			name, info.NumPending, info.NumAckPending, info.NumRedelivered, info.AckFloor.Stream, n)
+	})
+}
+
+func natsCtx(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// natsEventually polls cond every 20ms until it holds or timeout passes.
+func natsEventually(t testing.TB, timeout time.Duration, cond func() bool, msg func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", timeout, msg())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func natsLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("NATS_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+}
+
+// natsLedger records what handlers did, per key.
+type natsLedger struct {
+	mu        sync.Mutex
+	starts    map[string]int
+	completes map[string]int
+	fences    map[string][]int64
+	reclaimed map[string]bool
+}
+
+func newNATSLedger() *natsLedger {
+	return &natsLedger{starts: map[string]int{}, completes: map[string]int{}, fences: map[string][]int64{}, reclaimed: map[string]bool{}}
+}
+
+func (l *natsLedger) start(ctx context.Context) string {
+	ci, _ := idempotency.FromContext(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.starts[ci.Key]++
+	l.fences[ci.Key] = append(l.fences[ci.Key], ci.Fence)
+	if ci.Reclaimed {
+		l.reclaimed[ci.Key] = true
+	}
+	return ci.Key
+}
+
+func (l *natsLedger) complete(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.completes[key]++
+}
+
+func (l *natsLedger) totals() (starts, completes int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.starts {
+		starts += n
+	}
+	for _, n := range l.completes {
+		completes += n
+	}
+	return starts, completes
+}
+
+// handler is a handler that records its runs and completes at once.
+func (l *natsLedger) handler() consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		key := l.start(ctx)
+		l.complete(key)
+		return []byte("done " + key), nil
+	})
+}
+
+// natsOutcomes counts outcomes (consumer.HookOutcome).
+type natsOutcomes struct {
+	mu sync.Mutex
+	n  map[consumer.Outcome]int
+}
+
+func (o *natsOutcomes) OnOutcome(_, _ string, out consumer.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.n == nil {
+		o.n = map[consumer.Outcome]int{}
+	}
+	o.n[out]++
+}
+
+func (o *natsOutcomes) get(out consumer.Outcome) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.n[out]
+}
+
+func (o *natsOutcomes) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return fmt.Sprint(o.n)
+}
+
+// natsWorkerSpec describes one worker of a test.
+type natsWorkerSpec struct {
+	js          jetstream.JetStream   // default: the harness's
+	redis       redis.UniversalClient // default: the harness's
+	consumer    string                // default "c"
+	concurrency int                   // default 8
+	ackWait     time.Duration         // default 30s
+	dlq         string
+	shutdown    time.Duration
+	handler     consumer.Handler
+	hooks       consumer.Hooks
+	opts        []idempotency.Option
+}
+
+// natsRunning is a Worker.Run in progress.
+type natsRunning struct {
+	cancel context.CancelFunc
+	done   chan error
+	src    *natstr.Source
+}
+
+// start runs a deduplicating worker with one handler named "orders".
+func (h *natsHarness) start(t *testing.T, spec natsWorkerSpec) *natsRunning {
+	t.Helper()
+	if spec.js == nil {
+		spec.js = h.js
+	}
+	if spec.redis == nil {
+		spec.redis = h.redis
+	}
+	if spec.consumer == "" {
+		spec.consumer = "c"
+	}
+	if spec.concurrency == 0 {
+		spec.concurrency = 8
+	}
+	log := natsLogger(t)
+	store, err := redisbackend.New(spec.redis, redisbackend.Options{Namespace: h.ns, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	eng, err := idempotency.New(store, idempotency.Config{Logger: log, Hooks: spec.hooks, StoreTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := eng.Middleware(append([]idempotency.Option{idempotency.WithRetention(10 * time.Minute)}, spec.opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := natstr.New(spec.js, natstr.Config{
+		Stream: h.stream, Consumer: spec.consumer, AckWait: spec.ackWait, DeadLetterSubject: spec.dlq,
+		FetchMaxWait: 200 * time.Millisecond, Logger: log,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := consumer.NewWorker(consumer.Config{Logger: log, Hooks: spec.hooks, ShutdownTimeout: spec.shutdown})
+	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithMiddleware(mw)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &natsRunning{cancel: cancel, done: make(chan error, 1), src: src}
+	go func() { r.done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(60 * time.Second):
+			t.Error("worker did not stop")
+		}
+	})
+	return r
+}
+
+// stop cancels the worker and returns Run's result.
+func (r *natsRunning) stop(t testing.TB, timeout time.Duration) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("Run did not return within %s", timeout)
+		return nil
+	}
+}
+
+// natsRedisProxy is a TCP proxy in front of Redis that a test can cut:
+// Block closes every connection and refuses new ones until Unblock.
+type natsRedisProxy struct {
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	blocked bool
+	conns   map[net.Conn]struct{}
+	wg      sync.WaitGroup
+}
+
+func newNATSRedisProxy(t testing.TB, target string) *natsRedisProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &natsRedisProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.Block()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *natsRedisProxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *natsRedisProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.blocked {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		up, err := net.DialTimeout("tcp", p.target, time.Second)
+		if err != nil {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		p.wg.Go(func() { pipe(up, c) })
+		p.wg.Go(func() { pipe(c, up) })
+	}
+}
+
+// Block cuts every connection and refuses new ones.
+func (p *natsRedisProxy) Block() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blocked = true
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// Unblock accepts connections again.
+func (p *natsRedisProxy) Unblock() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blocked = false
+}
+
+// proxiedRedis returns a client to Redis through a new proxy.
+func (h *natsHarness) proxiedRedis(t testing.TB) (redis.UniversalClient, *natsRedisProxy) {
+	t.Helper()
+	opt, err := redis.ParseURL(h.redisURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newNATSRedisProxy(t, opt.Addr)
+	opt.Addr = p.Addr()
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 500*time.Millisecond, time.Second, time.Second
+	opt.MaxRetries = -1
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, p
+}
+
+// natsStore returns a Store on the harness's namespace for inspecting
+// records.
+func natsStore(t testing.TB, h *natsHarness) *redisbackend.Store {
+	t.Helper()
+	s, err := redisbackend.New(h.redis, redisbackend.Options{Namespace: h.ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
