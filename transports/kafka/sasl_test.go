@@ -1,0 +1,94 @@
+package kafka_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafka"
+)
+
+// TestSASL consumes from a broker that requires SASL, with PLAIN and SCRAM,
+// and fails Run with the cause when the password is wrong.
+func TestSASL(t *testing.T) {
+	t.Parallel()
+	_, brokers := testenv.KafkaCluster(t, kfake.EnableSASL(),
+		kfake.Superuser("PLAIN", "plain-user", "plain-pass"),
+		kfake.Superuser("SCRAM-SHA-256", "scram256", "pw256"),
+		kfake.Superuser("SCRAM-SHA-512", "scram512", "pw512"),
+		kfake.SeedTopics(1, "secure"))
+	w := &kafkago.Writer{
+		Addr: kafkago.TCP(brokers...), Topic: "secure", BatchTimeout: time.Millisecond,
+		Transport: &kafkago.Transport{SASL: plain.Mechanism{Username: "plain-user", Password: "plain-pass"}},
+	}
+	if err := w.WriteMessages(context.Background(), kafkago.Message{Value: []byte("hello")}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+
+	for _, c := range []kafka.SASL{
+		{Mechanism: kafka.SASLPlain, Username: "plain-user", Password: "plain-pass"},
+		{Mechanism: kafka.SASLScramSHA256, Username: "scram256", Password: "pw256"},
+		{Mechanism: kafka.SASLScramSHA512, Username: "scram512", Password: "pw512"},
+	} {
+		src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "secure", GroupID: "g-" + c.Username, SASL: &c,
+			SessionTimeout: time.Second, MaxWait: 100 * time.Millisecond, Logger: testLogger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string, 1)
+		r := run(t, worker(t, "sasl", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+			select {
+			case got <- string(m.Payload):
+			default:
+			}
+			return nil, nil
+		})))
+		select {
+		case p := <-got:
+			if p != "hello" {
+				t.Errorf("%s: payload %q", c.Mechanism, p)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: nothing consumed", c.Mechanism)
+		}
+		if err := r.stop(t); err != nil {
+			t.Fatalf("%s: %v", c.Mechanism, err)
+		}
+	}
+
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "secure", GroupID: "g-bad",
+		SASL: &kafka.SASL{Mechanism: kafka.SASLScramSHA256, Username: "scram256", Password: "wrong"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = worker(t, "sasl", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
+	if err == nil || ctx.Err() != nil || !strings.Contains(strings.ToLower(err.Error()), "sasl") {
+		t.Fatalf("Run with a wrong password = %v, want an error naming SASL authentication", err)
+	}
+}
+
+// TestUnknownTopic: Consume fails, naming the topic, when it does not exist.
+func TestUnknownTopic(t *testing.T) {
+	t.Parallel()
+	_, brokers := testenv.KafkaCluster(t)
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "missing", GroupID: "g"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = worker(t, "unknown", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), `"missing"`) || !strings.Contains(err.Error(), "Unknown Topic") {
+		t.Fatalf("Run on a missing topic = %v, want an error naming the topic", err)
+	}
+}
