@@ -401,7 +401,9 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			c.app.log.Warn("nats disconnected; reconnecting", "url", url, "err", err)
+			if err != nil { // nil: a deliberate close
+				c.app.log.Warn("nats disconnected; reconnecting", "url", url, "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) { c.app.log.Info("nats reconnected", "url", url) }),
 	}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/redisbackend"
+)
+
+// storeFlags are the flags inspect and forget share: a config file, or a
+// Redis URL and namespace.
+type storeFlags struct {
+	file, redisURL, namespace, handler *string
+}
+
+func addStoreFlags(fs *flag.FlagSet) storeFlags {
+	return storeFlags{
+		file:      fs.String("c", "", "the config `file` (for its Redis settings)"),
+		redisURL:  fs.String("redis", "", "Redis `URL`, instead of -c"),
+		namespace: fs.String("namespace", redisbackend.DefaultNamespace, "key namespace, with --redis"),
+		handler:   fs.String("handler", "", "the handler `name` (the key's scope; required)"),
+	}
+}
+
+// open returns the store and the raw key named by the arguments.
+func (f storeFlags) open(fs *flag.FlagSet) (*redisbackend.Store, string, error) {
+	if *f.handler == "" || fs.NArg() != 1 {
+		fs.Usage()
+		return nil, "", usagef("--handler NAME and exactly one KEY are required")
+	}
+	url, ns := *f.redisURL, *f.namespace
+	switch {
+	case *f.file != "" && url != "":
+		return nil, "", usagef("give -c FILE or --redis URL, not both")
+	case *f.file != "":
+		cfg, err := loadConfig(*f.file)
+		if err != nil {
+			return nil, "", err
+		}
+		if cfg.Redis.URL == "" {
+			return nil, "", usagef("redis.addrs (Cluster/Sentinel) configs: use --redis with a node URL")
+		}
+		url, ns = cfg.Redis.URL, cfg.Redis.Namespace
+	case url == "":
+		return nil, "", usagef("give -c FILE or --redis URL")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := redisbackend.NewFromURL(ctx, url, redisbackend.Options{Namespace: ns})
+	if err != nil {
+		return nil, "", err
+	}
+	return s, fs.Arg(0), nil
+}
+
+// recordView is inspect's JSON shape.
+type recordView struct {
+	Handler      string            `json:"handler"`
+	Key          string            `json:"key"`
+	EffectiveKey string            `json:"effective_key"`
+	Found        bool              `json:"found"`
+	State        string            `json:"state,omitempty"`
+	Released     bool              `json:"released,omitempty"`
+	Outcome      string            `json:"outcome,omitempty"`
+	Fence        int64             `json:"fence,omitempty"`
+	Attempts     int               `json:"attempts,omitempty"`
+	ClaimedAt    time.Time         `json:"claimed_at,omitzero"`
+	LeaseLeftMS  int64             `json:"lease_left_ms,omitempty"`
+	CompletedAt  time.Time         `json:"completed_at,omitzero"`
+	ResultBytes  int               `json:"result_bytes"`
+	Steps        []string          `json:"steps,omitempty"`
+	Meta         map[string]string `json:"meta,omitempty"`
+}
+
+func cmdInspect(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("inspect", "inspect (-c FILE | --redis URL [--namespace NS]) --handler NAME [-o table|json] KEY", `  dedupworker inspect -c config.yaml --handler orders order-1042
+  dedupworker inspect --redis redis://127.0.0.1:6379/0 --namespace dedup --handler orders -o json order-1042
+`, stderr)
+	sf := addStoreFlags(fs)
+	output := fs.String("o", "table", "output `format`: table or json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *output != "table" && *output != "json" {
+		return usagef("-o %q: want table or json", *output)
+	}
+	store, key, err := sf.open(fs)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ekey := idempotency.EffectiveKey(*sf.handler, key)
+	rec, err := store.Get(ctx, ekey)
+	if err != nil {
+		return err
+	}
+	v := recordView{Handler: *sf.handler, Key: key, EffectiveKey: ekey, Found: rec != nil}
+	if rec != nil {
+		v.State, v.Released, v.Outcome, v.Fence, v.Attempts = string(rec.State), rec.Released, rec.Outcome, rec.Fence, rec.Attempts
+		v.ClaimedAt, v.CompletedAt, v.ResultBytes, v.Meta = rec.ClaimedAt, rec.CompletedAt, len(rec.Result), rec.Meta
+		if rec.State == idempotency.StateClaimed && !rec.Released {
+			v.LeaseLeftMS = max(time.Until(rec.LeaseUntil).Milliseconds(), 0)
+		}
+		for s := range rec.Steps {
+			v.Steps = append(v.Steps, s)
+		}
+		sort.Strings(v.Steps)
+	}
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("handler", v.Handler)
+	row("key", v.Key)
+	row("stored as", ekey)
+	if !v.Found {
+		row("state", "absent (never seen, expired, or not a valid record)")
+		return tw.Flush()
+	}
+	state := v.State
+	if v.Released {
+		state += " (released for retry)"
+	}
+	row("state", state)
+	if v.Outcome != "" {
+		row("outcome", v.Outcome)
+	}
+	row("fence", fmt.Sprint(v.Fence))
+	row("attempts", fmt.Sprint(v.Attempts))
+	if !v.ClaimedAt.IsZero() {
+		row("claimed at", v.ClaimedAt.UTC().Format(time.RFC3339Nano))
+	}
+	if v.State == string(idempotency.StateClaimed) && !v.Released {
+		row("lease left", (time.Duration(v.LeaseLeftMS) * time.Millisecond).String())
+	}
+	if !v.CompletedAt.IsZero() {
+		row("completed at", v.CompletedAt.UTC().Format(time.RFC3339Nano))
+	}
+	row("result", fmt.Sprintf("%d bytes", v.ResultBytes))
+	if len(v.Steps) > 0 {
+		row("steps", strings.Join(v.Steps, ", "))
+	}
+	for k, val := range v.Meta {
+		row("meta."+k, val)
+	}
+	return tw.Flush()
+}
+
+func cmdForget(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("forget", "forget (-c FILE | --redis URL [--namespace NS]) --handler NAME [--yes] KEY", `  dedupworker forget -c config.yaml --handler orders order-1042          # asks for confirmation
+  dedupworker forget -c config.yaml --handler orders --yes order-1042    # in scripts
+`, stderr)
+	sf := addStoreFlags(fs)
+	yes := fs.Bool("yes", false, "do not ask for confirmation")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	store, key, err := sf.open(fs)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	ekey := idempotency.EffectiveKey(*sf.handler, key)
+	if !*yes {
+		if !isTerminal(os.Stdin) {
+			return usagef("refusing to delete %q without --yes (stdin is not a terminal to confirm on)", ekey)
+		}
+		fmt.Fprintf(stderr, "Delete the record of %q? The next delivery of this key will run the handler again. [y/N] ", ekey)
+		answer, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(answer)); a != "y" && a != "yes" {
+			return usagef("not confirmed; nothing deleted")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	existed, err := store.Delete(ctx, ekey)
+	if err != nil {
+		return err
+	}
+	if existed {
+		fmt.Fprintf(stdout, "deleted %s\n", ekey)
+	} else {
+		fmt.Fprintf(stdout, "no record for %s (nothing to delete)\n", ekey)
+	}
+	return nil
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

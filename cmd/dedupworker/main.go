@@ -1,0 +1,122 @@
+// Command dedupworker runs effectively-once workers over Kafka and NATS
+// JetStream from a YAML configuration (SPEC §9).
+//
+//	dedupworker run -c config.yaml        run the handlers of a config
+//	dedupworker demo                      see it work, with nothing installed
+//	dedupworker validate -c config.yaml   check a config (--print, --strict, --online)
+//	dedupworker inspect -c config.yaml --handler orders KEY
+//	dedupworker forget  -c config.yaml --handler orders KEY --yes
+//	dedupworker version
+//
+// Exit codes: 0 ok (also after SIGTERM/SIGINT and a clean drain), 1 runtime
+// failure, 2 bad usage or configuration.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Exit codes (SPEC §9.1).
+const (
+	exitOK      = 0
+	exitRuntime = 1
+	exitUsage   = 2
+)
+
+// usageError makes a command exit 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+type command struct {
+	name    string
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"run", "run the handlers of a config until SIGTERM/SIGINT", cmdRun},
+		{"demo", "run a self-contained demo: embedded NATS and Kafka, duplicates on both", cmdDemo},
+		{"validate", "check a config file; --print shows it with defaults", cmdValidate},
+		{"inspect", "show the stored record of a key", cmdInspect},
+		{"forget", "delete the record of a key so it is processed again", cmdForget},
+		{"version", "print the version and commit", cmdVersion},
+	}
+}
+
+func main() {
+	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func runMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		printUsage(stderr)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(args[1:], stdout, stderr)
+		switch {
+		case err == nil:
+			return exitOK
+		case errors.Is(err, flag.ErrHelp):
+			return exitOK
+		case errors.As(err, new(usageError)):
+			fmt.Fprintf(stderr, "dedupworker %s: %v\n", c.name, err)
+			return exitUsage
+		default:
+			fmt.Fprintf(stderr, "dedupworker %s: %v\n", c.name, err)
+			return exitRuntime
+		}
+	}
+	fmt.Fprintf(stderr, "dedupworker: unknown command %q\n\n", args[0])
+	printUsage(stderr)
+	return exitUsage
+}
+
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, "dedupworker makes Kafka and NATS JetStream consumers effectively once.\n\nUsage: dedupworker <command> [flags]\n\nCommands:\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'dedupworker <command> -h' for a command's flags and examples.\n")
+}
+
+// newFlagSet returns a FlagSet whose -h prints the usage line, the flags and
+// examples.
+func newFlagSet(name, usage, examples string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: dedupworker %s\n\nFlags:\n", usage)
+		fs.PrintDefaults()
+		if examples != "" {
+			fmt.Fprintf(stderr, "\nExamples:\n%s", examples)
+		}
+	}
+	return fs
+}
+
+// parseFlags parses args; bad flags are usage errors.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	return nil
+}

@@ -1,0 +1,439 @@
+// Package demo is `dedupworker demo` (SPEC §9.4): it starts an in-process
+// NATS JetStream server and an in-process Kafka-protocol broker, finds or
+// starts a Redis, publishes messages with duplicates and forced redeliveries
+// on both transports, runs the same worker `dedupworker run` runs (a forward
+// relay per transport), and reports handler runs against unique keys.
+package demo
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/app"
+	"github.com/idemkit/dedupworker/internal/config"
+)
+
+// Options configure a demo run. The zero value runs the standard demo.
+type Options struct {
+	// Unique is the number of distinct keys per transport. Default 200.
+	Unique int
+	// DupRatio is the share of keys published a second time, as separate
+	// messages. Default 0.3.
+	DupRatio float64
+	// RetryEvery makes the first run of every n-th key fail, forcing a
+	// redelivery. Default 10; negative disables.
+	RetryEvery int
+	// RedisURL overrides the Redis choice; "inprocess" forces the in-process
+	// one. Default: $REDIS_URL, else 127.0.0.1:6379 if it answers, else
+	// in-process.
+	RedisURL string
+	// Timeout bounds the whole run. Default 60s.
+	Timeout time.Duration
+	// Logger receives the worker's logs. Default: warnings to stderr.
+	Logger *slog.Logger
+}
+
+// Row is one transport's figures.
+type Row struct {
+	Transport       string
+	Published       int
+	Unique          int
+	Runs            int // successful handler runs
+	DuplicatesAcked int
+	Retried         int // forced failures that were redelivered
+	Output          int // messages the relay forwarded, as the output shows them
+}
+
+// OK reports whether the transport ran each key exactly once.
+func (r Row) OK() bool {
+	return r.Runs == r.Unique && r.Output == r.Unique && r.Published-r.Unique == r.DuplicatesAcked
+}
+
+// Report is the result of a demo run.
+type Report struct {
+	Redis string // where Redis came from
+	Rows  []Row
+	Took  time.Duration
+}
+
+// OK reports whether every transport ran each key exactly once.
+func (r *Report) OK() bool {
+	for _, row := range r.Rows {
+		if !row.OK() {
+			return false
+		}
+	}
+	return len(r.Rows) > 0
+}
+
+// Print writes the report as a table.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "Redis: %s\n\n", r.Redis)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "transport\tpublished\tunique keys\thandler runs\tduplicates acked\tforced retries\tforwarded\tresult\t")
+	for _, row := range r.Rows {
+		res := "ok"
+		if !row.OK() {
+			res = "MISMATCH"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t\n", row.Transport, row.Published, row.Unique, row.Runs, row.DuplicatesAcked, row.Retried, row.Output, res)
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nhandler runs == unique keys on every transport: %v (%.1fs)\n", r.OK(), r.Took.Seconds())
+}
+
+func (o *Options) defaults() {
+	if o.Unique == 0 {
+		o.Unique = 200
+	}
+	if o.DupRatio == 0 {
+		o.DupRatio = 0.3
+	}
+	if o.RetryEvery == 0 {
+		o.RetryEvery = 10
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 60 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+}
+
+// Run runs the demo. progress receives one line per phase.
+func Run(ctx context.Context, opts Options, progress io.Writer) (*Report, error) {
+	opts.defaults()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	say := func(format string, args ...any) { fmt.Fprintf(progress, "• "+format+"\n", args...) }
+
+	redisURL, redisDesc, stopRedis, err := chooseRedis(opts.RedisURL)
+	if err != nil {
+		return nil, err
+	}
+	defer stopRedis()
+	say("Redis: %s", redisDesc)
+
+	natsURL, stopNATS, err := startNATS()
+	if err != nil {
+		return nil, err
+	}
+	defer stopNATS()
+	say("NATS JetStream: in-process nats-server at %s", natsURL)
+
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "demo-in"), kfake.SeedTopics(1, "demo-out", "demo-dlq"),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		return nil, fmt.Errorf("starting the in-process Kafka broker: %w", err)
+	}
+	defer kc.Close()
+	brokers := kc.ListenAddrs()
+	say("Kafka: in-process Kafka-protocol broker (kfake) at %s", brokers[0])
+
+	nc, err := nats.Connect(natsURL, nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	for name, subj := range map[string]string{"DEMO_IN": "demo.in", "DEMO_OUT": "demo.out"} {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}}); err != nil {
+			return nil, fmt.Errorf("creating stream %s: %w", name, err)
+		}
+	}
+
+	ns := "demo-" + randomHex(4) // a fresh namespace: reruns on a shared Redis start clean
+	yaml := fmt.Sprintf(`
+redis: {url: %q, namespace: %s}
+http: {addr: ""}
+shutdown_timeout: 5s
+handlers:
+  - name: nats-orders
+    source: {nats: {url: %q, stream: DEMO_IN, consumer: demo, subject: demo.in, ack_wait: 10s}}
+    lease: 10s
+    backoff: {initial: 50ms, max: 200ms}
+    action: {forward: {nats: {subject: demo.out}}}
+    dead_letter: {nats: {subject: demo.dlq}}
+  - name: kafka-orders
+    source: {kafka: {brokers: [%q], topic: demo-in, group: demo, session_timeout: 6s, commit_interval: 200ms}}
+    lease: 10s
+    backoff: {initial: 50ms, max: 200ms}
+    action: {forward: {kafka: {topic: demo-out}}}
+    dead_letter: {kafka: {topic: demo-dlq}}
+`, redisURL, ns, natsURL, brokers[0])
+	cfg, err := config.Parse([]byte(yaml), nil)
+	if err != nil {
+		return nil, fmt.Errorf("demo config: %w", err)
+	}
+
+	counts := map[string]*handlerCounts{"nats-orders": {}, "kafka-orders": {}}
+	a, err := app.Build(ctx, cfg, opts.Logger, app.Options{
+		Hooks: consumer.Hooks{outcomeCounter(counts)},
+		Wrap: func(name string, h consumer.Handler) consumer.Handler {
+			return counts[name].wrap(h, opts.RetryEvery)
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(runCtx) }()
+
+	keys := plan(opts.Unique, opts.DupRatio)
+	if err := publishNATS(ctx, js, keys); err != nil {
+		return nil, err
+	}
+	if err := publishKafka(ctx, brokers, keys); err != nil {
+		return nil, err
+	}
+	say("published %d messages (%d unique keys, %d duplicates) on each transport; every %d-th key fails once", len(keys), opts.Unique, len(keys)-opts.Unique, opts.RetryEvery)
+
+	// Settled = every published message was acked as processed or duplicate.
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !(counts["nats-orders"].settled() >= len(keys) && counts["kafka-orders"].settled() >= len(keys)) {
+		select {
+		case <-ctx.Done():
+			stopRun()
+			<-runErr
+			return nil, fmt.Errorf("demo did not finish in %s: nats %s, kafka %s", opts.Timeout, counts["nats-orders"], counts["kafka-orders"])
+		case err := <-runErr:
+			return nil, fmt.Errorf("worker stopped early: %w", err)
+		case <-tick.C:
+		}
+	}
+	stopRun()
+	if err := <-runErr; err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+
+	natsOut, err := streamCount(ctx, js, "DEMO_OUT")
+	if err != nil {
+		return nil, err
+	}
+	kafkaOut, err := topicCount(ctx, brokers, "demo-out")
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Redis: redisDesc, Took: time.Since(start)}
+	for _, t := range []struct {
+		name, handler string
+		out           int
+	}{{"nats", "nats-orders", natsOut}, {"kafka", "kafka-orders", kafkaOut}} {
+		c := counts[t.handler]
+		rep.Rows = append(rep.Rows, Row{
+			Transport: t.name, Published: len(keys), Unique: opts.Unique,
+			Runs: int(c.runs.Load()), DuplicatesAcked: int(c.duplicates.Load()), Retried: int(c.failed.Load()), Output: t.out,
+		})
+	}
+	return rep, nil
+}
+
+// handlerCounts counts one handler's runs and outcomes.
+type handlerCounts struct {
+	runs, failed          atomic.Int64
+	processed, duplicates atomic.Int64
+	mu                    sync.Mutex
+	failedOnce            map[string]bool
+}
+
+func (c *handlerCounts) settled() int { return int(c.processed.Load() + c.duplicates.Load()) }
+
+func (c *handlerCounts) String() string {
+	return fmt.Sprintf("%d runs, %d processed, %d duplicates", c.runs.Load(), c.processed.Load(), c.duplicates.Load())
+}
+
+// wrap counts successful runs and makes the first run of every n-th key
+// fail, so the transport must redeliver it.
+func (c *handlerCounts) wrap(next consumer.Handler, n int) consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		key := m.Header.Get("Idempotency-Key")
+		if i, err := strconv.Atoi(key[len("order-"):]); n > 0 && err == nil && i%n == 0 {
+			c.mu.Lock()
+			first := !c.failedOnce[key]
+			if c.failedOnce == nil {
+				c.failedOnce = map[string]bool{}
+			}
+			c.failedOnce[key] = true
+			c.mu.Unlock()
+			if first {
+				c.failed.Add(1)
+				return nil, consumer.RetryAfterErr(20*time.Millisecond, errors.New("demo: forced failure"))
+			}
+		}
+		res, err := next.Handle(ctx, m)
+		if err == nil {
+			c.runs.Add(1)
+		}
+		return res, err
+	})
+}
+
+type outcomeCounter map[string]*handlerCounts
+
+func (oc outcomeCounter) OnOutcome(handler, _ string, o consumer.Outcome) {
+	c := oc[handler]
+	if c == nil {
+		return
+	}
+	switch o {
+	case consumer.OutcomeProcessed, consumer.OutcomeReclaimed:
+		c.processed.Add(1)
+	case consumer.OutcomeDuplicate:
+		c.duplicates.Add(1)
+	}
+}
+
+// plan returns the keys to publish: every key once and DupRatio of them
+// again, shuffled (with a fixed seed, so runs compare).
+func plan(unique int, ratio float64) []string {
+	keys := make([]string, 0, unique+int(float64(unique)*ratio)+1)
+	for i := range unique {
+		keys = append(keys, "order-"+strconv.Itoa(i))
+	}
+	for i := range int(float64(unique) * ratio) {
+		keys = append(keys, "order-"+strconv.Itoa(i*unique/int(float64(unique)*ratio)))
+	}
+	r := mrand.New(mrand.NewPCG(1, 2))
+	r.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
+	return keys
+}
+
+func payload(key string) []byte { return []byte(`{"order":"` + key + `","amount":42}`) }
+
+func publishNATS(ctx context.Context, js jetstream.JetStream, keys []string) error {
+	for _, k := range keys {
+		m := nats.NewMsg("demo.in")
+		m.Header.Set("Idempotency-Key", k)
+		m.Data = payload(k)
+		if _, err := js.PublishMsgAsync(m); err != nil {
+			return fmt.Errorf("publishing to NATS: %w", err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("publishing to NATS: %w", ctx.Err())
+	}
+}
+
+func publishKafka(ctx context.Context, brokers []string, keys []string) error {
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "demo-in", Balancer: &kafkago.RoundRobin{}, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafkago.RequireAll}
+	defer w.Close()
+	msgs := make([]kafkago.Message, len(keys))
+	for i, k := range keys {
+		// Round robin spreads a key's copies over partitions, as producers
+		// retrying through different partitions do.
+		msgs[i] = kafkago.Message{Value: payload(k), Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}}}
+	}
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("publishing to Kafka: %w", err)
+	}
+	return nil
+}
+
+func streamCount(ctx context.Context, js jetstream.JetStream, name string) (int, error) {
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	return int(s.CachedInfo().State.Msgs), nil
+}
+
+func topicCount(ctx context.Context, brokers []string, topic string) (int, error) {
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 5 * time.Second}
+	resp, err := c.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: {kafkago.LastOffsetOf(0)}}})
+	if err != nil {
+		return 0, err
+	}
+	for _, p := range resp.Topics[topic] {
+		if p.Error != nil {
+			return 0, p.Error
+		}
+		return int(p.LastOffset), nil
+	}
+	return 0, fmt.Errorf("no offsets for %s", topic)
+}
+
+func chooseRedis(override string) (url, desc string, stop func(), err error) {
+	nop := func() {}
+	switch {
+	case override == "inprocess":
+	case override != "":
+		return override, override + " (given)", nop, nil
+	case os.Getenv("REDIS_URL") != "":
+		u := os.Getenv("REDIS_URL")
+		return u, u + " (from $REDIS_URL)", nop, nil
+	default:
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:6379", 300*time.Millisecond); err == nil {
+			c.Close()
+			return "redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0 (a local Redis answered)", nop, nil
+		}
+	}
+	mr, err := miniredis.Run()
+	if err != nil {
+		return "", "", nil, fmt.Errorf("starting an in-process Redis: %w", err)
+	}
+	why := "no Redis at $REDIS_URL or 127.0.0.1:6379"
+	if override == "inprocess" {
+		why = "as asked"
+	}
+	return "redis://" + mr.Addr() + "/0", "in-process (miniredis at " + mr.Addr() + "; " + why + ")", mr.Close, nil
+}
+
+func startNATS() (string, func(), error) {
+	dir, err := os.MkdirTemp("", "dedupworker-demo-nats-")
+	if err != nil {
+		return "", nil, err
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true})
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("starting the in-process NATS server: %w", err)
+	}
+	s.Start()
+	stop := func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+		os.RemoveAll(dir)
+	}
+	if !s.ReadyForConnections(10 * time.Second) {
+		stop()
+		return "", nil, errors.New("the in-process NATS server did not start in 10s")
+	}
+	return s.ClientURL(), stop, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
