@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -26,6 +27,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -385,28 +387,44 @@ func topicCount(ctx context.Context, brokers []string, topic string) (int, error
 
 func chooseRedis(override string) (url, desc string, stop func(), err error) {
 	nop := func() {}
-	switch {
-	case override == "inprocess":
-	case override != "":
+	if override != "" && override != "inprocess" {
 		return override, override + " (given)", nop, nil
-	case os.Getenv("REDIS_URL") != "":
-		u := os.Getenv("REDIS_URL")
-		return u, u + " (from $REDIS_URL)", nop, nil
-	default:
-		if c, err := net.DialTimeout("tcp", "127.0.0.1:6379", 300*time.Millisecond); err == nil {
-			c.Close()
-			return "redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0 (a local Redis answered)", nop, nil
+	}
+	var skipped []string
+	if override == "" {
+		if u := os.Getenv("REDIS_URL"); u != "" {
+			if answers(u) {
+				return u, u + " (from $REDIS_URL)", nop, nil
+			}
+			skipped = append(skipped, "$REDIS_URL="+u+" does not answer")
 		}
+		const local = "redis://127.0.0.1:6379/0"
+		if answers(local) {
+			return local, local + " (" + strings.Join(append(skipped, "a local Redis answered"), "; ") + ")", nop, nil
+		}
+		skipped = append(skipped, "nothing on 127.0.0.1:6379")
+	} else {
+		skipped = append(skipped, "as asked")
 	}
 	mr, err := miniredis.Run()
 	if err != nil {
 		return "", "", nil, fmt.Errorf("starting an in-process Redis: %w", err)
 	}
-	why := "no Redis at $REDIS_URL or 127.0.0.1:6379"
-	if override == "inprocess" {
-		why = "as asked"
+	return "redis://" + mr.Addr() + "/0", "in-process (miniredis at " + mr.Addr() + "; " + strings.Join(skipped, "; ") + ")", mr.Close, nil
+}
+
+// answers reports whether a Redis URL's address accepts a TCP connection.
+func answers(rawURL string) bool {
+	opt, err := redis.ParseURL(rawURL)
+	if err != nil {
+		return false
 	}
-	return "redis://" + mr.Addr() + "/0", "in-process (miniredis at " + mr.Addr() + "; " + why + ")", mr.Close, nil
+	c, err := net.DialTimeout("tcp", opt.Addr, 300*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 func startNATS() (string, func(), error) {
