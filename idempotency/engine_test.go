@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
-	"os/exec"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -571,45 +569,10 @@ func TestClaimInfoInContext(t *testing.T) {
 	}
 }
 
-// startRedis runs a private redis-server that a test may stop.
-func startRedis(t *testing.T) (addr string, stop func()) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server binary", err.Error())
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop = func() {
-		if !stopped {
-			stopped = true
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	}
-	t.Cleanup(stop)
-	addr = "127.0.0.1:" + strconv.Itoa(port)
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	defer c.Close()
-	eventually(t, 5*time.Second, "private redis-server answers", func() bool {
-		return c.Ping(context.Background()).Err() == nil
-	})
-	return addr, stop
-}
-
 func TestStoreDownFailsClosed(t *testing.T) {
 	t.Parallel()
-	addr, stop := startRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	srv := testenv.StartRedisServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	f := newFixture(t, client)
 
@@ -630,7 +593,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d1) }()
 	<-started
-	stop()
+	srv.Stop()
 	close(release)
 	<-done
 	d1.expectNak(t)
@@ -649,11 +612,11 @@ func TestStoreDownFailsClosed(t *testing.T) {
 
 func TestFailOpenBypassesStore(t *testing.T) {
 	t.Parallel()
-	addr, stop := startRedis(t)
-	client := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	srv := testenv.StartRedisServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	f := newFixture(t, client)
-	stop()
+	srv.Stop()
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithFailOpen())
 	d := newDelivery("k", "x")
