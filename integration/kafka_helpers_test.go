@@ -1,0 +1,516 @@
+package integration_test
+
+// Helpers of the Kafka integration tests. Every name starts with "kafka" so
+// the tests of other transports in this package cannot collide with them.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/testcontainers/testcontainers-go"
+	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/redisbackend"
+	"github.com/idemkit/dedupworker/transports/kafka"
+)
+
+// kafkaEachBroker runs f against the in-process Kafka-protocol broker
+// (kfake, or $KAFKA_BROKERS) and against real Kafka in a container when a
+// Docker daemon answers (skipped with the reason otherwise), in parallel.
+func kafkaEachBroker(t *testing.T, f func(t *testing.T, h *kafkaHarness)) {
+	t.Helper()
+	t.Run("kfake", func(t *testing.T) {
+		t.Parallel()
+		f(t, newKafkaHarness(t, testenv.Kafka(t)))
+	})
+	t.Run("testcontainers", func(t *testing.T) {
+		t.Parallel()
+		f(t, newKafkaHarness(t, kafkaContainer(t)))
+	})
+}
+
+var (
+	kafkaContainerOnce    sync.Once
+	kafkaContainerBrokers []string
+	kafkaContainerErr     error
+)
+
+// kafkaContainer starts one Kafka container for the package's tests (it
+// outlives the test that started it: testcontainers' reaper removes it when
+// the test binary exits).
+func kafkaContainer(t *testing.T) []string {
+	t.Helper()
+	testcontainers.SkipIfProviderIsNotHealthy(t)
+	kafkaContainerOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		c, err := tckafka.Run(ctx, "confluentinc/confluent-local:7.5.0", tckafka.WithClusterID("dedupworker-it"))
+		if err != nil {
+			kafkaContainerErr = err
+			return
+		}
+		kafkaContainerBrokers, kafkaContainerErr = c.Brokers(ctx)
+	})
+	if kafkaContainerErr != nil {
+		testenv.Unavailable(t, "kafka (testcontainers)", kafkaContainerErr.Error())
+	}
+	return kafkaContainerBrokers
+}
+
+// kafkaHarness is one test's topic, group and Redis namespace.
+type kafkaHarness struct {
+	brokers []string
+	topic   string
+	group   string
+	parts   int
+	ns      string
+	redis   *redisbackend.Store
+}
+
+func newKafkaHarness(t *testing.T, brokers []string) *kafkaHarness {
+	t.Helper()
+	name := strings.NewReplacer("/", "-", " ", "-", "_", "-").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[len(name)-40:]
+	}
+	id := natsRandID()
+	h := &kafkaHarness{brokers: brokers, topic: "it-" + name + "-" + id, ns: "it-kafka-" + id}
+	h.group = h.topic + "-g"
+	h.redis = newKafkaStore(t, h.ns)
+	client := testenv.RedisClient(t)
+	t.Cleanup(func() { natsDeleteNamespace(client, h.ns) })
+	return h
+}
+
+// newKafkaStore returns a Redis store on the test Redis, closed at the end.
+func newKafkaStore(t *testing.T, ns string) *redisbackend.Store {
+	t.Helper()
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	return store
+}
+
+func (h *kafkaHarness) createTopic(t *testing.T, topic string, partitions int) {
+	t.Helper()
+	testenv.CreateKafkaTopic(t, h.brokers, topic, partitions)
+	if topic == h.topic {
+		h.parts = partitions
+	}
+}
+
+// kafkaPlan is what a test produces: one message per entry.
+type kafkaPlan []kafkaMsg
+
+type kafkaMsg struct {
+	partition int
+	key       string // Kafka message key (an entity id)
+	idem      string // Idempotency-Key header
+	value     string
+}
+
+// kafkaPlanWithDuplicates returns unique messages plus dups separate
+// messages repeating earlier idempotency keys (same payload), spread over
+// partitions at random, so a duplicate often lands on another partition.
+func kafkaPlanWithDuplicates(unique, dups, partitions int) kafkaPlan {
+	rnd := mrand.New(mrand.NewPCG(1, 2))
+	p := make(kafkaPlan, 0, unique+dups)
+	for i := range unique {
+		id := fmt.Sprintf("key-%05d", i)
+		p = append(p, kafkaMsg{partition: rnd.IntN(partitions), idem: id, value: "payload of " + id})
+	}
+	for range dups {
+		orig := p[rnd.IntN(unique)]
+		orig.partition = rnd.IntN(partitions)
+		p = append(p, orig)
+	}
+	rnd.Shuffle(len(p), func(i, j int) { p[i], p[j] = p[j], p[i] })
+	return p
+}
+
+func (p kafkaPlan) unique() int {
+	seen := map[string]bool{}
+	for _, m := range p {
+		seen[m.idem] = true
+	}
+	return len(seen)
+}
+
+func (h *kafkaHarness) produce(t *testing.T, topic string, p kafkaPlan) {
+	t.Helper()
+	w := &kafkago.Writer{
+		Addr:         kafkago.TCP(h.brokers...),
+		Topic:        topic,
+		Balancer:     kafkago.BalancerFunc(func(m kafkago.Message, _ ...int) int { return m.Partition }),
+		BatchTimeout: time.Millisecond,
+		BatchSize:    1000,
+		RequiredAcks: kafkago.RequireAll,
+	}
+	defer w.Close()
+	msgs := make([]kafkago.Message, len(p))
+	for i, m := range p {
+		msgs[i] = kafkago.Message{Partition: m.partition, Value: []byte(m.value)}
+		if m.key != "" {
+			msgs[i].Key = []byte(m.key)
+		}
+		if m.idem != "" {
+			msgs[i].Headers = []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(m.idem)}}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// committed returns the group's committed offsets (-1: none).
+func (h *kafkaHarness) committed(t testing.TB) map[int]int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	parts := make([]int, h.parts)
+	for i := range parts {
+		parts[i] = i
+	}
+	cl := &kafkago.Client{Addr: kafkago.TCP(h.brokers...), Timeout: 10 * time.Second}
+	resp, err := cl.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: h.group, Topics: map[string][]int{h.topic: parts}})
+	if err != nil {
+		t.Errorf("offset fetch: %v", err)
+		return nil
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[h.topic] {
+		out[p.Partition] = p.CommittedOffset
+	}
+	return out
+}
+
+func (h *kafkaHarness) ends(t testing.TB, topic string, partitions int) map[int]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+	for p := range partitions {
+		req.Topics[topic] = append(req.Topics[topic], kafkago.LastOffsetOf(p))
+	}
+	cl := &kafkago.Client{Addr: kafkago.TCP(h.brokers...), Timeout: 10 * time.Second}
+	resp, err := cl.ListOffsets(ctx, req)
+	if err != nil {
+		t.Fatalf("list offsets: %v", err)
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[topic] {
+		out[p.Partition] = p.LastOffset
+	}
+	return out
+}
+
+// atEnds waits until the committed offsets reach the end of every partition.
+func (h *kafkaHarness) atEnds(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	ends := h.ends(t, h.topic, h.parts)
+	var last map[int]int64
+	natsEventually(t, timeout, func() bool {
+		last = h.committed(t)
+		for p, e := range ends {
+			if last[p] != e {
+				return false
+			}
+		}
+		return true
+	}, func() string { return fmt.Sprintf("committed %v, want the ends %v", last, ends) })
+}
+
+// readAll reads every message of a single-partition topic.
+func (h *kafkaHarness) readAll(t *testing.T, topic string) []kafkago.Message {
+	t.Helper()
+	end := h.ends(t, topic, 1)[0]
+	if end == 0 {
+		return nil
+	}
+	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: h.brokers, Topic: topic, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out []kafkago.Message
+	for {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("reading %s: %v", topic, err)
+		}
+		out = append(out, m)
+		if m.Offset+1 >= end {
+			return out
+		}
+	}
+}
+
+func kafkaLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("KAFKA_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+}
+
+// kafkaWorkerSpec configures a worker started by kafkaHarness.start.
+type kafkaWorkerSpec struct {
+	handler     consumer.Handler
+	concurrency int
+	hooks       consumer.Hooks
+	opts        []idempotency.Option
+	source      func(*kafka.Config)
+	spy         *kafkaAckSpy
+}
+
+// kafkaRunning is a worker running in the background.
+type kafkaRunning struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (h *kafkaHarness) sourceConfig(t testing.TB) kafka.Config {
+	return kafka.Config{
+		Brokers:           h.brokers,
+		Topic:             h.topic,
+		GroupID:           h.group,
+		SessionTimeout:    6 * time.Second, // real Kafka's minimum by default
+		HeartbeatInterval: 100 * time.Millisecond,
+		RebalanceTimeout:  10 * time.Second,
+		RevokeTimeout:     3 * time.Second,
+		MaxWait:           100 * time.Millisecond,
+		CommitInterval:    100 * time.Millisecond,
+		Logger:            kafkaLogger(t),
+	}
+}
+
+func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *kafkaRunning {
+	t.Helper()
+	cfg := h.sourceConfig(t)
+	if spec.source != nil {
+		spec.source(&cfg)
+	}
+	src, err := kafka.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine, err := idempotency.New(h.redis, idempotency.Config{Logger: kafkaLogger(t), Hooks: spec.hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := append([]idempotency.Option{
+		idempotency.WithLease(10 * time.Second),
+		idempotency.WithBackoff(20*time.Millisecond, 200*time.Millisecond),
+	}, spec.opts...)
+	mw, err := engine.Middleware(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.spy != nil {
+		mw = spec.spy.wrap(mw)
+	}
+	if spec.concurrency == 0 {
+		spec.concurrency = 16
+	}
+	w := consumer.NewWorker(consumer.Config{Logger: kafkaLogger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second})
+	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithMiddleware(mw)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &kafkaRunning{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("worker did not stop within 30s")
+		}
+	})
+	return r
+}
+
+// stop cancels the worker and returns Run's result.
+func (r *kafkaRunning) stop(t testing.TB) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("worker did not stop within 30s")
+		return nil
+	}
+}
+
+// kafkaLedger counts handler runs per idempotency key.
+type kafkaLedger struct {
+	mu        sync.Mutex
+	starts    map[string]int
+	completes map[string]int
+	bySeq     map[string][]string // Kafka key → payloads in handling order
+	work      time.Duration
+}
+
+func newKafkaLedger() *kafkaLedger {
+	return &kafkaLedger{starts: map[string]int{}, completes: map[string]int{}, bySeq: map[string][]string{}}
+}
+
+func (l *kafkaLedger) handler() consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		c, _ := idempotency.FromContext(ctx)
+		l.mu.Lock()
+		l.starts[c.Key]++
+		if len(m.Key) > 0 {
+			l.bySeq[string(m.Key)] = append(l.bySeq[string(m.Key)], string(m.Payload))
+		}
+		l.mu.Unlock()
+		if l.work > 0 {
+			select {
+			case <-time.After(l.work):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		l.mu.Lock()
+		l.completes[c.Key]++
+		l.mu.Unlock()
+		return []byte("done " + c.Key), nil
+	})
+}
+
+func (l *kafkaLedger) totals() (starts, completes int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.starts {
+		starts += n
+	}
+	for _, n := range l.completes {
+		completes += n
+	}
+	return starts, completes
+}
+
+// kafkaAckSpy records every acked (partition, offset) by wrapping the
+// deliveries a middleware sees — in PrepareBatch and Process alike, so the
+// engine's batch claims still match its deliveries.
+type kafkaAckSpy struct {
+	mu    sync.Mutex
+	acked map[int]map[int64]bool
+	onAck func(consumer.Origin) // optional
+}
+
+func newKafkaAckSpy() *kafkaAckSpy { return &kafkaAckSpy{acked: map[int]map[int64]bool{}} }
+
+func (s *kafkaAckSpy) wrap(mw consumer.Middleware) consumer.Middleware {
+	return func(name string, next consumer.Handler) consumer.Processor {
+		inner := mw(name, next)
+		prep, _ := inner.(consumer.BatchPreparer)
+		return &kafkaSpyProc{spy: s, inner: inner, prep: prep, wrapped: map[consumer.Delivery]*kafkaSpyDelivery{}}
+	}
+}
+
+func (s *kafkaAckSpy) record(o consumer.Origin) {
+	s.mu.Lock()
+	if s.acked[o.Partition] == nil {
+		s.acked[o.Partition] = map[int64]bool{}
+	}
+	s.acked[o.Partition][o.Offset] = true
+	s.mu.Unlock()
+	if s.onAck != nil {
+		s.onAck(o)
+	}
+}
+
+// unfinishedBelow returns an offset below committed[p] that was never acked.
+func (s *kafkaAckSpy) unfinishedBelow(committed map[int]int64) (int, int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for p, c := range committed {
+		for o := int64(0); o < c; o++ {
+			if !s.acked[p][o] {
+				return p, o, true
+			}
+		}
+	}
+	return 0, 0, false
+}
+
+type kafkaSpyProc struct {
+	spy     *kafkaAckSpy
+	inner   consumer.Processor
+	prep    consumer.BatchPreparer
+	mu      sync.Mutex
+	wrapped map[consumer.Delivery]*kafkaSpyDelivery
+}
+
+func (p *kafkaSpyProc) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+	ws := make([]consumer.Delivery, len(batch))
+	p.mu.Lock()
+	for i, d := range batch {
+		w := &kafkaSpyDelivery{Delivery: d, spy: p.spy}
+		p.wrapped[d] = w
+		ws[i] = w
+	}
+	p.mu.Unlock()
+	if p.prep != nil {
+		p.prep.PrepareBatch(ctx, ws)
+	}
+}
+
+func (p *kafkaSpyProc) Process(ctx context.Context, d consumer.Delivery) {
+	p.mu.Lock()
+	w, ok := p.wrapped[d]
+	delete(p.wrapped, d)
+	p.mu.Unlock()
+	if !ok {
+		w = &kafkaSpyDelivery{Delivery: d, spy: p.spy}
+	}
+	p.inner.Process(ctx, w)
+}
+
+type kafkaSpyDelivery struct {
+	consumer.Delivery
+	spy *kafkaAckSpy
+}
+
+func (d *kafkaSpyDelivery) Ack(ctx context.Context) error {
+	d.spy.record(d.Message().Origin)
+	return d.Delivery.Ack(ctx)
+}
+
+// kafkaWatchCommits fails the test if the group's committed offset of a
+// partition ever passes a message that was not acked.
+func (h *kafkaHarness) watchCommits(t *testing.T, spy *kafkaAckSpy) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			c := h.committed(t)
+			if p, o, bad := spy.unfinishedBelow(c); bad {
+				t.Errorf("partition %d: committed offset %d passes unacked offset %d", p, c[p], o)
+				return
+			}
+		}
+	})
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
+}
