@@ -5,6 +5,8 @@ package integration_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/testcontainers/testcontainers-go"
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
@@ -84,12 +87,12 @@ func newKafkaHarness(t *testing.T, brokers []string) *kafkaHarness {
 	if len(name) > 40 {
 		name = name[len(name)-40:]
 	}
-	id := natsRandID()
+	id := kafkaRandID()
 	h := &kafkaHarness{brokers: brokers, topic: "it-" + name + "-" + id, ns: "it-kafka-" + id}
 	h.group = h.topic + "-g"
 	h.redis = newKafkaStore(t, h.ns)
 	client := testenv.RedisClient(t)
-	t.Cleanup(func() { natsDeleteNamespace(client, h.ns) })
+	t.Cleanup(func() { kafkaDeleteNamespace(client, h.ns) })
 	return h
 }
 
@@ -223,7 +226,7 @@ func (h *kafkaHarness) atEnds(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	ends := h.ends(t, h.topic, h.parts)
 	var last map[int]int64
-	natsEventually(t, timeout, func() bool {
+	kafkaEventually(t, timeout, func() bool {
 		last = h.committed(t)
 		for p, e := range ends {
 			if last[p] != e {
@@ -513,4 +516,38 @@ func (h *kafkaHarness) watchCommits(t *testing.T, spy *kafkaAckSpy) (stop func()
 	})
 	var once sync.Once
 	return func() { once.Do(func() { close(done); wg.Wait() }) }
+}
+
+func kafkaRandID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// kafkaEventually polls cond every 20ms until it holds, or fails with msg().
+func kafkaEventually(t testing.TB, timeout time.Duration, cond func() bool, msg func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", timeout, msg())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kafkaDeleteNamespace deletes a test's Redis keys.
+func kafkaDeleteNamespace(c redis.UniversalClient, ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := c.Scan(ctx, 0, ns+":*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	for len(keys) > 0 {
+		n := min(len(keys), 500)
+		c.Del(ctx, keys[:n]...)
+		keys = keys[n:]
+	}
 }

@@ -201,9 +201,9 @@ func TestKafkaRebalance(t *testing.T) {
 			return base.Handle(ctx, m)
 		})
 		a := h.start(t, kafkaWorkerSpec{handler: base, concurrency: 8, spy: spy})
-		natsEventually(t, 60*time.Second, func() bool { _, c := l.totals(); return c >= 200 }, func() string { return "member A made no progress" })
+		kafkaEventually(t, 60*time.Second, func() bool { _, c := l.totals(); return c >= 200 }, func() string { return "member A made no progress" })
 		b := h.start(t, kafkaWorkerSpec{handler: onB, concurrency: 8, spy: spy})
-		natsEventually(t, 60*time.Second, func() bool { return byB.Load() >= 100 }, func() string { return "member B never ran a handler" })
+		kafkaEventually(t, 60*time.Second, func() bool { return byB.Load() >= 100 }, func() string { return "member B never ran a handler" })
 		if err := a.stop(t); err != nil {
 			t.Fatalf("member A: Run returned %v, want nil", err)
 		}
@@ -268,7 +268,7 @@ func TestKafkaKeyOrdering(t *testing.T) {
 		r := h.start(t, kafkaWorkerSpec{handler: handler, concurrency: 8, spy: spy,
 			source: func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 25 }})
 
-		natsEventually(t, 60*time.Second, func() bool { _, c := l.totals(); return c == len(plan)-1 },
+		kafkaEventually(t, 60*time.Second, func() bool { _, c := l.totals(); return c == len(plan)-1 },
 			func() string { return "the messages after the slow one did not finish" })
 		// Several commit intervals pass: partition 0 must stay at offset 0.
 		for range 10 {
