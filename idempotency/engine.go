@@ -72,6 +72,7 @@ func (e *Engine) Middleware(opts ...Option) (consumer.Middleware, error) {
 			cfg:      cfg,
 			log:      e.log.With("handler", name),
 			prepared: make(map[consumer.Delivery]*prepared),
+			held:     make(map[string]*prepared),
 		}
 	}, nil
 }
@@ -86,6 +87,11 @@ type processor struct {
 
 	mu       sync.Mutex
 	prepared map[consumer.Delivery]*prepared
+	// held indexes, by effective key, the owned claims that PrepareBatch
+	// made and whose delivery has not started yet. A delivery of the same
+	// key that runs first (a duplicate in the batch, or in another Kafka
+	// partition) adopts the claim instead of waiting for it to expire.
+	held map[string]*prepared
 }
 
 // prepared is what the engine knows of a delivery before it runs: its key,
@@ -106,6 +112,10 @@ const settleTimeout = 10 * time.Second
 
 // maxClaimRounds bounds re-claims after an in-flight key was released.
 const maxClaimRounds = 3
+
+// leaseSlack is added to a foreign lease's end before claiming it again, for
+// the distance between this clock and the store's.
+const leaseSlack = 50 * time.Millisecond
 
 func (p *processor) inspect(d consumer.Delivery) *prepared {
 	m := d.Message()
@@ -156,7 +166,11 @@ func (p *processor) PrepareBatch(ctx context.Context, batch []consumer.Delivery)
 	}
 	p.mu.Lock()
 	for i, d := range batch {
-		p.prepared[d] = prs[i]
+		pr := prs[i]
+		p.prepared[d] = pr
+		if pr.claimed && pr.err == nil && pr.res.Outcome.Owned() {
+			p.held[pr.ekey] = pr
+		}
 	}
 	p.mu.Unlock()
 }
@@ -181,8 +195,27 @@ func (p *processor) take(d consumer.Delivery) *prepared {
 	pr, ok := p.prepared[d]
 	if ok {
 		delete(p.prepared, d)
+		if p.held[pr.ekey] == pr {
+			delete(p.held, pr.ekey)
+		}
 	}
 	return pr
+}
+
+// adopt moves a held claim of pr's key, made for a delivery that has not
+// started, to pr. That delivery will claim afresh when it runs, and find the
+// key done. It reports whether there was one.
+func (p *processor) adopt(pr *prepared) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	h, ok := p.held[pr.ekey]
+	if !ok || h == pr {
+		return false
+	}
+	delete(p.held, pr.ekey)
+	pr.claimed, pr.res, pr.err, pr.claimAt = true, h.res, nil, h.claimAt
+	h.claimed, h.res = false, ClaimResult{}
+	return true
 }
 
 // Process takes one delivery through SPEC §5–§7.
@@ -200,6 +233,9 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 		return
 	}
 	for round := 0; ; round++ {
+		if !pr.claimed || pr.res.Outcome == ClaimInFlight {
+			p.adopt(pr)
+		}
 		if !pr.claimed {
 			pr.claimAt = time.Now()
 			res, err := p.claim(ctx, []ClaimRequest{p.claimRequest(pr)})
@@ -238,9 +274,7 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 				p.inFlight(ctx, d, pr)
 				return
 			}
-			wctx, cancel := context.WithTimeout(ctx, p.cfg.inFlightWait+p.e.timeout)
-			rec, err := p.e.store.Wait(wctx, pr.ekey, p.cfg.inFlightWait)
-			cancel()
+			rec, err := p.waitInFlight(ctx, pr.ekey, res.Record)
 			switch {
 			case ctx.Err() != nil:
 				p.abandon(ctx, d, &prepared{})
@@ -248,7 +282,7 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 			case err != nil:
 				p.storeDown(ctx, d, "wait", err)
 				return
-			case rec != nil && rec.State == StateClaimed && !rec.Released:
+			case rec != nil:
 				p.inFlight(ctx, d, pr)
 				return
 			}
@@ -257,6 +291,39 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 			p.storeDown(ctx, d, "claim", fmt.Errorf("%w: unknown claim outcome %q", ErrStoreUnavailable, res.Outcome))
 			return
 		}
+	}
+}
+
+// waitInFlight waits up to the in-flight wait for the owner of key to
+// finish (SPEC §5.1). It returns nil when the key should be claimed again
+// (completed, released, gone, or its owner's lease ran out: a crashed worker
+// is reclaimed as soon as its lease ends, not after the whole wait), or the
+// record still in flight when the wait is over.
+func (p *processor) waitInFlight(ctx context.Context, key string, rec *Record) (*Record, error) {
+	deadline := time.Now().Add(p.cfg.inFlightWait)
+	for {
+		wait := time.Until(deadline)
+		if rec != nil && !rec.LeaseUntil.IsZero() {
+			// LeaseUntil is on the store's clock: it only shortens the
+			// wait; the claim script decides.
+			wait = min(wait, time.Until(rec.LeaseUntil)+leaseSlack)
+		}
+		if wait <= 0 {
+			if time.Now().Before(deadline) {
+				return nil, nil // the lease ran out: claim now
+			}
+			return rec, nil
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait+p.e.timeout)
+		got, err := p.e.store.Wait(wctx, key, wait)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if got == nil || got.State != StateClaimed || got.Released {
+			return nil, nil
+		}
+		rec = got // still claimed: renewed (wait on) or expired (claim)
 	}
 }
 

@@ -653,3 +653,46 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+func TestDuplicateInBatchAdoptsTheHeldClaim(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := &countingHandler{}
+	p := f.processor(t, h, idempotency.WithInFlightWait(200*time.Millisecond))
+	first, second := newDelivery("k", "x"), newDelivery("k", "x")
+	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), []consumer.Delivery{first, second})
+	// The later copy runs first (another Kafka partition, another lane): it
+	// must take over the claim made for the first, not wait for it.
+	p.Process(context.Background(), second)
+	second.expectAck(t)
+	p.Process(context.Background(), first)
+	first.expectAck(t)
+	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 {
+		t.Fatalf("runs %d outcomes %v: want one run, one duplicate", h.runs.Load(), f.oc.m)
+	}
+}
+
+func TestCrashedOwnerIsReclaimedWhenItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	// A worker claimed the key and died: nobody renews its 300ms lease.
+	key := idempotency.EffectiveKey("orders", "k")
+	d := newDelivery("k", "x")
+	res, err := f.store.Claim(context.Background(), []idempotency.ClaimRequest{{
+		Key: key, Fingerprint: idempotency.Fingerprint(d.Message(), nil), FingerprintVersion: idempotency.FingerprintVersion, Lease: 300 * time.Millisecond,
+	}})
+	if err != nil || res[0].Outcome != idempotency.ClaimNew {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	h := &countingHandler{}
+	p := f.processor(t, h, idempotency.WithInFlightWait(time.Minute))
+	start := time.Now()
+	p.Process(context.Background(), d)
+	d.expectAck(t)
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("took %s: the expired lease must be reclaimed when it ends, not after the whole in-flight wait", took)
+	}
+	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeReclaimed) != 1 {
+		t.Fatalf("runs %d outcomes %v: want one reclaimed run", h.runs.Load(), f.oc.m)
+	}
+}
