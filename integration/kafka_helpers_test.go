@@ -97,7 +97,7 @@ func newKafkaHarness(t *testing.T, brokers []string) *kafkaHarness {
 }
 
 // newKafkaStore returns a Redis store on the test Redis, closed at the end.
-func newKafkaStore(t *testing.T, ns string) *redisbackend.Store {
+func newKafkaStore(t testing.TB, ns string) *redisbackend.Store {
 	t.Helper()
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: ns})
 	if err != nil {
@@ -107,7 +107,7 @@ func newKafkaStore(t *testing.T, ns string) *redisbackend.Store {
 	return store
 }
 
-func (h *kafkaHarness) createTopic(t *testing.T, topic string, partitions int) {
+func (h *kafkaHarness) createTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
 	testenv.CreateKafkaTopic(t, h.brokers, topic, partitions)
 	if topic == h.topic {
@@ -152,7 +152,7 @@ func (p kafkaPlan) unique() int {
 	return len(seen)
 }
 
-func (h *kafkaHarness) produce(t *testing.T, topic string, p kafkaPlan) {
+func (h *kafkaHarness) produce(t testing.TB, topic string, p kafkaPlan) {
 	t.Helper()
 	w := &kafkago.Writer{
 		Addr:         kafkago.TCP(h.brokers...),

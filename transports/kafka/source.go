@@ -118,7 +118,11 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 				fatal = fmt.Errorf("kafka: joining group %q: %w", s.cfg.GroupID, err)
 				break
 			}
-			s.log.Warn("joining the group failed; retrying", "err", err)
+			if errors.Is(err, kafka.RebalanceInProgress) {
+				s.log.Debug("rebalance in progress; rejoining", "err", err)
+			} else {
+				s.log.Warn("joining the group failed; retrying", "err", err)
+			}
 			continue
 		}
 		g := m.newGeneration(gen)
