@@ -2,6 +2,7 @@ package redisbackend
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -96,7 +97,7 @@ func NewFromURL(ctx context.Context, rawURL string, opts Options, clientOpts ...
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		// url.Parse's error repeats the URL, password included: say less.
-		return nil, fmt.Errorf("dedup: redisbackend: url: not a valid URL")
+		return nil, errors.New("dedup: redisbackend: url: not a valid URL, want redis://[user:password@]host[:port][/db] or rediss://host:port for TLS")
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
 		return nil, fmt.Errorf("dedup: redisbackend: url: scheme %q is not supported, want redis:// or rediss://", u.Scheme)
@@ -125,13 +126,10 @@ func NewFromURL(ctx context.Context, rawURL string, opts Options, clientOpts ...
 	if err != nil {
 		return nil, err
 	}
-	client := redis.NewClient(ro)
-	pctx, cancel := context.WithTimeout(ctx, ro.DialTimeout)
-	defer cancel()
-	if err := client.Ping(pctx).Err(); err != nil {
-		_ = client.Close()
+	if err := probe(ctx, ro); err != nil {
 		return nil, storeErr("connect to "+ro.Addr, err)
 	}
+	client := redis.NewClient(ro)
 	s, err := newStore(client, opts)
 	if err != nil {
 		_ = client.Close()
@@ -139,4 +137,21 @@ func NewFromURL(ctx context.Context, rawURL string, opts Options, clientOpts ...
 	}
 	s.ownsClient = true
 	return s, nil
+}
+
+// probe PINGs the server of ro once, within the connect timeout, on a
+// throwaway connection without go-redis's retries, so that an unreachable
+// server fails fast with the dial's own error ("connection refused") rather
+// than a deadline that ran out during retries.
+func probe(ctx context.Context, ro *redis.Options) error {
+	po := *ro
+	po.MaxRetries = -1
+	po.DialerRetries = 1
+	po.PoolSize = 1
+	po.MinIdleConns = 0
+	c := redis.NewClient(&po)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, ro.DialTimeout)
+	defer cancel()
+	return c.Ping(ctx).Err()
 }
