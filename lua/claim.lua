@@ -11,8 +11,12 @@
 
 local NULL = cjson.null
 
+local function absent(x)
+  return x == nil or x == NULL
+end
+
 local function opt(x, kind)
-  return x == nil or x == NULL or type(x) == kind
+  return absent(x) or type(x) == kind
 end
 
 -- Standard base64 with padding, what Go's base64.StdEncoding accepts.
@@ -22,10 +26,16 @@ end
 
 local function is_string(s) return type(s) == 'string' end
 
+-- A finite number in float64's range: cjson reads 1e400 as inf where Go's
+-- decoder refuses it, and the two must agree on what is a record.
+local function num(x)
+  return type(x) == 'number' and x > -1e308 and x < 1e308
+end
+
 -- strmap: absent, null, or an object whose keys are strings and whose values
 -- pass check. An empty JSON array decodes to the same empty table as {}.
 local function strmap(m, check)
-  if m == nil or m == NULL then return true end
+  if absent(m) then return true end
   if type(m) ~= 'table' then return false end
   for k, v in pairs(m) do
     if type(k) ~= 'string' or not check(v) then return false end
@@ -39,12 +49,12 @@ local function valid(r)
   local s = r.state
   return (s == 'CLAIMED' or s == 'COMPLETED')
     and type(r.token) == 'string' and type(r.fp) == 'string'
-    and type(r.fpv) == 'number' and type(r.fence) == 'number'
-    and type(r.attempts) == 'number' and type(r.claimed_at_ms) == 'number'
-    and type(r.lease_until_ms) == 'number'
-    and opt(r.completed_at_ms, 'number') and opt(r.outcome, 'string')
-    and opt(r.released, 'boolean') and opt(r.v, 'number')
-    and (r.result == nil or r.result == NULL or b64(r.result))
+    and num(r.fpv) and num(r.fence) and num(r.attempts)
+    and num(r.claimed_at_ms) and num(r.lease_until_ms)
+    and (absent(r.completed_at_ms) or num(r.completed_at_ms))
+    and (absent(r.v) or num(r.v))
+    and opt(r.outcome, 'string') and opt(r.released, 'boolean')
+    and (absent(r.result) or b64(r.result))
     and strmap(r.meta, is_string) and strmap(r.steps, b64)
 end
 
@@ -82,8 +92,8 @@ for i, key in ipairs(KEYS) do
     if rec ~= nil then
       -- A recovered value keeps a numeric fence when it still has one, so
       -- fences never go backwards for a downstream system that saw them.
-      if type(rec.fence) == 'number' then fence = rec.fence + 1 end
-      if type(rec.attempts) == 'number' then attempts = rec.attempts + 1 end
+      if num(rec.fence) then fence = rec.fence + 1 end
+      if num(rec.attempts) then attempts = rec.attempts + 1 end
       if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
     end
     local claimed = cjson.encode({

@@ -14,8 +14,8 @@
 //	 "released":true}
 //
 // A value is a record when it is a JSON object with state CLAIMED or
-// COMPLETED; string token and fp; numeric fpv, fence, attempts, claimed_at_ms
-// and lease_until_ms; and, when present and not null, numeric v and
+// COMPLETED; string token and fp; finite numeric fpv, fence, attempts,
+// claimed_at_ms and lease_until_ms; and, when present and not null, numeric v and
 // completed_at_ms, string outcome, boolean released, base64 result, meta an
 // object of strings, steps an object of base64 strings. Anything else (not
 // JSON, a JSON array or scalar, a missing or ill-typed field, a Redis value of

@@ -395,3 +395,30 @@ func TestErrors(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// A recovered value that still carries a numeric fence continues it, so a
+// downstream system that saw fence N never sees a smaller one from the next
+// owner; one without starts at 1.
+func TestRecoveredContinuesFence(t *testing.T) {
+	client := testenv.RedisClient(t)
+	s := newStore(t, client, redisbackend.Options{})
+	ctx := ctxFor(t, 10*time.Second)
+	for raw, want := range map[string]int64{
+		`{"state":"BROKEN","fence":7,"attempts":3}`: 8,
+		`{"fence":"7"}`: 1,
+		`[7]`:           1,
+		`garbage`:       1,
+	} {
+		key := uniqueNamespace("k")
+		if err := client.Set(ctx, s.RedisKey(key), raw, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Claim(ctx, []idempotency.ClaimRequest{{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}})
+		if err != nil || res[0].Outcome != idempotency.ClaimRecovered {
+			t.Fatalf("%s: Claim = %+v, %v", raw, res, err)
+		}
+		if res[0].Claim.Fence != want {
+			t.Errorf("%s: recovered fence %d, want %d", raw, res[0].Claim.Fence, want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"encoding/json"
 	"testing"
 	"time"
@@ -133,6 +134,8 @@ func testCorruptRecovered(t *testing.T, h *Harness) {
 		"step null":           with("steps", map[string]any{"s": nil}),
 		"meta a number value": with("meta", map[string]any{"k": 1}),
 		"meta a string":       with("meta", "k=v"),
+		"fence out of range":  edited(t, `"fence":4`, `"fence":1e400`),
+		"lease out of range":  edited(t, `"lease_until_ms":1700000030000`, `"lease_until_ms":-1e999`),
 	}
 	for name, v := range cases {
 		b, ok := v.([]byte)
@@ -165,6 +168,17 @@ func testCorruptRecovered(t *testing.T, h *Harness) {
 		mustComplete(t, s, res.Claim, "r")
 		mustNotOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimDuplicate)
 	}
+}
+
+// edited returns the JSON of validRecord with old replaced by new, for
+// values encoding/json cannot produce.
+func edited(t *testing.T, old, new string) []byte {
+	t.Helper()
+	b := mustJSON(t, validRecord())
+	if !bytes.Contains(b, []byte(old)) {
+		t.Fatalf("storetest: %s not in %s", old, b)
+	}
+	return bytes.Replace(b, []byte(old), []byte(new), 1)
 }
 
 func testWrongTypeRecovered(t *testing.T, h *Harness) {
