@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sort"
@@ -160,19 +161,19 @@ func (p *partition) fetch() {
 				return
 			}
 			if isFatal(err) {
-				p.g.fail(err)
+				p.fail(err)
 				return
 			}
 			if errors.Is(err, kafka.UnknownTopicOrPartition) {
 				if unknown++; unknown >= 10 {
-					p.g.fail(err)
+					p.fail(err)
 					return
 				}
 			}
 			p.log.Warn("connecting to the partition leader failed; retrying", "attempt", attempt+1, "err", err)
 			continue
 		}
-		unknown, attempt = 0, 0
+		unknown = 0
 		if pos != offset {
 			offset = pos
 			if !p.send(fetched{next: pos}) {
@@ -180,17 +181,28 @@ func (p *partition) fetch() {
 				return
 			}
 		}
+		before := offset
 		offset, err = p.readLoop(ctx, conn, offset)
 		conn.Close()
 		if ctx.Err() != nil {
 			return
 		}
 		if isFatal(err) {
-			p.g.fail(err)
+			p.fail(err)
 			return
+		}
+		if offset > before {
+			// The connection made progress: reconnect without growing the
+			// backoff. A connection that keeps failing at once backs off.
+			attempt = 0
 		}
 		p.log.Debug("fetch connection ended; reconnecting", "offset", offset, "err", err)
 	}
+}
+
+// fail ends Consume with err, naming the partition.
+func (p *partition) fail(err error) {
+	p.g.fail(fmt.Errorf("kafka: topic %q partition %d: %w", p.g.m.s.cfg.Topic, p.id, err))
 }
 
 // connect dials the partition leader and positions at offset, resolving
