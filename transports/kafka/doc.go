@@ -17,9 +17,13 @@
 // messages run in offset order (Ordering "partition"), or, with Ordering
 // "key", distinct message keys run in parallel, each key in offset order
 // (SPEC §8.1). At most Runner.Concurrency() deliveries are in Process at once
-// across the member. Every fetched batch (up to BatchSize messages) goes to
-// Runner.Prepare once before its messages run, so the deduplication engine
-// claims the batch in one store round trip (SPEC §4.4).
+// across the member. Messages without a key have no order to keep: under
+// key ordering each runs on its own. Every fetched batch (up to BatchSize
+// messages) goes to Runner.Prepare once before its messages run, so the
+// deduplication engine claims the batch in one store round trip (SPEC §4.4).
+// A partition fetches ahead only while fewer than MaxUnfinished of its
+// messages are unfinished, counted from the oldest unfinished one, so a slow
+// key cannot make the member claim and buffer without bound.
 //
 // Kafka cannot redeliver one message, so a Nak is a retry in place: the
 // lane (the partition, or the key) waits the requested delay and processes
