@@ -3,6 +3,7 @@ package redisbackend
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -136,7 +137,7 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 			return nil, invalid(op, "request %d has an empty key", i)
 		}
 		if r.Lease <= 0 {
-			return nil, invalid(op, "request %d (key %q) has a non-positive lease %s", i, r.Key, r.Lease)
+			return nil, invalid(op, "request %d (key hash %s) has a non-positive lease %s", i, keyHash(r.Key), r.Lease)
 		}
 	}
 	if err := noDuplicates(op, len(reqs), func(i int) string { return reqs[i].Key }); err != nil {
@@ -184,13 +185,13 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 	js, _ := raw.(string)
 	rec, ok := decodeRecord(key, []byte(js))
 	if !ok {
-		return idempotency.ClaimResult{}, fmt.Errorf("key %q: script returned %q with a record this store cannot read", key, o)
+		return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.ClaimOutcome(o)}
 	switch res.Outcome {
 	case idempotency.ClaimNew, idempotency.ClaimReclaimed, idempotency.ClaimRecovered:
 		if rec.Token != token {
-			return idempotency.ClaimResult{}, fmt.Errorf("key %q: script returned a claim under another token", key)
+			return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned a claim under another token", keyHash(key))
 		}
 		res.Claim = &idempotency.Claim{
 			Key:        key,
@@ -203,7 +204,7 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 	case idempotency.ClaimDuplicate, idempotency.ClaimInFlight, idempotency.ClaimMismatch:
 		res.Record = rec
 	default:
-		return idempotency.ClaimResult{}, fmt.Errorf("key %q: unknown outcome %q from script", key, o)
+		return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: unknown outcome %q from script", keyHash(key), o)
 	}
 	return res, nil
 }
@@ -226,9 +227,9 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		case c.Key == "":
 			return nil, invalid(op, "completion %d has an empty key", i)
 		case c.Retention <= 0:
-			return nil, invalid(op, "completion %d (key %q) has a non-positive retention %s", i, c.Key, c.Retention)
+			return nil, invalid(op, "completion %d (key hash %s) has a non-positive retention %s", i, keyHash(c.Key), c.Retention)
 		case c.Outcome != idempotency.RecordOutcomeOK && c.Outcome != idempotency.RecordOutcomeDeadLettered:
-			return nil, invalid(op, "completion %d (key %q) has outcome %q, want %q or %q", i, c.Key, c.Outcome,
+			return nil, invalid(op, "completion %d (key hash %s) has outcome %q, want %q or %q", i, keyHash(c.Key), c.Outcome,
 				idempotency.RecordOutcomeOK, idempotency.RecordOutcomeDeadLettered)
 		}
 	}
@@ -246,7 +247,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 			if len(c.Meta) > 0 {
 				b, err := json.Marshal(c.Meta)
 				if err != nil {
-					return nil, invalid(op, "completion %d (key %q): meta: %v", i, c.Key, err)
+					return nil, invalid(op, "completion %d (key hash %s): meta: %v", i, keyHash(c.Key), err)
 				}
 				meta = string(b)
 			}
@@ -284,7 +285,7 @@ func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duratio
 		return time.Time{}, false, invalid(op, "empty key")
 	}
 	if lease <= 0 {
-		return time.Time{}, false, invalid(op, "key %q: non-positive lease %s", key, lease)
+		return time.Time{}, false, invalid(op, "key hash %s: non-positive lease %s", keyHash(key), lease)
 	}
 	c := &call{script: s.renew, keys: []string{s.prefix + key}, args: []any{token, durMs(lease), s.graceMs}}
 	if err := s.exec(ctx, op, []*call{c}); err != nil {
@@ -332,7 +333,7 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 		return false, err
 	}
 	if key == "" || step == "" {
-		return false, invalid(op, "empty key or step name (key %q, step %q)", key, step)
+		return false, invalid(op, "empty key or step name (key hash %s, step %q)", keyHash(key), step)
 	}
 	c := &call{script: s.step, keys: []string{s.prefix + key}, args: []any{token, step, base64.StdEncoding.EncodeToString(result)}}
 	if err := s.exec(ctx, op, []*call{c}); err != nil {
@@ -361,14 +362,14 @@ func (s *Store) get(ctx context.Context, op, key string) (*idempotency.Record, e
 	case errors.Is(err, redis.Nil):
 		return nil, nil
 	case redis.HasErrorPrefix(err, "WRONGTYPE"):
-		s.log.Debug("dedup: redis value is not a string: treated as absent", "key", s.prefix+key)
+		s.log.Debug("dedup: redis value is not a string: treated as absent", "key_hash", keyHash(key))
 		return nil, nil
 	case err != nil:
 		return nil, storeErr(op, err)
 	}
 	rec, ok := decodeRecord(key, raw)
 	if !ok {
-		s.log.Debug("dedup: redis value is not a record: treated as absent", "key", s.prefix+key)
+		s.log.Debug("dedup: redis value is not a record: treated as absent", "key_hash", keyHash(key))
 		return nil, nil
 	}
 	return rec, nil
@@ -440,7 +441,7 @@ func noDuplicates(op string, n int, key func(int) string) error {
 	for i := range n {
 		k := key(i)
 		if j, dup := seen[k]; dup {
-			return invalid(op, "key %q appears twice in one batch (at %d and %d)", k, j, i)
+			return invalid(op, "requests %d and %d name the same key (key hash %s): a key may appear once per batch", j, i, keyHash(k))
 		}
 		seen[k] = i
 	}
@@ -456,6 +457,14 @@ func newTokens(n int) []string {
 		out[i] = hex.EncodeToString(buf[16*i : 16*i+16])
 	}
 	return out
+}
+
+// keyHash names an effective key in logs and errors without showing it
+// (keys may carry personal data): the first 6 bytes of its SHA-256, as the
+// engine logs it.
+func keyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:6])
 }
 
 // durMs converts d to whole milliseconds, rounding up so a positive duration
