@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +91,30 @@ func TestUnknownTopic(t *testing.T) {
 	err = worker(t, "unknown", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
 	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), `"missing"`) || !strings.Contains(err.Error(), "Unknown Topic") {
 		t.Fatalf("Run on a missing topic = %v, want an error naming the topic", err)
+	}
+}
+
+// TestBrokersDown: brokers that do not answer are waited for, not a failure;
+// cancelling stops the wait and Run returns nil.
+func TestBrokersDown(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	src, err := kafka.New(kafka.Config{Brokers: []string{addr}, Topic: "t", GroupID: "g", NetworkTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, worker(t, "down", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })))
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run returned %v while the brokers were down; want it to wait", err)
+	case <-time.After(time.Second):
+	}
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run returned %v after cancel, want nil", err)
 	}
 }

@@ -155,31 +155,37 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	return fatal
 }
 
-// checkTopic fails when the topic does not exist, after a few tries (a topic
-// may be created concurrently with the consumer's start).
+// checkTopic fails when the topic does not exist after a few tries (a topic
+// may be created concurrently with the consumer's start), or when the
+// brokers refuse the credentials. Brokers that do not answer are waited for,
+// as the group and the fetchers wait for them later, until ctx ends.
 func (s *Source) checkTopic(ctx context.Context) error {
-	var err error
-	delay := 200 * time.Millisecond
-	for attempt := 1; attempt <= 5; attempt++ {
-		if attempt > 1 {
-			if !sleepCtx(ctx, delay) {
-				return ctx.Err()
-			}
-			delay *= 2
-		}
-		var parts []kafka.Partition
-		parts, err = s.lookupPartitions(ctx)
+	unknown := 0
+	for attempt := 1; ; attempt++ {
+		parts, err := s.lookupPartitions(ctx)
+		var kerr kafka.Error
 		switch {
 		case err == nil && len(parts) > 0:
 			return nil
-		case err == nil:
-			err = kafka.UnknownTopicOrPartition
+		case ctx.Err() != nil:
+			return ctx.Err()
 		case isFatal(err):
 			return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+		case err == nil || errors.As(err, &kerr):
+			if err == nil {
+				err = kafka.UnknownTopicOrPartition
+			}
+			if unknown++; unknown >= 5 {
+				return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+			}
+			s.log.Debug("topic not available yet", "attempt", attempt, "err", err)
+		default:
+			s.log.Warn("brokers do not answer; retrying", "brokers", s.cfg.Brokers, "attempt", attempt, "err", err)
 		}
-		s.log.Debug("topic not available yet", "attempt", attempt, "err", err)
+		if !sleepCtx(ctx, backoff(attempt+1)) {
+			return ctx.Err()
+		}
 	}
-	return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
 }
 
 func (s *Source) lookupPartitions(ctx context.Context) ([]kafka.Partition, error) {
