@@ -13,7 +13,6 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -22,7 +21,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/idempotency"
-	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
@@ -30,44 +28,21 @@ import (
 // with a certificate made here), verifying the server against the given CA.
 func TestNewFromURLTLS(t *testing.T) {
 	t.Parallel()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server", "no redis-server binary on PATH to start a TLS server")
-	}
 	dir := t.TempDir()
 	pool := writeTLSFiles(t, dir)
 	port := freePort(t)
-	cmd := exec.Command(bin, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
+	startRedis(t, dir, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--tls-cert-file", filepath.Join(dir, "cert.pem"), "--tls-key-file", filepath.Join(dir, "key.pem"),
-		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "no",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"))
-	t.Cleanup(func() {
-		if t.Failed() {
-			log, _ := os.ReadFile(filepath.Join(dir, "redis.log"))
-			t.Logf("redis-server log:\n%s", log)
-		}
-	})
-	if err := cmd.Start(); err != nil {
-		testenv.Unavailable(t, "redis-server", "cannot start it: "+err.Error())
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
+		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "no")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	withCA := func(o *redis.Options) { o.TLSConfig.RootCAs = pool }
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, "redis-server with TLS", func() error {
 		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
 		if err == nil {
 			_ = c.Close()
-			break
 		}
-		if time.Now().After(deadline) {
-			testenv.Unavailable(t, "redis-server with TLS", "it did not accept TLS within 10s (built without TLS?): "+err.Error())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -90,15 +65,6 @@ func TestNewFromURLTLS(t *testing.T) {
 	if _, err := redisbackend.NewFromURL(ctx, "redis://"+addr+"/0?dial_timeout=1s", redisbackend.Options{}); err == nil {
 		t.Error("redis:// (plain) to a TLS-only port: no error")
 	}
-}
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // writeTLSFiles writes a CA and a server certificate for 127.0.0.1 and
