@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"golang.org/x/term"
+
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -200,7 +202,4 @@ func cmdForget(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
+func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
