@@ -316,12 +316,13 @@ func (g *generation) run(ctx context.Context) (revoked bool, fatal error) {
 
 	select {
 	case <-ctx.Done():
-		g.stop(context.Cause(ctx))
 	case <-g.gctx.Done():
 		revoked = true
-		g.stop(ErrRevoked)
 	case fatal = <-g.fatal:
-		g.stop(fatal)
+	}
+	// Deliveries not started yet are handed over cancelled (ErrStopping).
+	for _, p := range g.parts {
+		p.stop(ErrStopping)
 	}
 
 	// Drain: every goroutine of every partition returns. A revoked
@@ -371,12 +372,6 @@ drain:
 	}
 	s.log.Info("generation ended", "generation", g.gen.ID, "revoked", revoked)
 	return revoked, fatal
-}
-
-func (g *generation) stop(cause error) {
-	for _, p := range g.parts {
-		p.stop(cause)
-	}
 }
 
 // commit commits, for every partition whose watermark moved, the lowest
