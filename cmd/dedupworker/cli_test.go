@@ -244,3 +244,17 @@ handlers:
 		t.Fatalf("the exec action ran %d times, want 50", n)
 	}
 }
+
+// TestExampleConfigsValidate keeps the shipped examples true.
+func TestExampleConfigsValidate(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("../../examples/config/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no example configs found: %v", err)
+	}
+	for _, f := range files {
+		if code, _, stderr := runCmd(t, "validate", "-c", f); code != 0 {
+			t.Errorf("%s: exit %d: %s", f, code, stderr)
+		}
+	}
+}
