@@ -7,8 +7,9 @@
 //		Topic:   "orders",
 //		GroupID: "orders-dedup",
 //	})
+//	dedup, err := engine.Middleware(idempotency.WithLease(30 * time.Second))
 //	w := consumer.NewWorker(consumer.Config{})
-//	w.Handle("orders", src, handler, consumer.WithMiddleware(engine.Middleware()))
+//	err = w.Handle("orders", src, handler, consumer.WithMiddleware(dedup))
 //	err = w.Run(ctx)
 //
 // # Behaviour
