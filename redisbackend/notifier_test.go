@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -189,4 +190,88 @@ func TestSubscriberSharedAndRestarted(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Wait did not return")
 	}
+}
+
+// A Redis restart (scripts and data gone, every connection cut) fails calls
+// with ErrStoreUnavailable while it is down; afterwards the store works
+// again without help: scripts reload on NOSCRIPT and the subscriber
+// resubscribes, so notifications wake waiters again.
+func TestStoreSurvivesRestart(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	opt, err := redis.ParseURL(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.MaxRetries = -1
+	opt.DialerRetries = 1
+	client := redis.NewClient(opt)
+	t.Cleanup(func() { _ = client.Close() })
+	s, err := New(client, Options{Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	claimOne(t, s, "before")
+	if _, err := s.Wait(ctx, "before", 10*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "subscriber ready", s.notify.isReady)
+
+	srv.Stop()
+	if _, err := s.Claim(ctx, []idempotency.ClaimRequest{{Key: "down", Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}}); !errors.Is(err, idempotency.ErrStoreUnavailable) {
+		t.Errorf("Claim while Redis is down = %v, want ErrStoreUnavailable", err)
+	}
+	eventually(t, 10*time.Second, "subscriber to notice the lost connection", func() bool { return !s.notify.isReady() })
+
+	srv.Start()
+	eventually(t, 10*time.Second, "Ping after the restart", func() bool { return s.Ping(ctx) == nil })
+	res, err := s.Claim(ctx, []idempotency.ClaimRequest{
+		{Key: "after:1", Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute},
+		{Key: "after:2", Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute},
+	})
+	if err != nil || res[0].Outcome != idempotency.ClaimNew || res[1].Outcome != idempotency.ClaimNew {
+		t.Fatalf("Claim after the restart (empty script cache) = %+v, %v", res, err)
+	}
+	eventually(t, 15*time.Second, "subscriber back after the restart", s.notify.isReady)
+	done := make(chan *idempotency.Record, 1)
+	go func() {
+		rec, _ := s.Wait(ctx, "after:1", 10*time.Second)
+		done <- rec
+	}()
+	select {
+	case rec := <-done:
+		t.Fatalf("Wait returned before Complete: %+v", rec)
+	case <-time.After(1600 * time.Millisecond): // let the re-reads back off to ~1s apart
+	}
+	at := time.Now()
+	ok, err := s.Complete(ctx, []idempotency.Completion{{Key: "after:1", Token: res[0].Claim.Token, Outcome: "ok", Retention: time.Minute}})
+	if err != nil || !ok[0] {
+		t.Fatalf("Complete after the restart = %v, %v", ok, err)
+	}
+	select {
+	case rec := <-done:
+		if rec == nil || rec.State != idempotency.StateCompleted {
+			t.Fatalf("Wait = %+v", rec)
+		}
+		if lat := time.Since(at); lat > 300*time.Millisecond {
+			t.Errorf("woken %s after Complete: notifications do not flow after the restart", lat)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait did not return")
+	}
+}
+
+// testLogger sends the store's log to the test's.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }

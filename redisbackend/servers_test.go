@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,15 +71,14 @@ func waitFor(t *testing.T, what string, ping func() error) {
 // for the master passes the whole suite.
 func TestStoreSentinel(t *testing.T) {
 	dir := t.TempDir()
-	master := freePort(t)
-	startRedis(t, mkdir(t, dir, "master"), "--port", strconv.Itoa(master), "--bind", "127.0.0.1")
+	master := testenv.StartRedisServer(t)
 	sentinel := freePort(t)
 	conf := filepath.Join(dir, "sentinel.conf")
 	if err := os.WriteFile(conf, []byte("port "+strconv.Itoa(sentinel)+"\nbind 127.0.0.1\n"+
-		"sentinel monitor dedupmaster 127.0.0.1 "+strconv.Itoa(master)+" 1\n"), 0o600); err != nil {
+		"sentinel monitor dedupmaster "+strings.Replace(master.Addr(), ":", " ", 1)+" 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	startRedis(t, mkdir(t, dir, "sentinel"), conf, "--sentinel")
+	startRedis(t, dir, conf, "--sentinel")
 	sc := redis.NewSentinelClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(sentinel)})
 	t.Cleanup(func() { _ = sc.Close() })
 	waitFor(t, "redis-sentinel", func() error {
@@ -92,12 +92,4 @@ func TestStoreSentinel(t *testing.T) {
 	})
 	t.Cleanup(func() { _ = client.Close() })
 	storetest.RunHarness(t, func(t *testing.T) *storetest.Harness { return newHarness(t, client) })
-}
-
-func mkdir(t *testing.T, parent, name string) string {
-	p := filepath.Join(parent, name)
-	if err := os.MkdirAll(p, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
