@@ -140,15 +140,3 @@ func (o *outcomes) get(oc consumer.Outcome) int {
 	defer o.mu.Unlock()
 	return o.m[oc]
 }
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

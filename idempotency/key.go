@@ -98,7 +98,7 @@ func (k KeySource) extract(m *consumer.Message, fp string) (string, error) {
 	case "json":
 		return jsonField(m.Payload, k.path)
 	}
-	return "", fmt.Errorf("dedup: zero KeySource: build one with HeaderKey, JSONKey, ...")
+	return "", errors.New("dedup: zero KeySource: build one with HeaderKey, JSONKey or KeyFrom")
 }
 
 func jsonField(payload []byte, path []string) (string, error) {

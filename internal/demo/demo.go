@@ -376,13 +376,14 @@ func topicCount(ctx context.Context, brokers []string, topic string) (int, error
 	if err != nil {
 		return 0, err
 	}
-	for _, p := range resp.Topics[topic] {
-		if p.Error != nil {
-			return 0, p.Error
-		}
-		return int(p.LastOffset), nil
+	ps := resp.Topics[topic]
+	if len(ps) == 0 {
+		return 0, fmt.Errorf("no offsets for %s", topic)
 	}
-	return 0, fmt.Errorf("no offsets for %s", topic)
+	if ps[0].Error != nil {
+		return 0, ps[0].Error
+	}
+	return int(ps[0].LastOffset), nil
 }
 
 func chooseRedis(override string) (url, desc string, stop func(), err error) {
