@@ -237,3 +237,46 @@ func TestShutdown(t *testing.T) {
 		t.Fatalf("handled offsets %v after stop, want only [0]", rec.seen[0])
 	}
 }
+
+// TestCommitOnRevoke: with no interval commits, a member commits what it
+// finished when a rebalance revokes its partitions, so the next owners are
+// not redelivered any of it.
+func TestCommitOnRevoke(t *testing.T) {
+	t.Parallel()
+	const per = 25
+	e := newEnv(t, 2)
+	produceN(e, per)
+	total := per * e.parts
+	noInterval := func(c *kafka.Config) { c.CommitInterval = time.Hour }
+
+	rec := newRecord()
+	hA := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		rec.start(m)
+		rec.finish(m)
+		return nil, nil
+	})
+	a := run(t, worker(t, "cr", e.source(noInterval), hA))
+	eventually(t, 30*time.Second, "member A handled everything", func() bool { return rec.distinct() == total })
+	for p, c := range e.committed() {
+		if c >= 0 {
+			t.Fatalf("partition %d committed %d before any revoke: the interval is an hour", p, c)
+		}
+	}
+	var byB atomic.Int32
+	hB := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		byB.Add(1)
+		return nil, nil
+	})
+	b := run(t, worker(t, "cr", e.source(noInterval), hB))
+	ends := e.ends(e.topic, e.parts)
+	eventually(t, 30*time.Second, "commits at the ends after the rebalance", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := b.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	if n := byB.Load(); n != 0 {
+		t.Errorf("member B was redelivered %d messages that A had finished", n)
+	}
+}
