@@ -17,6 +17,12 @@
 // NOSCRIPT — only those: the others ran — are sent again with EVAL after a
 // SCRIPT LOAD on every node.
 //
+// go-redis retries a command after a network error, and a script may have
+// run before its reply was lost. A retried claim finds its own token and is
+// reported owned, not IN_FLIGHT; a retried completion finds the record
+// COMPLETED and reports false, as the Store contract says (see the note on
+// Complete).
+//
 // Wait follows SPEC §4.6: one Pub/Sub connection per Store, started by the
 // first Wait, resubscribed when it dies, stopped by Close, fanning the
 // notifications of channel "<namespace>:dedup:done" out to the waiters of

@@ -188,6 +188,16 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 		return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.ClaimOutcome(o)}
+	if res.Outcome == idempotency.ClaimInFlight && rec.Token == token && !rec.Released {
+		// The live claim is this request's own: the script ran before, its
+		// reply was lost, and the client sent it again (go-redis retries on
+		// network errors). The claim is ours; which outcome it had is not
+		// known, so a first claim says NEW and a later one RECLAIMED.
+		res.Outcome = idempotency.ClaimNew
+		if rec.Fence > 1 {
+			res.Outcome = idempotency.ClaimReclaimed
+		}
+	}
 	switch res.Outcome {
 	case idempotency.ClaimNew, idempotency.ClaimReclaimed, idempotency.ClaimRecovered:
 		if rec.Token != token {
@@ -212,7 +222,10 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 // Complete stores the results of owned claims (SPEC §4.5): one script call
 // on a single node, one per slot in one pipeline on a cluster. ok[i] is false
 // when completion i was no longer owned (gone, completed, released, another
-// token); that completion changed nothing.
+// token); that completion changed nothing. A completion that was stored
+// but whose reply was lost (the client or the caller retried it) also reports
+// false the second time: the record says COMPLETED under the same token, and
+// the contract is that a completed record is not owned.
 func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
 	const op = "complete"
 	if err := s.live(op); err != nil {
