@@ -83,11 +83,11 @@ func (c *Config) validate() error {
 	case c.Stream == "":
 		return bad("Stream", "required")
 	case !validName(c.Stream):
-		return bad("Stream", "%q: must not contain whitespace, '.', '*', '>', '/' or '\\'", c.Stream)
+		return bad("Stream", "%q: must not contain whitespace, '.', '*', '>', '/', '\\' or '%%'", c.Stream)
 	case c.Consumer == "":
 		return bad("Consumer", "required (the durable consumer's name)")
 	case !validName(c.Consumer):
-		return bad("Consumer", "%q: must not contain whitespace, '.', '*', '>', '/' or '\\'", c.Consumer)
+		return bad("Consumer", "%q: must not contain whitespace, '.', '*', '>', '/', '\\' or '%%'", c.Consumer)
 	case c.Subject != "" && !validSubject(c.Subject, true):
 		return bad("Subject", "%q is not a valid subject filter", c.Subject)
 	case c.AckWait < time.Second:
@@ -104,8 +104,12 @@ func (c *Config) validate() error {
 	return nil
 }
 
+// validName refuses what the server refuses in stream and consumer names,
+// and '%': nats-server 2.9 builds ack subjects with the name as a format
+// string, so every ack of such a stream is lost and its messages redelivered
+// forever.
 func validName(s string) bool {
-	return !strings.ContainsAny(s, " \t\r\n.*>/\\")
+	return !strings.ContainsAny(s, " \t\r\n.*>/\\%")
 }
 
 // validSubject reports whether s is a well-formed subject; wildcards are

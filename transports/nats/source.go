@@ -110,7 +110,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	failures := 0
 	lastCheck := time.Now()
 	for {
-		k := reserve(ctx, slots, batch)
+		k := reserve(ctx, slots, batch, batchLinger)
 		if k == 0 {
 			return nil
 		}
@@ -167,13 +167,21 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	}
 }
 
+// batchLinger is how long a busy Source waits for more free slots before
+// fetching a small batch (see reserve).
+const batchLinger = 2 * time.Millisecond
+
 // idleCheckEvery is how often an idle Source checks that its consumer still
 // exists.
 const idleCheckEvery = 5 * time.Second
 
-// reserve blocks for one free slot (or ctx), then takes up to max-1 more
-// that are free at once. It returns how many it took; 0 when ctx is done.
-func reserve(ctx context.Context, slots chan struct{}, max int) int {
+// reserve blocks for one free slot (or ctx), then takes up to max-1 more.
+// While fewer than half of max are held it lingers up to linger for slots
+// still in use to come free, so that a busy handler is fed in batches of
+// useful size (one fetch and one batch claim per batch) instead of one
+// message per round trip. An idle pool is never made to wait: all its slots
+// are free at once. It returns how many it took; 0 when ctx is done.
+func reserve(ctx context.Context, slots chan struct{}, max int, linger time.Duration) int {
 	select {
 	case slots <- struct{}{}:
 	case <-ctx.Done():
@@ -188,7 +196,23 @@ func reserve(ctx context.Context, slots chan struct{}, max int) int {
 		select {
 		case slots <- struct{}{}:
 			k++
+			continue
 		default:
+		}
+		break
+	}
+	if k >= (max+1)/2 || linger <= 0 {
+		return k
+	}
+	t := time.NewTimer(linger)
+	defer t.Stop()
+	for k < (max+1)/2 {
+		select {
+		case slots <- struct{}{}:
+			k++
+		case <-t.C:
+			return k
+		case <-ctx.Done():
 			return k
 		}
 	}

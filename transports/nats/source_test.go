@@ -51,6 +51,8 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}{
 		{"Stream", func(c *natstr.Config) { c.Stream = "" }},
 		{"Stream", func(c *natstr.Config) { c.Stream = "a.b" }},
+		{"Stream", func(c *natstr.Config) { c.Stream = "S%d" }},
+		{"Consumer", func(c *natstr.Config) { c.Consumer = "c%" }},
 		{"Consumer", func(c *natstr.Config) { c.Consumer = "" }},
 		{"Consumer", func(c *natstr.Config) { c.Consumer = "x y" }},
 		{"Subject", func(c *natstr.Config) { c.Subject = "a.>.b" }},
