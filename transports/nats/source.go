@@ -110,6 +110,12 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	failures := 0
 	lastCheck := time.Now()
 	for {
+		if !s.waitConnected(ctx) {
+			return nil
+		}
+		if nc := s.js.Conn(); nc.IsClosed() {
+			return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed", s.cfg.Stream, s.cfg.Consumer)
+		}
 		k := reserve(ctx, slots, batch, batchLinger)
 		if k == 0 {
 			return nil
@@ -217,6 +223,29 @@ func reserve(ctx context.Context, slots chan struct{}, max int, linger time.Dura
 		}
 	}
 	return k
+}
+
+// waitConnected holds the fetch loop while the connection is reconnecting:
+// a pull request buffered meanwhile would be answered into an inbox nobody
+// reads any more, holding its messages until AckWait. It returns false when
+// ctx is done; a closed connection returns true for the caller to see.
+func (s *Source) waitConnected(ctx context.Context) bool {
+	nc := s.js.Conn()
+	if nc.IsConnected() || nc.IsClosed() {
+		return ctx.Err() == nil
+	}
+	s.log.Warn("NATS connection lost; waiting for the reconnect", "status", nc.Status().String())
+	for attempt := 1; ; attempt++ {
+		if !sleep(ctx, consumer.Backoff(attempt, 50*time.Millisecond, time.Second)) {
+			return false
+		}
+		if nc.IsConnected() || nc.IsClosed() {
+			if nc.IsConnected() {
+				s.log.Info("NATS connection back; fetching again")
+			}
+			return true
+		}
+	}
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
