@@ -11,7 +11,12 @@
 // so the deduplication engine claims a whole batch in one Redis round trip,
 // SPEC §4.4), and runs each delivery on its own goroutine, at most
 // Runner.Concurrency at a time. The jetstream Consume callback is serial, so
-// the Source uses Fetch and FetchNoWait instead.
+// the Source uses Fetch and FetchNoWait instead: FetchNoWait takes what is
+// available at once; when nothing is, Fetch waits up to Config.FetchMaxWait
+// for a first message and FetchNoWait adds what came with it, so a quiet
+// stream's message is not held back to fill a batch. Under load, when fewer
+// than half the slots are free, the Source lingers up to 2ms for more to come
+// free, so batches (and batch claims) keep a useful size.
 //
 // A Delivery maps the transport-neutral obligations onto JetStream:
 //
@@ -37,8 +42,11 @@
 // idempotency OnDuplicate hook can use it to answer a repeated request with
 // the stored result.
 //
-// The nats.Conn reconnects by itself; fetches that fail meanwhile are retried
-// with a backoff and logged. A stream or consumer deleted before or during
+// The nats.Conn reconnects by itself (configure it with nats.MaxReconnects(-1)
+// for a long-running worker); the Source stops fetching while it is
+// disconnected, because a pull request buffered meanwhile would be answered
+// into an inbox nobody reads, and retries failed fetches with a backoff,
+// logging them. A closed connection ends Consume with an error. A stream or consumer deleted before or during
 // the run ends Consume with an error naming both (it wraps
 // jetstream.ErrStreamNotFound or jetstream.ErrConsumerNotFound).
 package nats

@@ -3,6 +3,7 @@ package nats_test
 import (
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,4 +75,25 @@ func TestReconnect(t *testing.T) {
 			t.Errorf("m%d handled %d times", i, n)
 		}
 	}
+}
+
+// TestClosedConnection: a connection closed for good ends Run with an error.
+func TestClosedConnection(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		nc, err := nats.Connect(e.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(nc)
+		own := *e
+		own.js = js
+		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
+		r := run(t, consumer.Config{}, newSource(t, &own, natstr.Config{}), idle)
+		e.drained(t, "c", 10*time.Second) // bound and idle
+		nc.Close()
+		err = r.wait(t, 10*time.Second)
+		if err == nil || !strings.Contains(err.Error(), "connection closed") || !strings.Contains(err.Error(), e.stream) {
+			t.Errorf("Run = %v, want a closed-connection error naming the stream", err)
+		}
+	})
 }
