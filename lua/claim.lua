@@ -58,6 +58,12 @@ local function valid(r)
     and strmap(r.meta, is_string) and strmap(r.steps, b64)
 end
 
+-- A claim without steps (nearly every claim) is written from this template,
+-- which costs less per key than cjson.encode of a table. Strings still go
+-- through cjson.encode for escaping; the numbers are finite.
+local FRESH = '{"v":1,"state":"CLAIMED","fp":%s,"fpv":%s,"token":%s,"fence":%s,'
+  .. '"claimed_at_ms":%d,"lease_until_ms":%d,"attempts":%s}'
+
 local grace = tonumber(ARGV[1])
 local now = now_ms()
 local out = {}
@@ -96,10 +102,15 @@ for i, key in ipairs(KEYS) do
       if num(rec.attempts) then attempts = rec.attempts + 1 end
       if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
     end
-    local claimed = cjson.encode({
-      v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
-      claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
-    })
+    local claimed
+    if steps == nil then
+      claimed = string.format(FRESH, cjson.encode(fp), fpv, cjson.encode(token), fence, now, now + lease, attempts)
+    else
+      claimed = cjson.encode({
+        v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
+        claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
+      })
+    end
     redis.call('SET', key, claimed, 'PX', lease + grace)
     out[#out + 1] = outcome
     out[#out + 1] = claimed

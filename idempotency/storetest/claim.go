@@ -13,6 +13,7 @@ func claimChecks() []check {
 	return []check{
 		{name: "Claim/New", run: testClaimNew},
 		{name: "Claim/InFlight", run: testClaimInFlight},
+		{name: "Claim/FingerprintRoundTrip", run: testFingerprintRoundTrip},
 		{name: "Claim/InFlightOtherVersion", run: testClaimInFlightOtherVersion},
 		{name: "Claim/Duplicate", run: testClaimDuplicate},
 		{name: "Claim/DuplicateOtherVersion", run: testClaimDuplicateOtherVersion},
@@ -72,6 +73,28 @@ func testClaimInFlight(t *testing.T, h *Harness) {
 	}
 	unchanged(t, s, before, "an IN_FLIGHT claim")
 	mustComplete(t, s, c, "r")
+}
+
+// Fingerprints are opaque strings: any bytes survive storage unchanged and
+// compare equal to themselves.
+func testFingerprintRoundTrip(t *testing.T, h *Harness) {
+	s := h.Store
+	for _, f := range []string{"1:\"quoted\" \\ / é ✓ \x01\n\t", "", "1:" + string(make([]byte, 300))} {
+		key := newKey(t)
+		c := mustOwn(t, s, req(key, f, longLease), idempotency.ClaimNew)
+		if rec := mustGet(t, s, key); rec.Fingerprint != f {
+			t.Errorf("fingerprint %q stored as %q", f, rec.Fingerprint)
+		}
+		mustNotOwn(t, s, req(key, f, longLease), idempotency.ClaimInFlight)
+		if !release(t, s, key, c.Token, time.Minute) {
+			t.Fatal("Release = false")
+		}
+		c2 := mustOwn(t, s, req(key, f, longLease), idempotency.ClaimNew)
+		mustComplete(t, s, c2, "r")
+		if rec := mustNotOwn(t, s, req(key, f, longLease), idempotency.ClaimDuplicate); rec.Fingerprint != f {
+			t.Errorf("fingerprint %q completed as %q", f, rec.Fingerprint)
+		}
+	}
 }
 
 func testClaimInFlightOtherVersion(t *testing.T, h *Harness) {
