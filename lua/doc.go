@@ -60,9 +60,10 @@
 // DUPLICATE; released → NEW with fence+1, attempts+1, steps kept; lease
 // expired → RECLAIMED with fence+1, attempts+1, steps kept; else IN_FLIGHT.
 //
-// Per key the claim does one GET, one cjson.decode with a few type checks, and
-// for owned outcomes one cjson.encode and one SET: batch throughput is bound
-// by this loop.
+// Per key the claim does one GET; when a value exists, one cjson.decode with
+// a few type checks; for owned outcomes one SET of JSON built from a template
+// (cjson.encode only when steps carry over). Batch throughput is bound by
+// this loop, and by complete's GET, decode, encode, SET and PUBLISH per key.
 package lua
 
 import _ "embed" // the scripts
