@@ -23,7 +23,10 @@ type Config struct {
 	Subject string
 	// AckWait is the AckWait of a consumer the Source creates: how long the
 	// server waits for an ack before redelivering. Heartbeats
-	// (Delivery.Heartbeat) reset it. Default 30s, the default lease.
+	// (Delivery.Heartbeat) reset it. Default 30s, the default lease. Set it
+	// to the deduplication lease (SPEC §9.2): the engine heartbeats on every
+	// lease renewal, a third of the lease apart, so an AckWait shorter than
+	// that redelivers a message while its handler still runs.
 	AckWait time.Duration
 	// Batch caps how many messages one fetch asks for. Default (0) and any
 	// value above the handler's concurrency mean the concurrency. A fetch
