@@ -25,7 +25,7 @@ func (p *direct) Process(ctx context.Context, d Delivery) {
 	tr := m.Origin.Transport
 	if ctx.Err() != nil {
 		p.settle(ctx, func(c context.Context) error { return d.Nak(c, 0) })
-		p.hooks.Outcome(p.name, tr, OutcomeCancelled)
+		p.outcome(ctx, tr, OutcomeCancelled)
 		return
 	}
 	start := time.Now()
@@ -34,25 +34,25 @@ func (p *direct) Process(ctx context.Context, d Delivery) {
 	switch {
 	case err == nil:
 		p.settle(ctx, d.Ack)
-		p.hooks.Outcome(p.name, tr, OutcomeProcessed)
+		p.outcome(ctx, tr, OutcomeProcessed)
 	case ctx.Err() != nil:
 		// Shutdown or revocation cut the handler short: hand the message
 		// back at once so another worker takes it.
 		p.settle(ctx, func(c context.Context) error { return d.Nak(c, 0) })
-		p.hooks.Outcome(p.name, tr, OutcomeCancelled)
+		p.outcome(ctx, tr, OutcomeCancelled)
 	case IsPermanent(err):
 		dlErr := d.DeadLetter(ctx, DeadLetter{Reason: "permanent_error", Err: err.Error(), Handler: p.name, Attempts: d.Attempt()})
 		if dlErr != nil && !errors.Is(dlErr, ErrNoDeadLetter) {
 			p.log.Error("dead-letter publish failed; will retry", "handler", p.name, "origin", m.Origin.String(), "err", dlErr)
 			p.settle(ctx, func(c context.Context) error { return d.Nak(c, Backoff(d.Attempt(), time.Second, 5*time.Minute)) })
-			p.hooks.Outcome(p.name, tr, OutcomeFailed)
+			p.outcome(ctx, tr, OutcomeFailed)
 			return
 		}
 		if dlErr != nil {
 			p.log.Error("permanent failure with no dead-letter destination: message dropped", "handler", p.name, "origin", m.Origin.String(), "err", err)
 		}
 		p.settle(ctx, d.Ack)
-		p.hooks.Outcome(p.name, tr, OutcomeDeadLettered)
+		p.outcome(ctx, tr, OutcomeDeadLettered)
 	default:
 		delay, ok := RetryDelay(err)
 		if !ok {
@@ -60,7 +60,7 @@ func (p *direct) Process(ctx context.Context, d Delivery) {
 		}
 		p.log.Warn("handler failed; will retry", "handler", p.name, "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", delay, "err", err)
 		p.settle(ctx, func(c context.Context) error { return d.Nak(c, delay) })
-		p.hooks.Outcome(p.name, tr, OutcomeFailed)
+		p.outcome(ctx, tr, OutcomeFailed)
 	}
 }
 
@@ -69,5 +69,12 @@ func (p *direct) settle(ctx context.Context, f func(context.Context) error) {
 	defer cancel()
 	if err := f(c); err != nil {
 		p.log.Error("settling delivery failed; the broker will redeliver", "handler", p.name, "err", err)
+	}
+}
+
+func (p *direct) outcome(ctx context.Context, transport string, o Outcome) {
+	p.hooks.Outcome(p.name, transport, o)
+	if obs := ObservationFrom(ctx); obs != nil {
+		obs.Outcome = o
 	}
 }

@@ -1,6 +1,9 @@
 package consumer
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Outcome is what was done with a delivery. The values are the label values
 // of dedup_messages_total (SPEC §8.4).
@@ -120,4 +123,34 @@ func (hs Hooks) CorruptRecord(handler string) {
 			x.OnCorruptRecord(handler)
 		}
 	}
+}
+
+// Observation collects what a processor learned about one delivery, for
+// tracing: a wrapper puts one in the context with WithObservation, the
+// processor fills it as it goes, and the wrapper reads it when Process
+// returns. Processors must tolerate its absence (ObservationFrom returns
+// nil).
+type Observation struct {
+	Outcome Outcome
+	// KeyHash is a short hash of the effective key (never the key itself).
+	KeyHash string
+	// Fence and Attempt are set when the handler ran under a claim.
+	Fence   int64
+	Attempt int
+	// Err is the handler's error, if it failed.
+	Err error
+}
+
+type observationKey struct{}
+
+// WithObservation returns a context carrying a new Observation.
+func WithObservation(ctx context.Context) (context.Context, *Observation) {
+	o := &Observation{}
+	return context.WithValue(ctx, observationKey{}, o), o
+}
+
+// ObservationFrom returns the context's Observation, or nil.
+func ObservationFrom(ctx context.Context) *Observation {
+	o, _ := ctx.Value(observationKey{}).(*Observation)
+	return o
 }

@@ -232,6 +232,9 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 		p.missingKey(ctx, d)
 		return
 	}
+	if o := consumer.ObservationFrom(ctx); o != nil {
+		o.KeyHash = keyHash(pr.ekey)
+	}
 	for round := 0; ; round++ {
 		if !pr.claimed || pr.res.Outcome == ClaimInFlight {
 			p.adopt(pr)
@@ -372,6 +375,9 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	took := time.Since(start)
 	stopRenew()
 	p.e.hooks.HandlerDone(p.name, took, herr)
+	if o := consumer.ObservationFrom(ctx); o != nil {
+		o.Fence, o.Attempt, o.Err = cl.Fence, rs.info.Attempt, herr
+	}
 
 	if errors.Is(context.Cause(hctx), ErrLeaseLost) {
 		p.log.Warn("claim lost while the handler ran; its result is discarded and the new owner finishes the key",
@@ -689,4 +695,7 @@ func (p *processor) settle(ctx context.Context, d consumer.Delivery, outcome con
 		p.log.Error("settling the delivery failed; the broker will redeliver it", "origin", d.Message().Origin.String(), "outcome", string(outcome), "err", err)
 	}
 	p.e.hooks.Outcome(p.name, d.Message().Origin.Transport, outcome)
+	if o := consumer.ObservationFrom(ctx); o != nil {
+		o.Outcome = outcome
+	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/fakedelivery"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -86,12 +87,12 @@ func TestDuplicateAckedWithoutRunningHandler(t *testing.T) {
 	}))
 	ctx := context.Background()
 
-	d1 := newDelivery("k1", "payload")
+	d1 := fakedelivery.New("k1", "payload")
 	p.Process(ctx, d1)
-	d1.expectAck(t)
-	d2 := newDelivery("k1", "payload")
+	d1.ExpectAck(t)
+	d2 := fakedelivery.New("k1", "payload")
 	p.Process(ctx, d2)
-	d2.expectAck(t)
+	d2.ExpectAck(t)
 
 	if n := h.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
@@ -125,9 +126,9 @@ func TestHandlerErrorReleasesAndNaksWithBackoff(t *testing.T) {
 	p := f.processor(t, h, idempotency.WithBackoff(time.Second, time.Minute))
 	ctx := context.Background()
 
-	d1 := newDelivery("k", "x")
+	d1 := fakedelivery.New("k", "x")
 	p.Process(ctx, d1)
-	delay := d1.expectNak(t)
+	delay := d1.ExpectNak(t)
 	if delay < 800*time.Millisecond || delay > 1200*time.Millisecond {
 		t.Fatalf("nak delay %s, want the first backoff step 1s ±20%%", delay)
 	}
@@ -138,10 +139,10 @@ func TestHandlerErrorReleasesAndNaksWithBackoff(t *testing.T) {
 
 	// The redelivery claims at once (no waiting for the lease) and runs again.
 	fail.Store(false)
-	d2 := newDelivery("k", "x")
-	d2.attempt = 2
+	d2 := fakedelivery.New("k", "x")
+	d2.AttemptN = 2
 	p.Process(ctx, d2)
-	d2.expectAck(t)
+	d2.ExpectAck(t)
 	if h.runs.Load() != 2 {
 		t.Fatalf("handler ran %d times, want 2", h.runs.Load())
 	}
@@ -156,9 +157,9 @@ func TestRetryAfterOverridesBackoff(t *testing.T) {
 	p := f.processor(t, &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
 		return nil, consumer.RetryAfter(7 * time.Second)
 	}})
-	d := newDelivery("k", "x")
+	d := fakedelivery.New("k", "x")
 	p.Process(context.Background(), d)
-	if got := d.expectNak(t); got != 7*time.Second {
+	if got := d.ExpectNak(t); got != 7*time.Second {
 		t.Fatalf("nak delay %s, want the handler's 7s", got)
 	}
 }
@@ -171,16 +172,16 @@ func TestMaxAttemptsDeadLettersAndCompletes(t *testing.T) {
 	ctx := context.Background()
 
 	for attempt := 1; attempt <= 2; attempt++ {
-		d := newDelivery("poison", "x")
-		d.attempt = attempt
+		d := fakedelivery.New("poison", "x")
+		d.AttemptN = attempt
 		p.Process(ctx, d)
-		d.expectNak(t)
+		d.ExpectNak(t)
 	}
-	d3 := newDelivery("poison", "x")
-	d3.attempt = 3
+	d3 := fakedelivery.New("poison", "x")
+	d3.AttemptN = 3
 	p.Process(ctx, d3)
-	d3.expectAck(t)
-	_, _, dead := d3.state()
+	d3.ExpectAck(t)
+	_, _, dead := d3.State()
 	if len(dead) != 1 {
 		t.Fatalf("want one dead letter, got %d", len(dead))
 	}
@@ -193,9 +194,9 @@ func TestMaxAttemptsDeadLettersAndCompletes(t *testing.T) {
 		t.Fatalf("record %+v, %v: want COMPLETED dead_lettered", rec, err)
 	}
 	// A later redelivery is acked without running.
-	d4 := newDelivery("poison", "x")
+	d4 := fakedelivery.New("poison", "x")
 	p.Process(ctx, d4)
-	d4.expectAck(t)
+	d4.ExpectAck(t)
 	if h.runs.Load() != 3 {
 		t.Fatalf("handler ran %d times, want 3", h.runs.Load())
 	}
@@ -211,13 +212,13 @@ func TestAttemptsCountedPerKeyAcrossDeliveries(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, errBoom }}
 	p := f.processor(t, h, idempotency.WithMaxAttempts(2), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
-	d1 := newDelivery("k", "x")
+	d1 := fakedelivery.New("k", "x")
 	p.Process(context.Background(), d1)
-	d1.expectNak(t)
-	d2 := newDelivery("k", "x")
+	d1.ExpectNak(t)
+	d2 := fakedelivery.New("k", "x")
 	p.Process(context.Background(), d2)
-	d2.expectAck(t)
-	if _, _, dead := d2.state(); len(dead) != 1 || dead[0].Attempts != 2 {
+	d2.ExpectAck(t)
+	if _, _, dead := d2.State(); len(dead) != 1 || dead[0].Attempts != 2 {
 		t.Fatalf("dead letters %+v, want one after 2 attempts", dead)
 	}
 }
@@ -229,10 +230,10 @@ func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
 		return nil, consumer.Permanent(errors.New("bad order"))
 	}}
 	p := f.processor(t, h)
-	d := newDelivery("k", "x")
+	d := fakedelivery.New("k", "x")
 	p.Process(context.Background(), d)
-	d.expectAck(t)
-	if _, _, dead := d.state(); len(dead) != 1 || dead[0].Reason != "permanent_error" {
+	d.ExpectAck(t)
+	if _, _, dead := d.State(); len(dead) != 1 || dead[0].Reason != "permanent_error" {
 		t.Fatalf("dead letters %+v, want one with reason permanent_error", dead)
 	}
 }
@@ -242,10 +243,10 @@ func TestDeadLetterPublishFailureIsRetriedNotAcked(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
 	p := f.processor(t, h)
-	d := newDelivery("k", "x")
-	d.dlErr = errors.New("broker down")
+	d := fakedelivery.New("k", "x")
+	d.DeadLetterErr = errors.New("broker down")
 	p.Process(context.Background(), d)
-	d.expectNak(t)
+	d.ExpectNak(t)
 	rec, err := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
 	if err != nil || rec == nil || rec.State != idempotency.StateClaimed || !rec.Released {
 		t.Fatalf("record %+v, %v: an unpublished dead letter must leave the key released, not completed", rec, err)
@@ -257,10 +258,10 @@ func TestNoDeadLetterDestinationStillCompletes(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
 	p := f.processor(t, h)
-	d := newDelivery("k", "x")
-	d.dlErr = consumer.ErrNoDeadLetter
+	d := fakedelivery.New("k", "x")
+	d.DeadLetterErr = consumer.ErrNoDeadLetter
 	p.Process(context.Background(), d)
-	d.expectAck(t)
+	d.ExpectAck(t)
 	rec, _ := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
 	if rec == nil || rec.Outcome != idempotency.RecordOutcomeDeadLettered {
 		t.Fatalf("record %+v: want dead_lettered even without a destination", rec)
@@ -283,22 +284,22 @@ func TestLongHandlerIsRenewedHeartbeatsAndRunsOnce(t *testing.T) {
 	}}
 	p := f.processor(t, h, idempotency.WithLease(lease), idempotency.WithInFlightWait(10*lease))
 	ctx := context.Background()
-	d1 := newDelivery("long", "x")
+	d1 := fakedelivery.New("long", "x")
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(ctx, d1) }()
 	<-started
 
 	// A redelivery of the same key meanwhile waits for the first and is
 	// acked as a duplicate.
-	d2 := newDelivery("long", "x")
+	d2 := fakedelivery.New("long", "x")
 	p.Process(ctx, d2)
 	<-done
-	d1.expectAck(t)
-	d2.expectAck(t)
+	d1.ExpectAck(t)
+	d2.ExpectAck(t)
 	if n := h.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
 	}
-	if hb := d1.heartbeats.Load(); hb < 2 {
+	if hb := d1.Heartbeats.Load(); hb < 2 {
 		t.Fatalf("%d heartbeats during 3 leases, want at least 2 (one per renewal)", hb)
 	}
 	if f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 {
@@ -316,18 +317,18 @@ func TestInFlightKeyIsNakkedAfterTheWait(t *testing.T) {
 		return nil, nil
 	}}
 	p := f.processor(t, h, idempotency.WithInFlightWait(100*time.Millisecond))
-	d1 := newDelivery("busy", "x")
+	d1 := fakedelivery.New("busy", "x")
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d1) }()
 	<-started
-	d2 := newDelivery("busy", "x")
+	d2 := fakedelivery.New("busy", "x")
 	p.Process(context.Background(), d2)
-	if delay := d2.expectNak(t); delay <= 0 {
+	if delay := d2.ExpectNak(t); delay <= 0 {
 		t.Fatalf("an in-flight key must be redelivered later, got delay %s", delay)
 	}
 	close(finish)
 	<-done
-	d1.expectAck(t)
+	d1.ExpectAck(t)
 	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeInFlight) != 1 {
 		t.Fatalf("runs %d outcomes %v: want one run and one in_flight", h.runs.Load(), f.oc.m)
 	}
@@ -351,7 +352,7 @@ func TestStolenLeaseCancelsHandlerWithErrLeaseLost(t *testing.T) {
 		}
 	}}
 	p := f.processor(t, h, idempotency.WithLease(lease))
-	d := newDelivery("stolen", "x")
+	d := fakedelivery.New("stolen", "x")
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d) }()
 	<-started
@@ -363,7 +364,7 @@ func TestStolenLeaseCancelsHandlerWithErrLeaseLost(t *testing.T) {
 	if err := <-cause; !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Fatalf("handler context cause = %v, want ErrLeaseLost", err)
 	}
-	d.expectAck(t)
+	d.ExpectAck(t)
 	if f.oc.get(consumer.OutcomeLeaseLost) != 1 {
 		t.Fatalf("outcomes %v, want lease_lost", f.oc.m)
 	}
@@ -374,9 +375,9 @@ func TestPanicIsRecoveredAsFailure(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { panic("kaboom") }}
 	p := f.processor(t, h)
-	d := newDelivery("k", "x")
+	d := fakedelivery.New("k", "x")
 	p.Process(context.Background(), d)
-	d.expectNak(t)
+	d.ExpectNak(t)
 	if f.oc.get(consumer.OutcomeFailed) != 1 {
 		t.Fatalf("outcomes %v, want failed", f.oc.m)
 	}
@@ -405,14 +406,14 @@ func TestStepsSkipFinishedStepsOnRetry(t *testing.T) {
 		return receipt, err
 	}}
 	p := f.processor(t, h, idempotency.WithBackoff(time.Millisecond, time.Millisecond))
-	d1 := newDelivery("order-1", "x")
+	d1 := fakedelivery.New("order-1", "x")
 	p.Process(context.Background(), d1)
-	d1.expectNak(t)
+	d1.ExpectNak(t)
 
 	failEmail.Store(false)
-	d2 := newDelivery("order-1", "x")
+	d2 := fakedelivery.New("order-1", "x")
 	p.Process(context.Background(), d2)
-	d2.expectAck(t)
+	d2.ExpectAck(t)
 	if charges.Load() != 1 || emails.Load() != 2 {
 		t.Fatalf("charge ran %d times (want 1), email %d (want 2)", charges.Load(), emails.Load())
 	}
@@ -428,10 +429,10 @@ func TestMissingKeyPolicies(t *testing.T) {
 	t.Run("reject", func(t *testing.T) {
 		h := &countingHandler{}
 		p := f.processor(t, h)
-		d := newDelivery("", "x")
+		d := fakedelivery.New("", "x")
 		p.Process(context.Background(), d)
-		d.expectAck(t)
-		if _, _, dead := d.state(); len(dead) != 1 || dead[0].Reason != "missing_key" || h.runs.Load() != 0 {
+		d.ExpectAck(t)
+		if _, _, dead := d.State(); len(dead) != 1 || dead[0].Reason != "missing_key" || h.runs.Load() != 0 {
 			t.Fatalf("dead %+v runs %d: want missing_key dead letter and no run", dead, h.runs.Load())
 		}
 	})
@@ -439,9 +440,9 @@ func TestMissingKeyPolicies(t *testing.T) {
 		h := &countingHandler{}
 		p := f.processor(t, h, idempotency.WithMissingKey(idempotency.MissingKeyPassthrough))
 		for range 2 {
-			d := newDelivery("", "x")
+			d := fakedelivery.New("", "x")
 			p.Process(context.Background(), d)
-			d.expectAck(t)
+			d.ExpectAck(t)
 		}
 		if h.runs.Load() != 2 || f.oc.get(consumer.OutcomePassthrough) != 2 {
 			t.Fatalf("runs %d outcomes %v: want 2 passthrough runs", h.runs.Load(), f.oc.m)
@@ -450,10 +451,10 @@ func TestMissingKeyPolicies(t *testing.T) {
 	t.Run("json-not-json", func(t *testing.T) {
 		h := &countingHandler{}
 		p := f.processor(t, h, idempotency.WithKeySources(idempotency.JSONKey("id")))
-		d := newDelivery("", "not json {")
+		d := fakedelivery.New("", "not json {")
 		p.Process(context.Background(), d)
-		d.expectAck(t)
-		if _, _, dead := d.state(); len(dead) != 1 || dead[0].Reason != "missing_key" {
+		d.ExpectAck(t)
+		if _, _, dead := d.State(); len(dead) != 1 || dead[0].Reason != "missing_key" {
 			t.Fatalf("a non-JSON payload with a json: source is a missing key, got %+v", dead)
 		}
 	})
@@ -465,13 +466,13 @@ func TestFingerprintMismatch(t *testing.T) {
 	h := &countingHandler{}
 	p := f.processor(t, h)
 	ctx := context.Background()
-	d1 := newDelivery("k", "original")
+	d1 := fakedelivery.New("k", "original")
 	p.Process(ctx, d1)
-	d1.expectAck(t)
-	d2 := newDelivery("k", "different content")
+	d1.ExpectAck(t)
+	d2 := fakedelivery.New("k", "different content")
 	p.Process(ctx, d2)
-	d2.expectAck(t)
-	if _, _, dead := d2.state(); len(dead) != 1 || dead[0].Reason != "fingerprint_mismatch" {
+	d2.ExpectAck(t)
+	if _, _, dead := d2.State(); len(dead) != 1 || dead[0].Reason != "fingerprint_mismatch" {
 		t.Fatalf("want a fingerprint_mismatch dead letter, got %+v", dead)
 	}
 	if h.runs.Load() != 1 {
@@ -483,10 +484,10 @@ func TestFingerprintMismatch(t *testing.T) {
 	}
 
 	ig := f.processor(t, h, idempotency.WithMismatch(idempotency.MismatchIgnore))
-	d3 := newDelivery("k", "different content")
+	d3 := fakedelivery.New("k", "different content")
 	ig.Process(ctx, d3)
-	d3.expectAck(t)
-	if _, _, dead := d3.state(); len(dead) != 0 || h.runs.Load() != 1 {
+	d3.ExpectAck(t)
+	if _, _, dead := d3.State(); len(dead) != 0 || h.runs.Load() != 1 {
 		t.Fatalf("mismatch: ignore must ack as a duplicate")
 	}
 }
@@ -497,9 +498,9 @@ func TestShadowModeRunsButCountsWouldSkip(t *testing.T) {
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithShadow())
 	for range 3 {
-		d := newDelivery("k", "x")
+		d := fakedelivery.New("k", "x")
 		p.Process(context.Background(), d)
-		d.expectAck(t)
+		d.ExpectAck(t)
 	}
 	if h.runs.Load() != 3 {
 		t.Fatalf("shadow mode ran the handler %d times, want 3", h.runs.Load())
@@ -520,7 +521,7 @@ func TestPrepareBatchClaimsInOneCall(t *testing.T) {
 	}
 	var batch []consumer.Delivery
 	for i := range 20 {
-		batch = append(batch, newDelivery(fmt.Sprintf("k%d", i%12), "x")) // 8 duplicates
+		batch = append(batch, fakedelivery.New(fmt.Sprintf("k%d", i%12), "x")) // 8 duplicates
 	}
 	bp.PrepareBatch(context.Background(), batch)
 	if n := f.calls.claim.Load(); n != 1 {
@@ -528,7 +529,7 @@ func TestPrepareBatchClaimsInOneCall(t *testing.T) {
 	}
 	for _, d := range batch {
 		p.Process(context.Background(), d)
-		d.(*fakeDelivery).expectAck(t)
+		d.(*fakedelivery.Delivery).ExpectAck(t)
 	}
 	if h.runs.Load() != 12 {
 		t.Fatalf("handler ran %d times for 12 unique keys", h.runs.Load())
@@ -540,12 +541,12 @@ func TestCancelledBeforeRunReleasesAndNaks(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{}
 	p := f.processor(t, h)
-	d := newDelivery("k", "x")
+	d := fakedelivery.New("k", "x")
 	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), []consumer.Delivery{d})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	p.Process(ctx, d)
-	if delay := d.expectNak(t); delay != 0 {
+	if delay := d.ExpectNak(t); delay != 0 {
 		t.Fatalf("a cancelled delivery must be nakked for immediate redelivery, got delay %s", delay)
 	}
 	rec, _ := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
@@ -562,7 +563,7 @@ func TestClaimInfoInContext(t *testing.T) {
 		got, _ = idempotency.FromContext(ctx)
 		return nil, nil
 	}})
-	p.Process(context.Background(), newDelivery("k", "x"))
+	p.Process(context.Background(), fakedelivery.New("k", "x"))
 	want := idempotency.ClaimInfo{Handler: "orders", Key: "k", EffectiveKey: "orders:k", Fence: 1, Attempt: 1}
 	if got != want {
 		t.Fatalf("claim info %+v, want %+v", got, want)
@@ -589,19 +590,19 @@ func TestStoreDownFailsClosed(t *testing.T) {
 
 	// Redis dies while a handler runs: the completion cannot be stored, so
 	// the delivery must not be acked.
-	d1 := newDelivery("k1", "mid-run")
+	d1 := fakedelivery.New("k1", "mid-run")
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d1) }()
 	<-started
 	srv.Stop()
 	close(release)
 	<-done
-	d1.expectNak(t)
+	d1.ExpectNak(t)
 
 	// With Redis down, a new delivery runs nothing and acks nothing.
-	d2 := newDelivery("k2", "x")
+	d2 := fakedelivery.New("k2", "x")
 	p.Process(context.Background(), d2)
-	d2.expectNak(t)
+	d2.ExpectNak(t)
 	if n := h.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times with the store down, want only the one already running", n)
 	}
@@ -619,9 +620,9 @@ func TestFailOpenBypassesStore(t *testing.T) {
 	srv.Stop()
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithFailOpen())
-	d := newDelivery("k", "x")
+	d := fakedelivery.New("k", "x")
 	p.Process(context.Background(), d)
-	d.expectAck(t)
+	d.ExpectAck(t)
 	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeStoreBypassed) != 1 {
 		t.Fatalf("fail_open: runs %d outcomes %v", h.runs.Load(), f.oc.m)
 	}
@@ -659,14 +660,14 @@ func TestDuplicateInBatchAdoptsTheHeldClaim(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithInFlightWait(200*time.Millisecond))
-	first, second := newDelivery("k", "x"), newDelivery("k", "x")
+	first, second := fakedelivery.New("k", "x"), fakedelivery.New("k", "x")
 	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), []consumer.Delivery{first, second})
 	// The later copy runs first (another Kafka partition, another lane): it
 	// must take over the claim made for the first, not wait for it.
 	p.Process(context.Background(), second)
-	second.expectAck(t)
+	second.ExpectAck(t)
 	p.Process(context.Background(), first)
-	first.expectAck(t)
+	first.ExpectAck(t)
 	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 {
 		t.Fatalf("runs %d outcomes %v: want one run, one duplicate", h.runs.Load(), f.oc.m)
 	}
@@ -677,7 +678,7 @@ func TestCrashedOwnerIsReclaimedWhenItsLeaseEnds(t *testing.T) {
 	f := setup(t)
 	// A worker claimed the key and died: nobody renews its 300ms lease.
 	key := idempotency.EffectiveKey("orders", "k")
-	d := newDelivery("k", "x")
+	d := fakedelivery.New("k", "x")
 	res, err := f.store.Claim(context.Background(), []idempotency.ClaimRequest{{
 		Key: key, Fingerprint: idempotency.Fingerprint(d.Message(), nil), FingerprintVersion: idempotency.FingerprintVersion, Lease: 300 * time.Millisecond,
 	}})
@@ -688,7 +689,7 @@ func TestCrashedOwnerIsReclaimedWhenItsLeaseEnds(t *testing.T) {
 	p := f.processor(t, h, idempotency.WithInFlightWait(time.Minute))
 	start := time.Now()
 	p.Process(context.Background(), d)
-	d.expectAck(t)
+	d.ExpectAck(t)
 	if took := time.Since(start); took > 30*time.Second {
 		t.Fatalf("took %s: the expired lease must be reclaimed when it ends, not after the whole in-flight wait", took)
 	}

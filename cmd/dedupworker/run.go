@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/idemkit/dedupworker/internal/app"
 	"github.com/idemkit/dedupworker/internal/config"
+	"github.com/idemkit/dedupworker/internal/tracing"
 )
 
 func cmdRun(args []string, _, stderr io.Writer) error {
@@ -31,7 +34,19 @@ func cmdRun(args []string, _, stderr io.Writer) error {
 	log := newLogger(stderr, cfg.Log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a, err := app.Build(ctx, cfg, log, app.Options{})
+	tracer, stopTracing, err := tracing.FromEnv(ctx, versionString())
+	if err != nil {
+		return fmt.Errorf("tracing (OTEL_* environment): %w", err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(sctx)
+	}()
+	if tracer != nil {
+		log.Info("tracing on: exporting spans over OTLP/HTTP as OTEL_* says")
+	}
+	a, err := app.Build(ctx, cfg, log, app.Options{Tracer: tracer})
 	if err != nil {
 		return err
 	}

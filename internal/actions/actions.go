@@ -58,3 +58,13 @@ func (c *capped) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// Injector writes the trace context of ctx into outgoing headers (W3C
+// traceparent, SPEC §8.7). A nil Injector leaves the headers as they are.
+type Injector func(ctx context.Context, h consumer.Header)
+
+func (i Injector) into(ctx context.Context, h consumer.Header) {
+	if i != nil {
+		i(ctx, h)
+	}
+}

@@ -142,7 +142,7 @@ func (j *fakeJS) PublishMsg(_ context.Context, m *nats.Msg, opts ...jetstream.Pu
 
 func TestForwardKafkaKeepsMessage(t *testing.T) {
 	w := &fakeWriter{}
-	if _, err := ForwardKafka("orders", w).Handle(context.Background(), msg()); err != nil {
+	if _, err := ForwardKafka("orders", w, nil).Handle(context.Background(), msg()); err != nil {
 		t.Fatal(err)
 	}
 	m := w.got[0]
@@ -160,7 +160,7 @@ func TestForwardKafkaKeepsMessage(t *testing.T) {
 
 func TestForwardNATSSetsMsgID(t *testing.T) {
 	js := &fakeJS{}
-	res, err := ForwardNATS("orders", js, "orders.unique").Handle(context.Background(), msg())
+	res, err := ForwardNATS("orders", js, "orders.unique", nil).Handle(context.Background(), msg())
 	if err != nil || string(res) != "OUT:9" {
 		t.Fatalf("result %q err %v", res, err)
 	}

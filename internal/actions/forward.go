@@ -27,7 +27,7 @@ const IdempotencyHeader = "Idempotency-Key"
 // ForwardKafka publishes the payload unchanged, with the original key and
 // headers and Idempotency-Key set to the idempotency key (SPEC §9.3), and
 // waits for the write to be acknowledged. The writer decides the topic.
-func ForwardKafka(handler string, w KafkaWriter) consumer.Handler {
+func ForwardKafka(handler string, w KafkaWriter, inject Injector) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 		ci := claimOf(ctx, handler)
 		h := m.Header.Clone()
@@ -37,6 +37,7 @@ func ForwardKafka(handler string, w KafkaWriter) consumer.Handler {
 		if ci.Key != "" {
 			h.Set(IdempotencyHeader, ci.Key)
 		}
+		inject.into(ctx, h)
 		msg := kafka.Message{Key: m.Key, Value: m.Payload}
 		for name, vs := range h {
 			for _, v := range vs {
@@ -54,12 +55,17 @@ func ForwardKafka(handler string, w KafkaWriter) consumer.Handler {
 // with the original headers, Idempotency-Key and Nats-Msg-Id set to the key,
 // so JetStream's own duplicate window covers a crash between this publish and
 // the completion (SPEC §9.3). The result is "<stream>:<sequence>".
-func ForwardNATS(handler string, js NATSPublisher, subject string) consumer.Handler {
+func ForwardNATS(handler string, js NATSPublisher, subject string, inject Injector) consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 		ci := claimOf(ctx, handler)
 		msg := nats.NewMsg(subject)
 		msg.Data = m.Payload
-		for name, vs := range m.Header {
+		h := m.Header.Clone()
+		if h == nil {
+			h = consumer.Header{}
+		}
+		inject.into(ctx, h)
+		for name, vs := range h {
 			for _, v := range vs {
 				msg.Header.Add(name, v)
 			}

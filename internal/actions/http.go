@@ -25,6 +25,8 @@ type HTTPConfig struct {
 	// Client defaults to a client with Timeout.
 	Client *http.Client
 	Logger *slog.Logger
+	// Inject adds the trace context to the request.
+	Inject Injector
 }
 
 // HTTP POSTs the payload with the original headers plus Idempotency-Key,
@@ -52,7 +54,12 @@ func HTTP(cfg HTTPConfig) consumer.Handler {
 		if err != nil {
 			return nil, consumer.Permanent(fmt.Errorf("http action: %w", err))
 		}
-		for name, vs := range m.Header {
+		h := m.Header.Clone()
+		if h == nil {
+			h = consumer.Header{}
+		}
+		cfg.Inject.into(ctx, h)
+		for name, vs := range h {
 			for _, v := range vs {
 				req.Header.Add(name, v)
 			}

@@ -29,6 +29,7 @@ import (
 	"github.com/idemkit/dedupworker/internal/actions"
 	"github.com/idemkit/dedupworker/internal/config"
 	"github.com/idemkit/dedupworker/internal/metrics"
+	"github.com/idemkit/dedupworker/internal/tracing"
 	"github.com/idemkit/dedupworker/redisbackend"
 	"github.com/idemkit/dedupworker/transports/kafka"
 	natssrc "github.com/idemkit/dedupworker/transports/nats"
@@ -58,6 +59,9 @@ type Options struct {
 	Hooks consumer.Hooks
 	// Wrap, when set, wraps each handler's action (the demo counts runs).
 	Wrap func(handler string, h consumer.Handler) consumer.Handler
+	// Tracer, when set, puts a span around every delivery and injects its
+	// context into what forward and http actions send (SPEC §8.7).
+	Tracer *tracing.Tracer
 }
 
 // connectTimeout bounds every connection made while building.
@@ -92,6 +96,10 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	a.worker = consumer.NewWorker(consumer.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()})
 
 	conns := &natsConns{app: a}
+	var inject actions.Injector
+	if t := opts.Tracer; t != nil {
+		inject = func(ctx context.Context, h consumer.Header) { t.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
+	}
 	for i := range cfg.Handlers {
 		h := &cfg.Handlers[i]
 		field := fmt.Sprintf("handlers[%d] (%s)", i, h.Name)
@@ -99,7 +107,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("%s.source: %w", field, err)
 		}
-		action, err := a.action(h, conns)
+		action, err := a.action(h, conns, inject)
 		if err != nil {
 			return nil, fmt.Errorf("%s.action: %w", field, err)
 		}
@@ -109,6 +117,10 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		mw, err := engine.Middleware(engineOptions(h)...)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
+		}
+		if t := opts.Tracer; t != nil {
+			dedup := mw
+			mw = func(name string, next consumer.Handler) consumer.Processor { return t.Wrap(name, dedup(name, next)) }
 		}
 		if err := a.worker.Handle(h.Name, src, action, consumer.WithMiddleware(mw), consumer.WithConcurrency(h.Concurrency)); err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
@@ -294,12 +306,12 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	return src, "nats", nil
 }
 
-func (a *App) action(h *config.Handler, conns *natsConns) (consumer.Handler, error) {
+func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injector) (consumer.Handler, error) {
 	switch act := h.Action; {
 	case act.HTTP != nil:
 		return actions.HTTP(actions.HTTPConfig{
 			Handler: h.Name, URL: act.HTTP.URL, Timeout: act.HTTP.Timeout.D(),
-			MaxResultBytes: act.HTTP.MaxResultBytes, Headers: act.HTTP.Headers, Logger: a.log,
+			MaxResultBytes: act.HTTP.MaxResultBytes, Headers: act.HTTP.Headers, Logger: a.log, Inject: inject,
 		}), nil
 	case act.Exec != nil:
 		return actions.Exec(actions.ExecConfig{
@@ -312,14 +324,14 @@ func (a *App) action(h *config.Handler, conns *natsConns) (consumer.Handler, err
 		if err != nil {
 			return nil, fmt.Errorf("forward.kafka: %w", err)
 		}
-		return actions.ForwardKafka(h.Name, w), nil
+		return actions.ForwardKafka(h.Name, w, inject), nil
 	case act.Forward != nil && act.Forward.NATS != nil:
 		n := act.Forward.NATS
 		js, err := conns.get("forward.nats", n.URL, n.NATSAuth)
 		if err != nil {
 			return nil, err
 		}
-		return actions.ForwardNATS(h.Name, js, n.Subject), nil
+		return actions.ForwardNATS(h.Name, js, n.Subject, inject), nil
 	}
 	return nil, errors.New("no action configured")
 }

@@ -1,0 +1,169 @@
+// Package tracing continues W3C trace context through dedupworker
+// (SPEC §8.7): a span per delivery, child of the message's traceparent
+// header, carrying the outcome, a hash of the key (never the key) and the
+// fence; the handler runs inside it, so forward actions inject it onward.
+//
+// Tracing is off unless the standard OpenTelemetry environment asks for it:
+// OTEL_TRACES_EXPORTER=otlp, or an OTEL_EXPORTER_OTLP_ENDPOINT /
+// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT. The OTLP/HTTP exporter reads the rest
+// of its settings (headers, timeout, TLS) from the same OTEL_* variables.
+package tracing
+
+import (
+	"context"
+	"os"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// Tracer starts delivery spans.
+type Tracer struct {
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+}
+
+// New returns a Tracer over tp, propagating W3C trace context and baggage.
+func New(tp trace.TracerProvider) *Tracer {
+	return &Tracer{
+		tracer: tp.Tracer("github.com/idemkit/dedupworker"),
+		prop:   propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+	}
+}
+
+// Propagator is what forward actions inject into outgoing messages.
+func (t *Tracer) Propagator() propagation.TextMapPropagator { return t.prop }
+
+// Enabled reports whether the environment asks for traces (see the package
+// documentation).
+func Enabled() bool {
+	switch strings.ToLower(os.Getenv("OTEL_TRACES_EXPORTER")) {
+	case "none":
+		return false
+	case "otlp":
+		return true
+	}
+	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// FromEnv returns a Tracer exporting over OTLP/HTTP as the OTEL_* variables
+// say, and the function that flushes and stops it; nil and a no-op when
+// tracing is off.
+func FromEnv(ctx context.Context, version string) (*Tracer, func(context.Context) error, error) {
+	if !Enabled() {
+		return nil, func(context.Context) error { return nil }, nil
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
+		semconv.ServiceName(serviceName()), semconv.ServiceVersion(version)))
+	if err != nil {
+		res = resource.Default()
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	return New(tp), tp.Shutdown, nil
+}
+
+func serviceName() string {
+	if s := os.Getenv("OTEL_SERVICE_NAME"); s != "" {
+		return s
+	}
+	return "dedupworker"
+}
+
+// HeaderCarrier adapts consumer.Header to propagation.TextMapCarrier.
+type HeaderCarrier consumer.Header
+
+// Get returns the first value of key, in any case.
+func (c HeaderCarrier) Get(key string) string { return consumer.Header(c).Get(key) }
+
+// Set replaces key.
+func (c HeaderCarrier) Set(key, value string) { consumer.Header(c).Set(key, value) }
+
+// Keys lists the header names.
+func (c HeaderCarrier) Keys() []string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// Attribute keys of a delivery span.
+const (
+	AttrHandler = attribute.Key("dedup.handler")
+	AttrOutcome = attribute.Key("dedup.outcome")
+	AttrKeyHash = attribute.Key("dedup.key_hash")
+	AttrFence   = attribute.Key("dedup.fence")
+	AttrAttempt = attribute.Key("dedup.attempt")
+)
+
+// Wrap returns next with a span around every delivery. The span is a child
+// of the message's traceparent, if any, and the handler's context carries it.
+func (t *Tracer) Wrap(handler string, next consumer.Processor) consumer.Processor {
+	tp := &traced{t: t, handler: handler, next: next}
+	if bp, ok := next.(consumer.BatchPreparer); ok {
+		return &tracedBatch{traced: tp, prep: bp}
+	}
+	return tp
+}
+
+type traced struct {
+	t       *Tracer
+	handler string
+	next    consumer.Processor
+}
+
+type tracedBatch struct {
+	*traced
+	prep consumer.BatchPreparer
+}
+
+func (t *tracedBatch) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+	t.prep.PrepareBatch(ctx, batch)
+}
+
+func (t *traced) Process(ctx context.Context, d consumer.Delivery) {
+	m := d.Message()
+	if m.Header != nil {
+		ctx = t.t.prop.Extract(ctx, HeaderCarrier(m.Header))
+	}
+	ctx, span := t.t.tracer.Start(ctx, t.handler+" process",
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			AttrHandler.String(t.handler),
+			semconv.MessagingSystemKey.String(m.Origin.Transport),
+			semconv.MessagingDestinationName(m.Origin.Topic),
+			semconv.MessagingOperationTypeDeliver,
+		))
+	defer span.End()
+	ctx, obs := consumer.WithObservation(ctx)
+	t.next.Process(ctx, d)
+	span.SetAttributes(AttrOutcome.String(string(obs.Outcome)))
+	if obs.KeyHash != "" {
+		span.SetAttributes(AttrKeyHash.String(obs.KeyHash))
+	}
+	if obs.Fence > 0 {
+		span.SetAttributes(AttrFence.Int64(obs.Fence), AttrAttempt.Int(obs.Attempt))
+	}
+	switch obs.Outcome {
+	case consumer.OutcomeFailed, consumer.OutcomeDeadLettered, consumer.OutcomeStoreError:
+		msg := string(obs.Outcome)
+		if obs.Err != nil {
+			span.RecordError(obs.Err)
+			msg = obs.Err.Error()
+		}
+		span.SetStatus(codes.Error, msg)
+	}
+}

@@ -1,0 +1,131 @@
+package tracing_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/actions"
+	"github.com/idemkit/dedupworker/internal/fakedelivery"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/internal/tracing"
+	"github.com/idemkit/dedupworker/redisbackend"
+)
+
+type capture struct{ msg *nats.Msg }
+
+func (c *capture) PublishMsg(_ context.Context, m *nats.Msg, _ ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	c.msg = m
+	return &jetstream.PubAck{Stream: "OUT", Sequence: 1}, nil
+}
+
+const (
+	traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	parent  = "00f067aa0ba902b7"
+)
+
+func TestDeliverySpanContinuesTraceparent(t *testing.T) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + hex.EncodeToString(b[:])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	engine, err := idempotency.New(store, idempotency.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := engine.Middleware()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	tr := tracing.New(tp)
+
+	out := &capture{}
+	inject := func(ctx context.Context, h consumer.Header) { tr.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
+	proc := tr.Wrap("orders", mw("orders", actions.ForwardNATS("orders", out, "out", inject)))
+	if _, ok := proc.(consumer.BatchPreparer); !ok {
+		t.Fatal("the traced processor must keep the engine's batch claims")
+	}
+
+	d := fakedelivery.New("order-1", `{"id":1}`)
+	d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
+	proc.Process(context.Background(), d)
+	d.ExpectAck(t)
+
+	spans := exp.GetSpans()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1 per delivery", len(spans))
+	}
+	s := spans[0]
+	if s.SpanContext.TraceID().String() != traceID || s.Parent.SpanID().String() != parent || !s.Parent.IsRemote() {
+		t.Fatalf("span trace %s parent %s: want trace %s, remote parent %s", s.SpanContext.TraceID(), s.Parent.SpanID(), traceID, parent)
+	}
+	attrs := map[string]string{}
+	for _, kv := range s.Attributes {
+		attrs[string(kv.Key)] = kv.Value.Emit()
+	}
+	if attrs["dedup.outcome"] != "processed" || attrs["dedup.fence"] != "1" || attrs["dedup.handler"] != "orders" || len(attrs["dedup.key_hash"]) != 12 {
+		t.Fatalf("span attributes %v: want outcome processed, fence 1, handler, a key hash", attrs)
+	}
+	for _, v := range attrs {
+		if strings.Contains(v, "order-1") {
+			t.Fatalf("span attributes carry the raw key: %v", attrs)
+		}
+	}
+	// The forwarded message continues the trace from the delivery span.
+	tp2 := out.msg.Header.Get("traceparent")
+	if want := "00-" + traceID + "-" + s.SpanContext.SpanID().String() + "-01"; tp2 != want {
+		t.Fatalf("forwarded traceparent %q, want %q (child of the delivery span)", tp2, want)
+	}
+
+	// A duplicate gets its own span, with the duplicate outcome.
+	d2 := fakedelivery.New("order-1", `{"id":1}`)
+	proc.Process(context.Background(), d2)
+	if spans := exp.GetSpans(); len(spans) != 2 {
+		t.Fatalf("%d spans after a duplicate, want a second span", len(spans))
+	}
+	var outcome string
+	for _, kv := range exp.GetSpans()[1].Attributes {
+		if kv.Key == tracing.AttrOutcome {
+			outcome = kv.Value.AsString()
+		}
+	}
+	if outcome != "duplicate" {
+		t.Fatalf("duplicate span outcome %q", outcome)
+	}
+}
+
+func TestEnabledFollowsOTELEnvironment(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	if tracing.Enabled() {
+		t.Fatal("tracing must be off by default")
+	}
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+	if !tracing.Enabled() {
+		t.Fatal("an OTLP endpoint turns tracing on")
+	}
+	t.Setenv("OTEL_TRACES_EXPORTER", "none")
+	if tracing.Enabled() {
+		t.Fatal("OTEL_TRACES_EXPORTER=none turns it off")
+	}
+	tr, stop, err := tracing.FromEnv(context.Background(), "test")
+	if err != nil || tr != nil || stop(context.Background()) != nil {
+		t.Fatalf("off: tracer %v err %v", tr, err)
+	}
+}
