@@ -59,7 +59,7 @@ func run(log *slog.Logger, natsURL, redisURL, stream, subject, durable, dlq stri
 	if err != nil {
 		return fmt.Errorf("connecting to NATS at %s: %w", natsURL, err)
 	}
-	defer func() { _ = nc.Drain() }()
+	defer nc.Close() // after Run: the Source flushed its acks when it stopped
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err

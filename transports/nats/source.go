@@ -98,6 +98,10 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	}
 	s.log.Info("consuming", "handler", r.Name(), "concurrency", n, "batch", batch)
 
+	// After the last Process returned: push the acks and naks still
+	// buffered in the connection out to the server, so that work done
+	// before the stop is not redelivered (SPEC §8.3).
+	defer s.flush()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	slots := make(chan struct{}, n) // a token per delivery being processed
@@ -288,6 +292,16 @@ func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
 		msgs = append(msgs, m)
 	}
 	return msgs, b.Error()
+}
+
+func (s *Source) flush() {
+	nc := s.js.Conn()
+	if !nc.IsConnected() {
+		return
+	}
+	if err := nc.FlushTimeout(s.cfg.RequestTimeout); err != nil {
+		s.log.Warn("flushing acks at stop failed; unacked messages are redelivered", "err", err)
+	}
 }
 
 func (s *Source) nakAll(msgs []jetstream.Msg) {
