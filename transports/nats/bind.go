@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -75,7 +76,7 @@ func (s *Source) create(ctx context.Context, concurrency int) (jetstream.Consume
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       s.cfg.AckWait,
 		MaxDeliver:    -1,
-		MaxAckPending: concurrency,
+		MaxAckPending: cmp.Or(s.cfg.MaxAckPending, concurrency),
 		FilterSubject: s.cfg.Subject,
 		ReplayPolicy:  jetstream.ReplayInstantPolicy,
 	}

@@ -28,6 +28,12 @@ type Config struct {
 	// lease renewal, a third of the lease apart, so an AckWait shorter than
 	// that redelivers a message while its handler still runs.
 	AckWait time.Duration
+	// MaxAckPending is the MaxAckPending of a consumer the Source creates:
+	// how many messages the server lets be unacknowledged across every
+	// worker bound to the consumer. Default (0): the handler's concurrency
+	// (SPEC §8.1), which suits one worker; for N workers sharing the durable
+	// consumer set N × concurrency, or they share one worker's capacity.
+	MaxAckPending int
 	// Batch caps how many messages one fetch asks for. Default (0) and any
 	// value above the handler's concurrency mean the concurrency. A fetch
 	// never asks for more than the free processing capacity.
@@ -95,6 +101,8 @@ func (c *Config) validate() error {
 		return bad("Subject", "%q is not a valid subject filter", c.Subject)
 	case c.AckWait < time.Second:
 		return bad("AckWait", "%s: must be at least 1s", c.AckWait)
+	case c.MaxAckPending < 0:
+		return bad("MaxAckPending", "%d: must not be negative", c.MaxAckPending)
 	case c.Batch < 0:
 		return bad("Batch", "%d: must not be negative", c.Batch)
 	case c.FetchMaxWait < 10*time.Millisecond:

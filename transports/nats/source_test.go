@@ -58,6 +58,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Subject", func(c *natstr.Config) { c.Subject = "a.>.b" }},
 		{"AckWait", func(c *natstr.Config) { c.AckWait = time.Millisecond }},
 		{"Batch", func(c *natstr.Config) { c.Batch = -1 }},
+		{"MaxAckPending", func(c *natstr.Config) { c.MaxAckPending = -1 }},
 		{"FetchMaxWait", func(c *natstr.Config) { c.FetchMaxWait = time.Millisecond }},
 		{"RequestTimeout", func(c *natstr.Config) { c.RequestTimeout = -time.Second }},
 		{"DeadLetterSubject", func(c *natstr.Config) { c.DeadLetterSubject = "dlq.*" }},
@@ -621,6 +622,19 @@ func TestRequestReply(t *testing.T) {
 		}
 		if err := natstr.Reply(t.Context(), e.nc, &consumer.Message{}, nil); !errors.Is(err, natstr.ErrNoReplySubject) {
 			t.Errorf("Reply without header = %v", err)
+		}
+	})
+}
+
+// TestMaxAckPendingOverride: Config.MaxAckPending replaces the concurrency
+// as the created consumer's MaxAckPending (several workers on one consumer).
+func TestMaxAckPendingOverride(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{MaxAckPending: 48}), idle, consumer.WithConcurrency(16))
+		e.drained(t, "c", 10*time.Second)
+		if got := e.consumerInfo(t, "c").Config.MaxAckPending; got != 48 {
+			t.Errorf("MaxAckPending %d, want 48", got)
 		}
 	})
 }
