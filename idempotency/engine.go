@@ -26,10 +26,11 @@ type Config struct {
 // Engine deduplicates deliveries against a Store. One Engine serves any
 // number of handlers; each gets its Processor from Middleware.
 type Engine struct {
-	store   Store
-	log     *slog.Logger
-	hooks   consumer.Hooks
-	timeout time.Duration
+	store     Store
+	log       *slog.Logger
+	hooks     consumer.Hooks
+	timeout   time.Duration
+	completer *completer
 }
 
 // New returns an Engine over store.
@@ -46,12 +47,21 @@ func New(store Store, cfg Config) (*Engine, error) {
 	if cfg.StoreTimeout < 0 {
 		return nil, fmt.Errorf("%w: StoreTimeout %s: must be positive", ErrInvalidOption, cfg.StoreTimeout)
 	}
-	return &Engine{
+	e := &Engine{
 		store:   observed{s: store, hooks: cfg.Hooks},
 		log:     cfg.Logger,
 		hooks:   cfg.Hooks,
 		timeout: cfg.StoreTimeout,
-	}, nil
+	}
+	e.completer = newCompleter(e.store, e.timeout)
+	return e, nil
+}
+
+// Close waits for the engine's background completions to finish. Call it
+// after the Worker's Run returned; the Store is closed by its owner.
+func (e *Engine) Close() error {
+	e.completer.wait()
+	return nil
 }
 
 // Middleware returns the consumer.Middleware that deduplicates a handler
@@ -491,14 +501,14 @@ func jitter(d time.Duration) time.Duration {
 func (p *processor) completeAndAck(ctx context.Context, d consumer.Delivery, cl *Claim, recOutcome string, result []byte, meta map[string]string, outcome consumer.Outcome) {
 	c := Completion{Key: cl.Key, Token: cl.Token, Outcome: recOutcome, Result: result, Meta: meta, Retention: p.cfg.retention}
 	var (
-		ok  []bool
-		err error
+		owned bool
+		err   error
 	)
 	// The work is done: try hard to record it before giving up, since a
 	// redelivery would run it again once the lease expires.
 	for i, wait := 0, 100*time.Millisecond; i < 3; i, wait = i+1, wait*3 {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.e.timeout)
-		ok, err = p.e.store.Complete(cctx, []Completion{c})
+		owned, err = p.e.completer.complete(cctx, c)
 		cancel()
 		if err == nil {
 			break
@@ -518,7 +528,7 @@ func (p *processor) completeAndAck(ctx context.Context, d consumer.Delivery, cl 
 		p.settle(ctx, d, consumer.OutcomeStoreError, nak(consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax)))
 		return
 	}
-	if len(ok) != 1 || !ok[0] {
+	if !owned {
 		p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", cl.Fence)
 		p.settle(ctx, d, consumer.OutcomeLeaseLost, ack)
 		return

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -696,4 +697,39 @@ func TestCrashedOwnerIsReclaimedWhenItsLeaseEnds(t *testing.T) {
 	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeReclaimed) != 1 {
 		t.Fatalf("runs %d outcomes %v: want one reclaimed run", h.runs.Load(), f.oc.m)
 	}
+}
+
+func TestConcurrentCompletionsAreBatched(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	gate := make(chan struct{})
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
+		<-gate
+		return nil, nil
+	}}
+	p := f.processor(t, h)
+	var batch []consumer.Delivery
+	for i := range 64 {
+		batch = append(batch, fakedelivery.New(fmt.Sprintf("k%d", i), "x"))
+	}
+	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), batch)
+	done := make(chan struct{})
+	for _, d := range batch {
+		go func() { p.Process(context.Background(), d); done <- struct{}{} }()
+	}
+	for h.runs.Load() < 64 {
+		runtime.Gosched()
+	}
+	close(gate) // 64 handlers finish at once
+	for range batch {
+		<-done
+	}
+	for _, d := range batch {
+		d.(*fakedelivery.Delivery).ExpectAck(t)
+	}
+	// Completions are coalesced: far fewer store calls than messages.
+	if n := f.calls.complete.Load(); n > 16 {
+		t.Fatalf("%d complete calls for 64 simultaneous completions, want them batched", n)
+	}
+	t.Logf("64 completions in %d store calls", f.calls.complete.Load())
 }

@@ -41,6 +41,7 @@ type App struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	store   *redisbackend.Store
+	engine  *idempotency.Engine
 	worker  *consumer.Worker
 	metrics *metrics.Metrics
 	reg     *prometheus.Registry
@@ -93,6 +94,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if err != nil {
 		return nil, err
 	}
+	a.engine = engine
 	a.worker = consumer.NewWorker(consumer.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()})
 
 	conns := &natsConns{app: a}
@@ -184,6 +186,10 @@ func (a *App) close() {
 		if err := cs[i](); err != nil {
 			a.log.Warn("closing", "err", err)
 		}
+	}
+	if a.engine != nil {
+		_ = a.engine.Close() // its last completions, before the store goes
+		a.engine = nil
 	}
 	if a.store != nil {
 		_ = a.store.Close()
