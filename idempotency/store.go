@@ -141,7 +141,9 @@ type Store interface {
 	// per batch.
 	Claim(ctx context.Context, reqs []ClaimRequest) ([]ClaimResult, error)
 	// Complete stores results of owned claims, in one round trip where
-	// possible; ok[i] reports whether completion i was still owned.
+	// possible; ok[i] reports whether completion i was still owned. A
+	// Complete repeated by the token that completed the key reports true
+	// and changes nothing, so a retry after a lost reply is safe.
 	Complete(ctx context.Context, cs []Completion) (ok []bool, err error)
 	// Renew extends an owned claim's lease to lease from now and returns the
 	// new lease end; ok is false when the claim is no longer owned.

@@ -5,8 +5,9 @@
 -- ARGV, 5 per key from ARGV[2]: token, outcome, result (base64, '' for none),
 --          meta (a JSON object of strings, '' for none), retention in ms.
 -- Returns an array of integers in KEYS order: 1 completed (and the key
--- published on the channel), 0 not owned (gone, completed, released, another
--- token) and nothing changed.
+-- published on the channel), or already COMPLETED by this same token (a
+-- retry whose first reply was lost: nothing changes); 0 not owned (gone,
+-- completed by another token, released, another token) and nothing changed.
 
 local channel = ARGV[1]
 local now = nil
@@ -16,7 +17,12 @@ for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 5
   local rec = owned(key, ARGV[a])
   if rec == nil then
-    out[i] = 0
+    local done = decode(redis.pcall('GET', key))
+    if done ~= nil and valid(done) and done.state == 'COMPLETED' and done.token == ARGV[a] then
+      out[i] = 1
+    else
+      out[i] = 0
+    end
   else
     now = now or now_ms()
     rec.state = 'COMPLETED'

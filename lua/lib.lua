@@ -27,3 +27,60 @@ local function owned(key, token)
   end
   return rec
 end
+
+-- Record validation, shared by claim (RECOVERED) and complete (a retried
+-- completion is recognised only on a valid record).
+local NULL = cjson.null
+
+local function absent(x)
+  return x == nil or x == NULL
+end
+
+local function opt(x, kind)
+  return absent(x) or type(x) == kind
+end
+
+-- Standard base64 with padding, what Go's base64.StdEncoding accepts.
+local function b64(s)
+  return type(s) == 'string' and #s % 4 == 0 and string.find(s, '^[A-Za-z0-9+/]*=?=?$') ~= nil
+end
+
+local function is_string(s) return type(s) == 'string' end
+
+-- A finite number in float64's range: cjson reads 1e400 as inf where Go's
+-- decoder refuses it, and the two must agree on what is a record.
+local function num(x)
+  return type(x) == 'number' and x > -1e308 and x < 1e308
+end
+
+-- strmap: absent, null, or an object whose keys are strings and whose values
+-- pass check. An empty JSON array decodes to the same empty table as {}.
+local function strmap(m, check)
+  if absent(m) then return true end
+  if type(m) ~= 'table' then return false end
+  for k, v in pairs(m) do
+    if type(k) ~= 'string' or not check(v) then return false end
+  end
+  return true
+end
+
+-- valid mirrors the Go decoder in redisbackend: what it rejects is not a
+-- record (SPEC §4.8) and is replaced by the next claim.
+local function valid(r)
+  local s = r.state
+  return (s == 'CLAIMED' or s == 'COMPLETED')
+    and type(r.token) == 'string' and type(r.fp) == 'string'
+    and num(r.fpv) and num(r.fence) and num(r.attempts)
+    and num(r.claimed_at_ms) and num(r.lease_until_ms)
+    and (absent(r.completed_at_ms) or num(r.completed_at_ms))
+    and (absent(r.v) or num(r.v))
+    and opt(r.outcome, 'string') and opt(r.released, 'boolean')
+    and (absent(r.result) or b64(r.result))
+    and strmap(r.meta, is_string) and strmap(r.steps, b64)
+end
+
+-- A claim without steps (nearly every claim) is written from this template,
+-- which costs less per key than cjson.encode of a table. Strings still go
+-- through cjson.encode for escaping; the numbers are finite.
+local FRESH = '{"v":1,"state":"CLAIMED","fp":%s,"fpv":%s,"token":%s,"fence":%s,'
+  .. '"claimed_at_ms":%d,"lease_until_ms":%d,"attempts":%s}'

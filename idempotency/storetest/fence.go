@@ -68,7 +68,17 @@ func testFenceCompleted(t *testing.T, h *Harness) {
 	c := mustOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimNew)
 	mustComplete(t, s, c, "r")
 	before := mustGet(t, s, key)
-	noneSucceeded(t, fencedWrites(t, s, key, c.Token), "by the owner after Complete")
+	writes := fencedWrites(t, s, key, c.Token)
+	// A Complete repeated by the same owner is a retry whose first reply was
+	// lost: it reports the completion it made, and changes nothing.
+	if !writes["Complete"] {
+		t.Error("Complete repeated by the owner that completed = false, want true (an idempotent retry)")
+	}
+	delete(writes, "Complete")
+	noneSucceeded(t, writes, "by the owner after Complete")
+	if complete1(t, s, idempotency.Completion{Key: key, Token: "00000000000000000000000000000000", Outcome: idempotency.RecordOutcomeOK, Retention: retention}) {
+		t.Error("Complete by another token after completion = true")
+	}
 	unchanged(t, s, before, "writes after Complete")
 }
 
