@@ -258,3 +258,38 @@ func TestExampleConfigsValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateOnlineChecksTheHorizon(t *testing.T) {
+	t.Parallel()
+	url, js := natsSetup(t)
+	id := randID()
+	createStream(t, js, "VIN_"+id, "vin."+id) // max_age 0: kept forever
+	path := writeConfig(t, `
+redis: {url: %q}
+handlers:
+  - name: a
+    source: {nats: {url: %q, stream: VIN_%s}}
+    retention: 1h
+    action: {exec: {command: [/bin/true]}}
+`, testenv.Redis(t), url, id)
+	code, _, stderr := runCmd(t, "validate", "-c", path)
+	if code != 0 || strings.Contains(stderr, "unlimited") {
+		t.Fatalf("offline validate must not ask the broker: exit %d %q", code, stderr)
+	}
+	code, _, stderr = runCmd(t, "validate", "-c", path, "--online")
+	if code != 0 || !strings.Contains(stderr, "stream VIN_"+id+" max_age is unlimited") {
+		t.Fatalf("--online: exit %d, stderr %q; want a warning naming the stream's unlimited max_age", code, stderr)
+	}
+	if code, _, _ := runCmd(t, "validate", "-c", path, "--online", "--strict"); code != exitUsage {
+		t.Fatalf("--online --strict with a warning: exit %d, want 2", code)
+	}
+	missing := writeConfig(t, `
+handlers:
+  - name: a
+    source: {nats: {url: %q, stream: NO_SUCH_%s}}
+    action: {exec: {command: [/bin/true]}}
+`, url, id)
+	if code, _, stderr := runCmd(t, "validate", "-c", missing, "--online"); code == 0 || !strings.Contains(stderr, "NO_SUCH_"+id) {
+		t.Fatalf("--online with a missing stream: exit %d %q, want a failure naming it", code, stderr)
+	}
+}
