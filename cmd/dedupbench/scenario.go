@@ -1,0 +1,445 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/redisbackend"
+)
+
+// tsHeader carries the publish time (unix ns) of latency-phase messages.
+const tsHeader = "Bench-Ts"
+
+// keyHeader carries the idempotency key (the engine's default key source).
+const keyHeader = "Idempotency-Key"
+
+// retention of completed records: long enough for the run, short enough to
+// leave a shared Redis clean if a run is interrupted.
+const retention = 15 * time.Minute
+
+// transport is one broker under test.
+type transport interface {
+	name() string
+	// create makes a fresh stream or topic for scenario id.
+	create(ctx context.Context, id string) error
+	// publish sends one message per key; with rate > 0 paced at rate per
+	// second and stamped with tsHeader, else as fast as possible.
+	publish(ctx context.Context, id string, keys []string, rate float64) error
+	// raw consumes and acks/commits, calling p.done for each message.
+	raw(ctx context.Context, id string, p *progress) (stop func() error, err error)
+	// feed consumes into jobs (the naive consumer) until stop is called.
+	feed(ctx context.Context, id string, jobs chan<- job) (stop func() error, err error)
+	// source is the transport's consumer.Source for the worker.
+	source(id string, concurrency int) (consumer.Source, error)
+	// destroy removes what create made.
+	destroy(id string)
+}
+
+// job is one message handed to the naive consumer's goroutines.
+type job struct {
+	key     string
+	payload []byte
+	ts      string
+	ack     func()
+}
+
+// progress counts settled messages and records latency.
+type progress struct {
+	n      atomic.Int64
+	first  atomic.Int64 // unix ns of the first settled message
+	target atomic.Int64
+	reach  atomic.Int64 // unix ns when n reached target
+	lat    latencies
+}
+
+func (p *progress) done(ts string) {
+	now := time.Now().UnixNano()
+	p.first.CompareAndSwap(0, now)
+	if ts != "" {
+		p.lat.addFromHeader(ts)
+	}
+	if p.n.Add(1) == p.target.Load() {
+		p.reach.Store(now)
+	}
+}
+
+// waitFor waits until n messages settled, or the deadline.
+func (p *progress) waitFor(ctx context.Context, n int64, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for p.n.Load() < n {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("only %d of %d messages settled within %s", p.n.Load(), n, within)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return nil
+}
+
+func (b *bench) newStore(ns string) (*redisbackend.Store, error) {
+	return redisbackend.New(b.rdb, redisbackend.Options{Namespace: ns})
+}
+
+// measured brackets a measured phase: process CPU, Redis calls, Redis's
+// own counts.
+type measured struct {
+	b     *bench
+	cpu   time.Duration
+	cmds  int64
+	trips int64
+	rs    redisStats
+	load  string
+}
+
+func (b *bench) begin(ctx context.Context) (*measured, error) {
+	runtime.GC()
+	resetPeakRSS()
+	m := &measured{b: b, load: loadAvg()}
+	var err error
+	if m.rs, err = readRedisStats(ctx, b.stats); err != nil {
+		return nil, err
+	}
+	m.cmds, m.trips, m.cpu = b.hook.cmds.Load(), b.hook.trips.Load(), cpuTime()
+	return m, nil
+}
+
+// end fills r's per-message figures for msgs messages.
+func (m *measured) end(ctx context.Context, r *result, msgs int) {
+	cpu := cpuTime() - m.cpu
+	cmds := m.b.hook.cmds.Load() - m.cmds
+	trips := m.b.hook.trips.Load() - m.trips
+	r.LoadBefore, r.LoadAfter = m.load, loadAvg()
+	rs, err := readRedisStats(ctx, m.b.stats)
+	f := float64(msgs)
+	r.Msgs = msgs
+	r.CPUSecPer10k = cpu.Seconds() / f * 1e4
+	r.TripsPerMsg = float64(trips) / f
+	r.CallsPerMsg = float64(cmds) / f
+	if err == nil {
+		total, byName := rs.delta(m.rs)
+		r.ScriptCmdsPerMsg = max(0, float64(total-cmds)/f)
+		r.RedisCmdsByName = map[string]float64{}
+		for k, v := range byName {
+			r.RedisCmdsByName[k] = float64(v) / f
+		}
+		r.RedisCPUPerMsgUs = (rs.cpu - m.rs.cpu) / f * 1e6
+	}
+	r.PeakRSSMB = float64(procStatus("VmHWM")) / (1 << 20)
+}
+
+// runBroker runs one scenario of one transport: a backlog for throughput,
+// then paced messages for latency.
+func (b *bench) runBroker(ctx context.Context, t transport, mode string, dup int) (r result) {
+	r = result{Transport: t.name(), Mode: mode, DupPct: dup}
+	id := fmt.Sprintf("%s-%s-%s-d%d", b.run, t.name(), mode, dup)
+	fail := func(err error) result {
+		r.Err = err.Error()
+		return r
+	}
+	if err := t.create(ctx, id); err != nil {
+		return fail(err)
+	}
+	defer t.destroy(id)
+	keys := plan(b.o.msgs, dup, id)
+	if err := t.publish(ctx, id, keys, 0); err != nil {
+		return fail(fmt.Errorf("publishing the backlog: %w", err))
+	}
+	ns := "dedupbench-" + id
+	defer b.dropNamespace(ns)
+
+	p := &progress{}
+	p.target.Store(int64(len(keys)))
+	m, err := b.begin(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	start := time.Now()
+	var stop func() error
+	switch mode {
+	case "raw":
+		stop, err = t.raw(ctx, id, p)
+	case "naive":
+		stop, err = b.naive(ctx, t, id, ns, p)
+	case "dedupworker":
+		stop, err = b.worker(ctx, t, id, ns, p)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			if err := stop(); err != nil {
+				log.Printf("%s: stopping: %v", id, err)
+			}
+		}
+	}()
+	if err := p.waitFor(ctx, int64(len(keys)), 5*time.Minute); err != nil {
+		return fail(err)
+	}
+	// Throughput from the first settled message to the last: a Kafka
+	// group's join is not the consumer's speed.
+	first, last := p.first.Load(), p.reach.Load()
+	r.Seconds = time.Duration(last - first).Seconds()
+	if r.Seconds <= 0 {
+		r.Seconds = time.Since(start).Seconds()
+	}
+	r.MsgsPerSec = float64(len(keys)-1) / r.Seconds
+	m.end(ctx, &r, len(keys))
+
+	if b.o.latency > 0 {
+		rate := r.MsgsPerSec / 2
+		n := max(200, int(rate*b.o.latency.Seconds()))
+		lkeys := plan(n, dup, id+"-lat")
+		want := int64(len(keys) + len(lkeys))
+		if err := t.publish(ctx, id, lkeys, rate); err != nil {
+			return fail(fmt.Errorf("latency phase: %w", err))
+		}
+		if err := p.waitFor(ctx, want, time.Minute); err != nil {
+			return fail(fmt.Errorf("latency phase: %w", err))
+		}
+		ln, p50, p99 := p.lat.quantiles()
+		r.LatencyRate, r.LatencyN = rate, ln
+		r.P50Ms, r.P99Ms = ms(p50), ms(p99)
+		r.PeakRSSMB = max(r.PeakRSSMB, float64(procStatus("VmHWM"))/(1<<20))
+	}
+	stopped = true
+	if err := stop(); err != nil {
+		return fail(fmt.Errorf("stopping: %w", err))
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// worker starts the real Worker with the engine on redisbackend.
+func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progress) (func() error, error) {
+	src, err := t.source(id, b.o.concurrency)
+	if err != nil {
+		return nil, err
+	}
+	store, err := b.newStore(ns)
+	if err != nil {
+		return nil, err
+	}
+	engine, err := idempotency.New(store, idempotency.Config{})
+	if err != nil {
+		_ = store.Close()
+		return nil, err
+	}
+	mw, err := engine.Middleware(idempotency.WithRetention(retention))
+	if err != nil {
+		_ = store.Close()
+		return nil, err
+	}
+	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 30 * time.Second})
+	noop := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
+	if err := w.Handle("bench", src, noop, consumer.WithConcurrency(b.o.concurrency), consumer.WithMiddleware(observe(mw, p))); err != nil {
+		_ = store.Close()
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	res := make(chan error, 1)
+	go func() { res <- w.Run(rctx) }()
+	return func() error {
+		cancel()
+		var err error
+		select {
+		case err = <-res:
+		case <-time.After(time.Minute):
+			err = fmt.Errorf("worker did not stop within a minute")
+		}
+		_ = engine.Close()
+		_ = store.Close()
+		return err
+	}, nil
+}
+
+// observe wraps the engine's Processor: after each delivery is settled
+// (Process returns only then), it counts deliveries that were acked and
+// records publish→ack latency.
+func observe(mw consumer.Middleware, p *progress) consumer.Middleware {
+	return func(name string, next consumer.Handler) consumer.Processor {
+		inner := mw(name, next)
+		prep, _ := inner.(consumer.BatchPreparer)
+		return &observed{inner: inner, prep: prep, p: p}
+	}
+}
+
+type observed struct {
+	inner consumer.Processor
+	prep  consumer.BatchPreparer
+	p     *progress
+}
+
+func (o *observed) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+	if o.prep != nil {
+		o.prep.PrepareBatch(ctx, batch)
+	}
+}
+
+func (o *observed) Process(ctx context.Context, d consumer.Delivery) {
+	ctx, obs := consumer.WithObservation(ctx)
+	o.inner.Process(ctx, d)
+	switch obs.Outcome {
+	case consumer.OutcomeProcessed, consumer.OutcomeDuplicate, consumer.OutcomeReclaimed,
+		consumer.OutcomeLeaseLost, consumer.OutcomeMismatch:
+		o.p.done(d.Message().Header.Get(tsHeader))
+	}
+}
+
+// naive is what a team writes by hand: a pool of goroutines, each claiming
+// one key, running the handler and completing one key, with the project's
+// own store.
+func (b *bench) naive(ctx context.Context, t transport, id, ns string, p *progress) (func() error, error) {
+	store, err := b.newStore(ns)
+	if err != nil {
+		return nil, err
+	}
+	jobs := make(chan job, 1024)
+	stopFeed, err := t.feed(ctx, id, jobs)
+	if err != nil {
+		_ = store.Close()
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	for range b.o.concurrency {
+		wg.Go(func() {
+			for {
+				select {
+				case <-wctx.Done():
+					return
+				case j := <-jobs:
+					naiveOne(wctx, store, "bench", j)
+					p.done(j.ts)
+				}
+			}
+		})
+	}
+	return func() error {
+		err := stopFeed()
+		cancel()
+		wg.Wait()
+		_ = store.Close()
+		return err
+	}, nil
+}
+
+func naiveOne(ctx context.Context, store *redisbackend.Store, scope string, j job) {
+	fp := idempotency.Fingerprint(&consumer.Message{Payload: j.payload}, nil)
+	req := []idempotency.ClaimRequest{{Key: scope + ":" + j.key, Fingerprint: fp, FingerprintVersion: idempotency.FingerprintVersion, Lease: 30 * time.Second}}
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		res, err := store.Claim(cctx, req)
+		cancel()
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		switch res[0].Outcome {
+		case idempotency.ClaimInFlight:
+			time.Sleep(2 * time.Millisecond)
+			continue
+		case idempotency.ClaimNew, idempotency.ClaimReclaimed, idempotency.ClaimRecovered:
+			// the no-op handler ran
+			c := []idempotency.Completion{{Key: req[0].Key, Token: res[0].Claim.Token, Outcome: idempotency.RecordOutcomeOK, Retention: retention}}
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err := store.Complete(cctx, c)
+			cancel()
+			if err != nil {
+				continue // a real consumer would nak; here: claim again
+			}
+		}
+		j.ack()
+		return
+	}
+}
+
+// redisLimit drives the store's batch claim and complete directly, with
+// flights batches in flight: no broker, Redis's ceiling.
+func (b *bench) redisLimit(ctx context.Context, dup int) (r result) {
+	r = result{Transport: "-", Mode: "redis-limit", DupPct: dup}
+	id := fmt.Sprintf("%s-limit-d%d", b.run, dup)
+	ns := "dedupbench-" + id
+	defer b.dropNamespace(ns)
+	store, err := b.newStore(ns)
+	if err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	defer func() { _ = store.Close() }()
+	keys := plan(b.o.msgs, dup, id)
+	fps := make([]string, len(keys))
+	for i, k := range keys {
+		fps[i] = idempotency.Fingerprint(&consumer.Message{Payload: payload(k)}, nil)
+	}
+	m, err := b.begin(ctx)
+	if err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	var next atomic.Int64
+	var errs atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range b.o.flights {
+		wg.Go(func() {
+			reqs := make([]idempotency.ClaimRequest, 0, b.o.batch)
+			cs := make([]idempotency.Completion, 0, b.o.batch)
+			for {
+				lo := int(next.Add(int64(b.o.batch))) - b.o.batch
+				if lo >= len(keys) || ctx.Err() != nil {
+					return
+				}
+				hi := min(lo+b.o.batch, len(keys))
+				reqs, cs = reqs[:0], cs[:0]
+				seen := map[string]bool{}
+				for i := lo; i < hi; i++ {
+					k := "bench:" + keys[i]
+					if seen[k] {
+						continue
+					}
+					seen[k] = true
+					reqs = append(reqs, idempotency.ClaimRequest{Key: k, Fingerprint: fps[i], FingerprintVersion: idempotency.FingerprintVersion, Lease: 30 * time.Second})
+				}
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				res, err := store.Claim(cctx, reqs)
+				cancel()
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				for i, x := range res {
+					if x.Outcome.Owned() {
+						cs = append(cs, idempotency.Completion{Key: reqs[i].Key, Token: x.Claim.Token, Outcome: idempotency.RecordOutcomeOK, Retention: retention})
+					}
+				}
+				if len(cs) > 0 {
+					cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					if _, err := store.Complete(cctx, cs); err != nil {
+						errs.Add(1)
+					}
+					cancel()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	r.Seconds = time.Since(start).Seconds()
+	r.MsgsPerSec = float64(len(keys)) / r.Seconds
+	m.end(ctx, &r, len(keys))
+	if n := errs.Load(); n > 0 {
+		r.Err = fmt.Sprintf("%d store calls failed", n)
+	}
+	return r
+}
