@@ -519,6 +519,12 @@ func checkSecretFiles(t *testing.T, d *appsv1.Deployment, cfg *config.Config) {
 		if n := h.Source.NATS; n != nil {
 			add(n.CredsFile)
 		}
+		if f := h.Action.Forward; f != nil && f.Kafka != nil && f.Kafka.SASL != nil {
+			add(f.Kafka.SASL.PasswordFile)
+		}
+		if dl := h.DeadLetter; dl != nil && dl.Kafka != nil && dl.Kafka.SASL != nil {
+			add(dl.Kafka.SASL.PasswordFile)
+		}
 	}
 	pod := d.Spec.Template.Spec
 	for _, f := range files {
