@@ -23,6 +23,9 @@ var Outcomes = []consumer.Outcome{
 	consumer.OutcomeStoreError, consumer.OutcomeCancelled,
 }
 
+// StoreOps lists the op label values of the store metrics.
+var StoreOps = []string{"claim", "complete", "renew", "release", "step", "wait", "get", "delete", "ping"}
+
 // Metrics is a consumer.Hook that implements every hook interface.
 type Metrics struct {
 	messages        *prometheus.CounterVec
@@ -93,6 +96,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, r := range []string{"ok", "lost", "error"} {
 		m.leaseRenewals.WithLabelValues(r)
+	}
+	for _, op := range StoreOps {
+		m.storeErrors.WithLabelValues(op) // zero series: an alert on rate() sees them before the first error
 	}
 	return m, nil
 }
