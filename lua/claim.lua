@@ -12,11 +12,34 @@
 local grace = tonumber(ARGV[1])
 local now = now_ms()
 local out = {}
+-- setget: write a fresh claim with SET NX … GET, which also returns what the
+-- key held, so a new key costs one command instead of GET then SET. Redis
+-- 6.2 refuses NX with GET (syntax error): then SET NX, and GET only when the
+-- key exists.
+local setget = true
 
 for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 4
   local token, fp, fpv, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local raw = redis.pcall('GET', key)
+  -- The claim a new key gets (fence 1, attempts 1, no steps), written only
+  -- when the key does not exist.
+  local fresh = string.format(FRESH, cjson.encode(fp), fpv, cjson.encode(token), 1, now, now + lease, 1)
+  local raw
+  if setget then
+    raw = redis.pcall('SET', key, fresh, 'NX', 'PX', lease + grace, 'GET')
+    if type(raw) == 'table' and raw.err and not string.find(raw.err, 'WRONGTYPE', 1, true) then
+      setget = false
+    end
+  end
+  if not setget then
+    if redis.call('SET', key, fresh, 'NX', 'PX', lease + grace) then
+      raw = false
+    else
+      raw = redis.pcall('GET', key)
+    end
+  end
+  -- raw is false when the key did not exist and now holds fresh; else what
+  -- it held (a string, or an error for a value of another type), untouched.
   local outcome, rec = 'NEW', nil
   if raw then
     rec = decode(raw)
@@ -48,7 +71,9 @@ for i, key in ipairs(KEYS) do
       if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
     end
     local claimed
-    if steps == nil then
+    if not raw then
+      claimed = fresh -- already written by SET NX
+    elseif steps == nil then
       claimed = string.format(FRESH, cjson.encode(fp), fpv, cjson.encode(token), fence, now, now + lease, attempts)
     else
       claimed = cjson.encode({
@@ -56,7 +81,9 @@ for i, key in ipairs(KEYS) do
         claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
       })
     end
-    redis.call('SET', key, claimed, 'PX', lease + grace)
+    if raw then
+      redis.call('SET', key, claimed, 'PX', lease + grace)
+    end
     out[#out + 1] = outcome
     out[#out + 1] = claimed
   end
