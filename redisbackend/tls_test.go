@@ -2,18 +2,10 @@ package redisbackend_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -21,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
@@ -29,11 +22,12 @@ import (
 func TestNewFromURLTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	pool := writeTLSFiles(t, dir)
+	ca := testenv.NewTestCA(t)
+	pool := ca.Pool
 	port := freePort(t)
 	startRedis(t, dir, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--tls-cert-file", filepath.Join(dir, "cert.pem"), "--tls-key-file", filepath.Join(dir, "key.pem"),
-		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "no")
+		"--tls-cert-file", ca.CertFile, "--tls-key-file", ca.KeyFile,
+		"--tls-ca-cert-file", ca.CAFile, "--tls-auth-clients", "no")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	withCA := func(o *redis.Options) { o.TLSConfig.RootCAs = pool }
 	waitFor(t, "redis-server with TLS", func() error {
@@ -65,53 +59,4 @@ func TestNewFromURLTLS(t *testing.T) {
 	if _, err := redisbackend.NewFromURL(ctx, "redis://"+addr+"/0?dial_timeout=1s", redisbackend.Options{}); err == nil {
 		t.Error("redis:// (plain) to a TLS-only port: no error")
 	}
-}
-
-// writeTLSFiles writes a CA and a server certificate for 127.0.0.1 and
-// localhost into dir, and returns a pool trusting the CA.
-func writeTLSFiles(t *testing.T, dir string) *x509.CertPool {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "dedup test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write := func(name, typ string, der []byte) {
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("ca.pem", "CERTIFICATE", caDER)
-	write("cert.pem", "CERTIFICATE", leafDER)
-	write("key.pem", "EC PRIVATE KEY", keyDER)
-	pool := x509.NewCertPool()
-	pool.AddCert(caCert)
-	return pool
 }

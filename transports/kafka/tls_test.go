@@ -2,14 +2,7 @@ package kafka_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -22,38 +15,12 @@ import (
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
-// selfSigned returns a server certificate for 127.0.0.1 and a pool trusting it.
-func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kfake"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IsCA: true, BasicConstraintsValid: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
-}
-
 // TestTLS consumes over TLS, and fails Run with the cause when the broker's
 // certificate does not verify.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	cert, pool := selfSigned(t)
+	ca := testenv.NewTestCA(t)
+	cert, pool := ca.Server, ca.Pool
 	_, brokers := testenv.KafkaCluster(t, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}}), kfake.SeedTopics(1, "tls"))
 	clientTLS := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "tls", BatchTimeout: time.Millisecond, Transport: &kafkago.Transport{TLS: clientTLS}}
