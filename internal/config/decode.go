@@ -3,6 +3,7 @@ package config
 import (
 	"encoding"
 	"fmt"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
@@ -66,8 +67,8 @@ func ParseDuration(s string) (time.Duration, error) {
 	var days time.Duration
 	if m := daysPrefix.FindStringSubmatch(s); m != nil {
 		n, err := strconv.ParseInt(m[1], 10, 32)
-		if err != nil {
-			return 0, err
+		if err != nil || time.Duration(n) > math.MaxInt64/(24*time.Hour) {
+			return 0, fmt.Errorf("%q is too long a duration (at most %dd)", s, math.MaxInt64/(24*time.Hour))
 		}
 		days = time.Duration(n) * 24 * time.Hour
 		s = s[len(m[0]):]
@@ -78,6 +79,9 @@ func ParseDuration(s string) (time.Duration, error) {
 	d, err := time.ParseDuration(s)
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a duration (examples: 300ms, 30s, 5m, 24h, 7d)", s)
+	}
+	if d > math.MaxInt64-days {
+		return 0, fmt.Errorf("%dd%s is too long a duration", days/(24*time.Hour), s)
 	}
 	return days + d, nil
 }
