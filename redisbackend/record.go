@@ -37,6 +37,9 @@ type wireRecord struct {
 // matches field names case-insensitively, so a hand-written value with a
 // field such as "State" reads here but is recovered by the next claim.
 func decodeRecord(key string, raw []byte) (*idempotency.Record, bool) {
+	if rec, ok := decodeFresh(key, raw); ok {
+		return rec, true
+	}
 	var w wireRecord
 	if err := json.Unmarshal(raw, &w); err != nil {
 		return nil, false
@@ -126,3 +129,90 @@ func decodeStringMap(raw json.RawMessage) (map[string]*string, bool) {
 }
 
 func msTime(ms float64) time.Time { return time.UnixMilli(int64(ms)) }
+
+// decodeFresh reads, without encoding/json, a claim exactly as the claim
+// script writes it from its template (lua/lib.lua FRESH): the reply for
+// nearly every owned claim. It accepts only what decodeRecord's general path
+// reads the same way: plain printable-ASCII strings without escapes, and
+// integers without sign, fraction or leading zero of at most 15 digits.
+// Anything else reports false, and the general path decides.
+func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
+	s := string(raw)
+	var fp, token string
+	var fpv, fence, claimed, lease, attempts int64
+	ok := true
+	s, ok = cut(s, `{"v":1,"state":"CLAIMED","fp":`, ok)
+	fp, s, ok = plainString(s, ok)
+	s, ok = cut(s, `,"fpv":`, ok)
+	fpv, s, ok = plainInt(s, ok)
+	s, ok = cut(s, `,"token":`, ok)
+	token, s, ok = plainString(s, ok)
+	s, ok = cut(s, `,"fence":`, ok)
+	fence, s, ok = plainInt(s, ok)
+	s, ok = cut(s, `,"claimed_at_ms":`, ok)
+	claimed, s, ok = plainInt(s, ok)
+	s, ok = cut(s, `,"lease_until_ms":`, ok)
+	lease, s, ok = plainInt(s, ok)
+	s, ok = cut(s, `,"attempts":`, ok)
+	attempts, s, ok = plainInt(s, ok)
+	if !ok || s != "}" {
+		return nil, false
+	}
+	return &idempotency.Record{
+		Key:                key,
+		State:              idempotency.StateClaimed,
+		Fingerprint:        fp,
+		FingerprintVersion: int(fpv),
+		Token:              token,
+		Fence:              fence,
+		ClaimedAt:          time.UnixMilli(claimed),
+		LeaseUntil:         time.UnixMilli(lease),
+		Attempts:           int(attempts),
+	}, true
+}
+
+// cut removes prefix from s, or reports false.
+func cut(s, prefix string, ok bool) (string, bool) {
+	if !ok || len(s) < len(prefix) || s[:len(prefix)] != prefix {
+		return s, false
+	}
+	return s[len(prefix):], true
+}
+
+// plainString reads a JSON string of printable ASCII other than '"' and
+// '\\' from the start of s.
+func plainString(s string, ok bool) (string, string, bool) {
+	if !ok || len(s) < 2 || s[0] != '"' {
+		return "", s, false
+	}
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"':
+			return s[1:i], s[i+1:], true
+		case c < 0x20 || c > 0x7e || c == '\\':
+			return "", s, false
+		}
+	}
+	return "", s, false
+}
+
+// plainInt reads a non-negative JSON integer of at most 15 digits (exact in
+// a float64, as the general path reads it) from the start of s.
+func plainInt(s string, ok bool) (int64, string, bool) {
+	if !ok {
+		return 0, s, false
+	}
+	i := 0
+	var n int64
+	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		n = n*10 + int64(s[i]-'0')
+		i++
+	}
+	if i == 0 || i > 15 || (s[0] == '0' && i > 1) {
+		return 0, s, false
+	}
+	if i < len(s) && (s[i] == '.' || s[i] == 'e' || s[i] == 'E') {
+		return 0, s, false
+	}
+	return n, s[i:], true
+}

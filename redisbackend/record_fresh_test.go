@@ -1,0 +1,67 @@
+package redisbackend
+
+import (
+	"reflect"
+	"testing"
+)
+
+// decodeGeneral is decodeRecord without the template fast path.
+func decodeGeneral(t *testing.T, raw string) (any, bool) {
+	t.Helper()
+	rec, ok := decodeRecord("k", append([]byte(raw), ' ')) // a trailing space defeats decodeFresh only
+	return rec, ok
+}
+
+// TestDecodeFreshAgreesWithJSON checks that the fast path reads a template
+// claim exactly as encoding/json does, and declines everything it cannot
+// read the same way.
+func TestDecodeFreshAgreesWithJSON(t *testing.T) {
+	for _, raw := range []string{
+		`{"v":1,"state":"CLAIMED","fp":"1:abc","fpv":1,"token":"00ff","fence":1,"claimed_at_ms":1700000000000,"lease_until_ms":1700000030000,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"","fpv":0,"token":"t","fence":12,"claimed_at_ms":0,"lease_until_ms":5,"attempts":3}`,
+		`{"v":1,"state":"CLAIMED","fp":"1:a\"b","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"1:a\\u00e9","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"é","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":2.5,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":01,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1e3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":-1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1,"released":true}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1234567890123456}`,
+		`{"v":1,"state":"COMPLETED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}}`,
+	} {
+		want, wantOK := decodeGeneral(t, raw)
+		got, ok := decodeFresh("k", []byte(raw))
+		if !ok {
+			continue // declined: the general path decides
+		}
+		if !wantOK || !reflect.DeepEqual(any(got), want) {
+			t.Errorf("%s:\nfast    %+v\ngeneral %+v (ok %v)", raw, got, want, wantOK)
+		}
+	}
+	// The template claim must take the fast path.
+	if _, ok := decodeFresh("k", []byte(`{"v":1,"state":"CLAIMED","fp":"1:ab","fpv":1,"token":"cd","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`)); !ok {
+		t.Error("the template claim was declined")
+	}
+}
+
+// BenchmarkDecodeClaim compares reading a template claim (the claim
+// script's reply for a new key) by the fast path and by encoding/json.
+func BenchmarkDecodeClaim(b *testing.B) {
+	raw := []byte(`{"v":1,"state":"CLAIMED","fp":"1:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8","fpv":1,"token":"9f86d081884c7d659a2feaa0c55ad015","fence":1,"claimed_at_ms":1764470000000,"lease_until_ms":1764470030000,"attempts":1}`)
+	b.Run("fast", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			decodeRecord("k", raw)
+		}
+	})
+	spaced := append(append([]byte(nil), raw...), ' ')
+	b.Run("encoding-json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			decodeRecord("k", spaced)
+		}
+	})
+}
