@@ -35,7 +35,7 @@ for i, key in ipairs(KEYS) do
     if redis.call('SET', key, fresh, 'NX', 'PX', lease + grace) then
       raw = false
     else
-      raw = redis.pcall('GET', key)
+      raw = get(key)
     end
   end
   -- raw is false when the key did not exist and now holds fresh; else what

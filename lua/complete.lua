@@ -17,7 +17,7 @@ for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 5
   local rec = owned(key, ARGV[a])
   if rec == nil then
-    local done = decode(redis.pcall('GET', key))
+    local done = decode(get(key))
     if done ~= nil and valid(done) and done.state == 'COMPLETED' and done.token == ARGV[a] then
       out[i] = 1
     else

@@ -17,11 +17,23 @@ local function decode(raw)
   return nil
 end
 
+-- get reads key with GET. A value of another Redis type comes back as its
+-- WRONGTYPE error, which decode reads as "not a record"; any other error (a
+-- permission the ACL user lacks, say) is raised, so the call fails instead
+-- of reading as "no record" and being answered as a lost claim.
+local function get(key)
+  local raw = redis.pcall('GET', key)
+  if type(raw) == 'table' and raw.err and not string.find(raw.err, 'WRONGTYPE', 1, true) then
+    error(raw)
+  end
+  return raw
+end
+
 -- owned returns the record at key when it is a live claim held by token:
 -- CLAIMED, not released, same token. Anything else (gone, COMPLETED, released,
 -- another owner, not a record) yields nil, and the caller changes nothing.
 local function owned(key, token)
-  local rec = decode(redis.pcall('GET', key))
+  local rec = decode(get(key))
   if rec == nil or rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true then
     return nil
   end
