@@ -438,55 +438,96 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 // transport, until the returned stop is called (SPEC §6). When the claim is
 // lost, or renewals fail until the lease is about to run out, it cancels the
 // handler with ErrLeaseLost.
+//
+// It is a timer, not a goroutine: most handlers finish long before the
+// first renewal, and a goroutine, two channels and a timer per delivery were
+// a measurable share of the worker's CPU (docs/PERFORMANCE.md).
 func (p *processor) renew(hctx context.Context, cancel context.CancelCauseFunc, d consumer.Delivery, cl *Claim, leaseEnd time.Time) (stop func()) {
-	quit := make(chan struct{})
-	done := make(chan struct{})
-	lease := p.cfg.lease
-	margin := lease / 10
-	go func() {
-		defer close(done)
-		interval := lease / 3
-		timer := time.NewTimer(jitter(interval))
-		defer timer.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-hctx.Done():
-				return
-			case <-timer.C:
-			}
-			start := time.Now()
-			rctx, rcancel := context.WithTimeout(context.WithoutCancel(hctx), min(lease/3, p.e.timeout))
-			_, ok, err := p.e.store.Renew(rctx, cl.Key, cl.Token, lease)
-			rcancel()
-			switch {
-			case err != nil:
-				p.e.hooks.LeaseRenewal(p.name, "error")
-				if time.Now().Add(margin).After(leaseEnd) {
-					p.log.Error("lease renewals failed until the lease ran out; cancelling the handler", "err", err)
-					cancel(ErrLeaseLost)
-					return
-				}
-				p.log.Warn("lease renewal failed; retrying", "err", err)
-				timer.Reset(jitter(max(interval/4, 10*time.Millisecond)))
-				continue
-			case !ok:
-				p.e.hooks.LeaseRenewal(p.name, "lost")
-				cancel(ErrLeaseLost)
-				return
-			}
-			p.e.hooks.LeaseRenewal(p.name, "ok")
-			leaseEnd = start.Add(lease)
-			hctx2, hcancel := context.WithTimeout(context.WithoutCancel(hctx), min(lease/3, p.e.timeout))
-			if err := d.Heartbeat(hctx2); err != nil {
-				p.log.Warn("transport heartbeat failed", "err", err)
-			}
-			hcancel()
-			timer.Reset(jitter(interval))
+	r := &renewer{p: p, hctx: hctx, cancel: cancel, d: d, cl: cl, leaseEnd: leaseEnd}
+	r.mu.Lock()
+	r.timer = time.AfterFunc(jitter(p.cfg.lease/3), r.fire)
+	r.mu.Unlock()
+	return r.stop
+}
+
+// renewer is the state of one handler run's lease renewals.
+type renewer struct {
+	p        *processor
+	hctx     context.Context
+	cancel   context.CancelCauseFunc
+	d        consumer.Delivery
+	cl       *Claim
+	leaseEnd time.Time // only fire touches it; fires never overlap
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+	busy    sync.WaitGroup // a fire in progress
+}
+
+// stop ends the renewals and waits for one in progress: nothing is renewed,
+// heartbeated or cancelled after it returns.
+func (r *renewer) stop() {
+	r.mu.Lock()
+	r.stopped = true
+	r.timer.Stop()
+	r.mu.Unlock()
+	r.busy.Wait()
+}
+
+// fire renews once, then sets the timer for the next renewal unless the
+// renewer was stopped, the handler ended or the claim was lost.
+func (r *renewer) fire() {
+	r.mu.Lock()
+	if r.stopped || r.hctx.Err() != nil {
+		r.mu.Unlock()
+		return
+	}
+	r.busy.Add(1)
+	r.mu.Unlock()
+	defer r.busy.Done()
+	if next, again := r.once(); again {
+		r.mu.Lock()
+		if !r.stopped {
+			r.timer.Reset(next)
 		}
-	}()
-	return func() { close(quit); <-done }
+		r.mu.Unlock()
+	}
+}
+
+// once makes one renewal and heartbeat; it returns when to renew next, or
+// false when renewals are over.
+func (r *renewer) once() (time.Duration, bool) {
+	p, hctx := r.p, r.hctx
+	lease := p.cfg.lease
+	interval := lease / 3
+	start := time.Now()
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(hctx), min(lease/3, p.e.timeout))
+	_, ok, err := p.e.store.Renew(rctx, r.cl.Key, r.cl.Token, lease)
+	rcancel()
+	switch {
+	case err != nil:
+		p.e.hooks.LeaseRenewal(p.name, "error")
+		if time.Now().Add(lease / 10).After(r.leaseEnd) {
+			p.log.Error("lease renewals failed until the lease ran out; cancelling the handler", "err", err)
+			r.cancel(ErrLeaseLost)
+			return 0, false
+		}
+		p.log.Warn("lease renewal failed; retrying", "err", err)
+		return jitter(max(interval/4, 10*time.Millisecond)), true
+	case !ok:
+		p.e.hooks.LeaseRenewal(p.name, "lost")
+		r.cancel(ErrLeaseLost)
+		return 0, false
+	}
+	p.e.hooks.LeaseRenewal(p.name, "ok")
+	r.leaseEnd = start.Add(lease)
+	hctx2, hcancel := context.WithTimeout(context.WithoutCancel(hctx), min(lease/3, p.e.timeout))
+	if err := r.d.Heartbeat(hctx2); err != nil {
+		p.log.Warn("transport heartbeat failed", "err", err)
+	}
+	hcancel()
+	return jitter(interval), true
 }
 
 // jitter returns d ±10 %.
