@@ -65,6 +65,7 @@ type options struct {
 	cpuProfile    string
 	memProfile    string
 	soak          time.Duration
+	latencyRate   float64
 	kafkaOrdering string
 	soakRate      float64
 }
@@ -77,6 +78,7 @@ func main() {
 	flag.StringVar(&o.kafka, "kafka", "", "Kafka brokers, comma-separated (default: an in-process kfake broker)")
 	flag.IntVar(&o.msgs, "msgs", 20000, "messages per throughput measurement")
 	flag.DurationVar(&o.latency, "latency", 3*time.Second, "how long messages are published at half the measured throughput for the latency measurement (0: skip)")
+	flag.Float64Var(&o.latencyRate, "latency-rate", 0, "publish rate of the latency measurement (default: half the scenario's measured throughput)")
 	flag.IntVar(&o.concurrency, "concurrency", 256, "handler concurrency of the worker, and goroutines of the naive consumer")
 	flag.IntVar(&o.batch, "batch", 100, "redis-limit batch size, and the Kafka source's BatchSize")
 	flag.StringVar(&o.kafkaOrdering, "kafka-ordering", "key", "the Kafka source's Ordering: key (the benchmark's messages have no Kafka key, so they are not ordered) or partition (offset order per partition: at most one message per partition in flight)")
@@ -165,15 +167,22 @@ type result struct {
 	ScriptCmdsPerMsg float64            `json:"redis_script_cmds_per_msg"`
 	RedisCmdsByName  map[string]float64 `json:"redis_cmds_per_msg_by_name"`
 	RedisCPUPerMsgUs float64            `json:"redis_cpu_us_per_msg"`
-	LatencyRate      float64            `json:"latency_rate_msgs_per_sec,omitempty"`
-	LatencyN         int                `json:"latency_samples,omitempty"`
-	P50Ms            float64            `json:"latency_p50_ms,omitempty"`
-	P99Ms            float64            `json:"latency_p99_ms,omitempty"`
-	CPUSecPer10k     float64            `json:"cpu_sec_per_10k_msgs"`
-	PeakRSSMB        float64            `json:"peak_rss_mb"`
-	LoadBefore       string             `json:"loadavg_before"`
-	LoadAfter        string             `json:"loadavg_after"`
-	Err              string             `json:"error,omitempty"`
+	// The engine's store calls per message (dedupworker only).
+	ClaimCallsPerMsg    float64 `json:"engine_claim_calls_per_msg,omitempty"`
+	CompleteCallsPerMsg float64 `json:"engine_complete_calls_per_msg,omitempty"`
+	OtherCallsPerMsg    float64 `json:"engine_other_store_calls_per_msg,omitempty"`
+	LatencyRate         float64 `json:"latency_rate_msgs_per_sec,omitempty"`
+	LatencyN            int     `json:"latency_samples,omitempty"`
+	P50Ms               float64 `json:"latency_p50_ms,omitempty"`
+	P99Ms               float64 `json:"latency_p99_ms,omitempty"`
+	CPUSecPer10k        float64 `json:"cpu_sec_per_10k_msgs"`
+	// Heap allocations of the whole process (embedded brokers included).
+	AllocsPerMsg     float64 `json:"allocs_per_msg"`
+	AllocBytesPerMsg float64 `json:"alloc_bytes_per_msg"`
+	PeakRSSMB        float64 `json:"peak_rss_mb"`
+	LoadBefore       string  `json:"loadavg_before"`
+	LoadAfter        string  `json:"loadavg_after"`
+	Err              string  `json:"error,omitempty"`
 }
 
 // report is the JSON document.
@@ -194,7 +203,8 @@ type bench struct {
 	rdb    *redis.Client // counted: the stores use it
 	stats  *redis.Client // uncounted: INFO, cleanup
 	hook   *countHook
-	run    string // unique per run, so keys and names never collide
+	ops    *storeCalls // the engine's store calls
+	run    string      // unique per run, so keys and names never collide
 	fixups []func()
 }
 
@@ -208,7 +218,7 @@ func newBench(ctx context.Context, o options) (*bench, error) {
 	// A pool as large as the naive consumer's goroutines, so that one is
 	// not starved by the pool (go-redis's default is 10 per CPU).
 	opt.PoolSize = max(o.concurrency, 10*runtime.GOMAXPROCS(0))
-	b := &bench{o: o, hook: &countHook{}, run: fmt.Sprintf("%x", rand.Uint32())}
+	b := &bench{o: o, hook: &countHook{}, ops: &storeCalls{}, run: fmt.Sprintf("%x", rand.Uint32())}
 	b.rdb = redis.NewClient(opt)
 	b.rdb.AddHook(b.hook)
 	sopt := *opt
@@ -381,8 +391,9 @@ func printRow(r result) {
 		log.Printf("%-5s dup=%2d%% %-11s FAILED: %s", r.Transport, r.DupPct, r.Mode, r.Err)
 		return
 	}
-	log.Printf("%-5s dup=%2d%% %-11s %8.0f msgs/s  trips/msg %.4f  script cmds/msg %.2f  p50 %.2fms p99 %.2fms  cpu %.2fs/10k  rss %.0fMB  load %s",
-		r.Transport, r.DupPct, r.Mode, r.MsgsPerSec, r.TripsPerMsg, r.ScriptCmdsPerMsg, r.P50Ms, r.P99Ms, r.CPUSecPer10k, r.PeakRSSMB, r.LoadAfter)
+	log.Printf("%-5s dup=%2d%% %-11s %8.0f msgs/s  trips/msg %.4f (claim %.4f complete %.4f other %.4f)  script cmds/msg %.2f  p50 %.2fms p99 %.2fms  cpu %.2fs/10k  allocs/msg %.0f (%.0f B)  rss %.0fMB  load %s",
+		r.Transport, r.DupPct, r.Mode, r.MsgsPerSec, r.TripsPerMsg, r.ClaimCallsPerMsg, r.CompleteCallsPerMsg, r.OtherCallsPerMsg,
+		r.ScriptCmdsPerMsg, r.P50Ms, r.P99Ms, r.CPUSecPer10k, r.AllocsPerMsg, r.AllocBytesPerMsg, r.PeakRSSMB, r.LoadAfter)
 }
 
 func printTable(w *os.File, rep report) {

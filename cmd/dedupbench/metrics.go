@@ -208,3 +208,20 @@ func isLoopback(hostport string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// storeCalls counts the engine's store calls by operation
+// (consumer.HookStoreCall).
+type storeCalls struct {
+	claim, complete, other atomic.Int64
+}
+
+func (c *storeCalls) OnStoreCall(op string, _ time.Duration, _ error) {
+	switch op {
+	case "claim":
+		c.claim.Add(1)
+	case "complete":
+		c.complete.Add(1)
+	default:
+		c.other.Add(1)
+	}
+}

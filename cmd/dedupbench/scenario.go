@@ -98,6 +98,8 @@ type measured struct {
 	trips int64
 	rs    redisStats
 	load  string
+	ops   [3]int64
+	heap  runtime.MemStats
 }
 
 func (b *bench) begin(ctx context.Context) (*measured, error) {
@@ -109,12 +111,16 @@ func (b *bench) begin(ctx context.Context) (*measured, error) {
 		return nil, err
 	}
 	m.cmds, m.trips, m.cpu = b.hook.cmds.Load(), b.hook.trips.Load(), cpuTime()
+	m.ops = [3]int64{b.ops.claim.Load(), b.ops.complete.Load(), b.ops.other.Load()}
+	runtime.ReadMemStats(&m.heap)
 	return m, nil
 }
 
 // end fills r's per-message figures for msgs messages.
 func (m *measured) end(ctx context.Context, r *result, msgs int) {
 	cpu := cpuTime() - m.cpu
+	var heap runtime.MemStats
+	runtime.ReadMemStats(&heap)
 	cmds := m.b.hook.cmds.Load() - m.cmds
 	trips := m.b.hook.trips.Load() - m.trips
 	r.LoadBefore, r.LoadAfter = m.load, loadAvg()
@@ -122,8 +128,13 @@ func (m *measured) end(ctx context.Context, r *result, msgs int) {
 	f := float64(msgs)
 	r.Msgs = msgs
 	r.CPUSecPer10k = cpu.Seconds() / f * 1e4
+	r.AllocsPerMsg = float64(heap.Mallocs-m.heap.Mallocs) / f
+	r.AllocBytesPerMsg = float64(heap.TotalAlloc-m.heap.TotalAlloc) / f
 	r.TripsPerMsg = float64(trips) / f
 	r.CallsPerMsg = float64(cmds) / f
+	r.ClaimCallsPerMsg = float64(m.b.ops.claim.Load()-m.ops[0]) / f
+	r.CompleteCallsPerMsg = float64(m.b.ops.complete.Load()-m.ops[1]) / f
+	r.OtherCallsPerMsg = float64(m.b.ops.other.Load()-m.ops[2]) / f
 	if err == nil {
 		total, byName := rs.delta(m.rs)
 		r.ScriptCmdsPerMsg = max(0, float64(total-cmds)/f)
@@ -198,6 +209,9 @@ func (b *bench) runBroker(ctx context.Context, t transport, mode string, dup int
 
 	if b.o.latency > 0 {
 		rate := r.MsgsPerSec / 2
+		if b.o.latencyRate > 0 {
+			rate = b.o.latencyRate
+		}
 		n := max(200, int(rate*b.o.latency.Seconds()))
 		lkeys := plan(n, dup, id+"-lat")
 		want := int64(len(keys) + len(lkeys))
@@ -231,7 +245,7 @@ func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progr
 	if err != nil {
 		return nil, err
 	}
-	engine, err := idempotency.New(store, idempotency.Config{})
+	engine, err := idempotency.New(store, idempotency.Config{Hooks: consumer.Hooks{b.ops}})
 	if err != nil {
 		_ = store.Close()
 		return nil, err
