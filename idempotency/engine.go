@@ -112,6 +112,10 @@ type prepared struct {
 	fp   string
 
 	claimed bool // res/err hold a claim made for this delivery
+	// batched is set while res is the answer of the batch claim: for
+	// IN_FLIGHT it may be stale by the time the delivery runs (the other
+	// delivery of the key, often in this very process, may have finished).
+	batched bool
 	res     ClaimResult
 	err     error
 	claimAt time.Time // local time the claim was requested
@@ -168,7 +172,7 @@ func (p *processor) PrepareBatch(ctx context.Context, batch []consumer.Delivery)
 		res, err := p.claim(ctx, reqs)
 		for j, i := range idx {
 			pr := prs[i]
-			pr.claimed, pr.claimAt, pr.err = true, now, err
+			pr.claimed, pr.claimAt, pr.err, pr.batched = true, now, err, true
 			if err == nil {
 				pr.res = res[j]
 			}
@@ -279,6 +283,15 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 			p.mismatch(ctx, d, pr, res.Record)
 			return
 		case ClaimInFlight:
+			if pr.batched && !p.cfg.shadow {
+				// The batch claim found the key in flight, perhaps long
+				// ago: claim again before waiting, which costs one round
+				// trip where the wait's read and the claim after it cost
+				// two. Not a round of its own.
+				pr.claimed, pr.batched = false, false
+				round--
+				continue
+			}
 			if p.cfg.shadow {
 				p.runUnclaimed(ctx, d, pr.key, consumer.OutcomeWouldSkip)
 				return
