@@ -31,6 +31,7 @@ type Engine struct {
 	hooks     consumer.Hooks
 	timeout   time.Duration
 	completer *completer
+	claimer   *claimer
 }
 
 // New returns an Engine over store.
@@ -54,6 +55,7 @@ func New(store Store, cfg Config) (*Engine, error) {
 		timeout: cfg.StoreTimeout,
 	}
 	e.completer = newCompleter(e.store, e.timeout)
+	e.claimer = newClaimer(e.store, e.timeout)
 	return e, nil
 }
 
@@ -61,6 +63,7 @@ func New(store Store, cfg Config) (*Engine, error) {
 // after the Worker's Run returned; the Store is closed by its owner.
 func (e *Engine) Close() error {
 	e.completer.wait()
+	e.claimer.wait()
 	return nil
 }
 
@@ -255,11 +258,10 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 		}
 		if !pr.claimed {
 			pr.claimAt = time.Now()
-			res, err := p.claim(ctx, []ClaimRequest{p.claimRequest(pr)})
-			pr.claimed, pr.err = true, err
-			if err == nil {
-				pr.res = res[0]
-			}
+			cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
+			res, err := p.e.claimer.claim(cctx, p.claimRequest(pr))
+			cancel()
+			pr.claimed, pr.err, pr.res = true, err, res
 		}
 		if pr.err != nil {
 			p.storeDown(ctx, d, "claim", pr.err)
