@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,4 +200,29 @@ func (t *kafkaTransport) source(id string, concurrency int) (consumer.Source, er
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 		MaxWait: 100 * time.Millisecond, BatchSize: t.batch, Ordering: t.ordering,
 	})
+}
+
+// serveKfake runs a kfake broker on addr (loopback only) until ctx ends, so
+// that a measurement with --kafka counts the broker's CPU and memory in
+// another process.
+func serveKfake(ctx context.Context, addr string) error {
+	if !isLoopback(addr) {
+		return fmt.Errorf("--serve-kfake: %s is not a loopback address", addr)
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return err
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(p), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Println("kfake listening on", strings.Join(c.ListenAddrs(), ","))
+	<-ctx.Done()
+	return nil
 }

@@ -66,6 +66,7 @@ type options struct {
 	memProfile    string
 	soak          time.Duration
 	latencyRate   float64
+	serveKfake    string
 	kafkaOrdering string
 	soakRate      float64
 }
@@ -79,6 +80,7 @@ func main() {
 	flag.IntVar(&o.msgs, "msgs", 20000, "messages per throughput measurement")
 	flag.DurationVar(&o.latency, "latency", 3*time.Second, "how long messages are published at half the measured throughput for the latency measurement (0: skip)")
 	flag.Float64Var(&o.latencyRate, "latency-rate", 0, "publish rate of the latency measurement (default: half the scenario's measured throughput)")
+	flag.StringVar(&o.serveKfake, "serve-kfake", "", "only run an in-memory kfake broker on this loopback address (e.g. 127.0.0.1:9092) until interrupted, for --kafka from another process")
 	flag.IntVar(&o.concurrency, "concurrency", 256, "handler concurrency of the worker, and goroutines of the naive consumer")
 	flag.IntVar(&o.batch, "batch", 100, "redis-limit batch size, and the Kafka source's BatchSize")
 	flag.StringVar(&o.kafkaOrdering, "kafka-ordering", "key", "the Kafka source's Ordering: key (the benchmark's messages have no Kafka key, so they are not ordered) or partition (offset order per partition: at most one message per partition in flight)")
@@ -119,7 +121,9 @@ func main() {
 		defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 	}
 	var err error
-	if o.soak > 0 {
+	if o.serveKfake != "" {
+		err = serveKfake(ctx, o.serveKfake)
+	} else if o.soak > 0 {
 		err = soak(ctx, o)
 	} else {
 		err = run(ctx, o)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,7 +104,9 @@ type measured struct {
 }
 
 func (b *bench) begin(ctx context.Context) (*measured, error) {
-	runtime.GC()
+	// Hand freed memory back to the OS first, so the peak is this
+	// scenario's and not the heap a previous one left behind.
+	debug.FreeOSMemory()
 	resetPeakRSS()
 	m := &measured{b: b, load: loadAvg()}
 	var err error
