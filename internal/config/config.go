@@ -6,6 +6,7 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -564,7 +565,69 @@ func validateSASL(p string, s *SASL, fail failFunc) error {
 }
 
 // Print renders the configuration with defaults filled in and secrets
-// redacted, as validate --print shows it.
+// redacted, as validate --print shows it: Secret fields, and credentials
+// written inside the Redis and NATS URLs.
 func (c *Config) Print() ([]byte, error) {
-	return yaml.Marshal(c)
+	cp := *c
+	cp.Redis.URL = RedactURL(cp.Redis.URL)
+	cp.Handlers = slices.Clone(c.Handlers)
+	redactNATS := func(o *NATSOut) *NATSOut {
+		if o == nil {
+			return nil
+		}
+		o2 := *o
+		o2.URL = RedactURL(o2.URL)
+		return &o2
+	}
+	for i := range cp.Handlers {
+		h := &cp.Handlers[i]
+		if n := h.Source.NATS; n != nil {
+			n2 := *n
+			n2.URL = RedactURL(n2.URL)
+			h.Source.NATS = &n2
+		}
+		if f := h.Action.Forward; f != nil {
+			f2 := *f
+			f2.NATS = redactNATS(f2.NATS)
+			h.Action.Forward = &f2
+		}
+		if dl := h.DeadLetter; dl != nil {
+			dl2 := *dl
+			dl2.NATS = redactNATS(dl2.NATS)
+			h.DeadLetter = &dl2
+		}
+	}
+	return yaml.Marshal(&cp)
+}
+
+// RedactURL hides the credentials of a URL, or of each URL of a
+// comma-separated list (NATS): a password, or a user without a password
+// (a NATS token), reads "<redacted>". When some part holds no URL user but
+// the text holds '@', where credentials end is unclear and the whole text is
+// redacted.
+func RedactURL(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err == nil && u.User != nil:
+			parts[i] = redactUser(u)
+		case strings.Contains(p, "@") || err != nil && strings.Contains(s, "@"):
+			// One URL whose password holds ',', or not a URL at all.
+			if u, err := url.Parse(s); err == nil && u.User != nil && !strings.Contains(u.Host, ",") {
+				return redactUser(u)
+			}
+			return "<redacted>"
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+func redactUser(u *url.URL) string {
+	if _, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(u.User.Username(), "<redacted>")
+	} else {
+		u.User = url.User("<redacted>")
+	}
+	return strings.Replace(u.String(), url.QueryEscape("<redacted>"), "<redacted>", 1)
 }

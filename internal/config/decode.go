@@ -3,6 +3,7 @@ package config
 import (
 	"encoding"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"reflect"
@@ -101,8 +102,9 @@ func (s Secret) String() string {
 // MarshalYAML hides the value.
 func (s Secret) MarshalYAML() (any, error) { return s.String(), nil }
 
-// LogValue hides the value from slog.
-func (s Secret) LogValue() string { return s.String() }
+// LogValue hides the value from slog (slog.LogValuer: a JSON handler would
+// otherwise write the string itself).
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
 var (
 	durationType = reflect.TypeFor[Duration]()
