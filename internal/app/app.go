@@ -412,6 +412,7 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 		return js, nil
 	}
 	closed := make(chan struct{})
+	shown := config.RedactURL(url) // for logs, errors and /readyz: no credentials
 	opts := []nats.Option{
 		nats.Name("dedupworker"),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
@@ -420,10 +421,10 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 		nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil { // nil: a deliberate close
-				c.app.log.Warn("nats disconnected; reconnecting", "url", url, "err", err)
+				c.app.log.Warn("nats disconnected; reconnecting", "url", shown, "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { c.app.log.Info("nats reconnected", "url", url) }),
+		nats.ReconnectHandler(func(*nats.Conn) { c.app.log.Info("nats reconnected", "url", shown) }),
 	}
 	if auth.User != "" {
 		opts = append(opts, nats.UserInfo(auth.User, string(auth.Password)))
@@ -443,7 +444,7 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%s.url %s: %w", field, url, err)
+		return nil, fmt.Errorf("%s.url %s: %w", field, shown, err)
 	}
 	c.app.onClose(func() error {
 		// Drain flushes what was published and the last acks, then closes.
@@ -461,9 +462,9 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 	if err != nil {
 		return nil, err
 	}
-	c.app.checks = append(c.app.checks, metrics.Check{Name: "nats " + url, Fn: func(context.Context) error {
+	c.app.checks = append(c.app.checks, metrics.Check{Name: "nats " + shown, Fn: func(context.Context) error {
 		if s := nc.Status(); s != nats.CONNECTED {
-			return fmt.Errorf("nats %s: %s", url, s)
+			return fmt.Errorf("nats %s: %s", shown, s)
 		}
 		return nil
 	}})
