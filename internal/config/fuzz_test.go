@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"log/slog"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,5 +106,50 @@ func TestParseDurationOverflow(t *testing.T) {
 	}
 	if d, err := ParseDuration("106751d"); err != nil || d != 106751*24*time.Hour {
 		t.Errorf("ParseDuration(106751d) = %v, %v", d, err)
+	}
+}
+
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"redis://127.0.0.1:6379/0":                   "redis://127.0.0.1:6379/0",
+		"rediss://dedup:s3cret@h:6380/0":             "rediss://dedup:<redacted>@h:6380/0",
+		"redis://:s3cret@h:6379":                     "redis://:<redacted>@h:6379",
+		"nats://tok3n@h:4222":                        "nats://<redacted>@h:4222",
+		"nats://u:s3cret@a:4222,nats://u:s3cret@b:1": "nats://u:<redacted>@a:4222,nats://u:<redacted>@b:1",
+		"%zz:s3cret@h":                               "<redacted>",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// FuzzRedactURL: a password written in a redis(s):// or nats/tls:// URL
+// never survives redaction.
+func FuzzRedactURL(f *testing.F) {
+	f.Add("redis", "user", "s3cret", "h:1")
+	f.Add("nats", "", "p@ss:word", "h")
+	f.Fuzz(func(t *testing.T, scheme, user, pw, host string) {
+		schemes := []string{"redis", "rediss", "nats", "tls"} // what the config accepts
+		mk := func(pw string) string {
+			return (&url.URL{Scheme: schemes[len(scheme)%len(schemes)], User: url.UserPassword(user, pw), Host: host}).String()
+		}
+		if len(pw) < 4 || strings.Contains(mk("<redacted>"), pw) || strings.Contains(mk("<redacted>"), url.QueryEscape(pw)) || strings.Contains(mk("<redacted>"), url.PathEscape(pw)) {
+			return // the password's text occurs in what is not the password
+		}
+		u := mk(pw)
+		got := RedactURL(u)
+		if strings.Contains(got, pw) || strings.Contains(got, url.QueryEscape(pw)) || strings.Contains(got, url.PathEscape(pw)) {
+			t.Fatalf("RedactURL(%q) = %q keeps the password %q", u, got, pw)
+		}
+	})
+}
+
+// A Secret logged through slog's JSON handler (the binary's) is redacted.
+func TestSecretLogValue(t *testing.T) {
+	var b strings.Builder
+	slog.New(slog.NewJSONHandler(&b, nil)).Info("x", "password", Secret("s3cret"))
+	if strings.Contains(b.String(), "s3cret") || !strings.Contains(b.String(), "<redacted>") {
+		t.Fatalf("slog JSON shows %s", b.String())
 	}
 }
