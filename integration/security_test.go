@@ -1,0 +1,610 @@
+package integration_test
+
+// Security (issue 8): Redis over TLS with a least-privilege ACL user, NATS
+// with user/password over TLS, Kafka with SASL/SCRAM, all through the
+// binary's configuration; and no secret in logs, validate --print or
+// /metrics.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl/scram"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/idempotency/storetest"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/redisbackend"
+)
+
+// SecACL is the least-privilege ACL of a dedupworker Redis user, for the
+// namespace NS: its keys, its notification channel, and the commands the
+// store and its scripts run (README "## Security"). Found by running the
+// store conformance suite under it and removing what nothing needed.
+const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done -@all " +
+	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe"
+
+func secFreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// secTLSRedis starts a private redis-server that speaks only TLS, with a
+// certificate of ca, and returns its address and an admin client (the
+// default user) over TLS.
+func secTLSRedis(t *testing.T, ca *testenv.TestCA) (string, *redis.Client) {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testenv.Unavailable(t, "redis-server binary", err.Error())
+	}
+	port := secFreePort(t)
+	cmd := exec.Command(bin, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--tls-cert-file", ca.CertFile, "--tls-key-file", ca.KeyFile, "--tls-ca-cert-file", ca.CAFile,
+		"--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	admin := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"},
+		DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = admin.Close() })
+	natsEventually(t, 10*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return admin.Ping(ctx).Err() == nil
+	}, func() string { return "TLS redis-server did not answer: " + out.String() })
+	return addr, admin
+}
+
+func secACLUser(t *testing.T, admin *redis.Client, user, pw, ns string, extra ...string) {
+	t.Helper()
+	args := []any{"ACL", "SETUSER", user}
+	for _, f := range strings.Fields(fmt.Sprintf(secACL, pw, ns, ns)) {
+		args = append(args, f)
+	}
+	for _, e := range extra {
+		args = append(args, e)
+	}
+	if err := admin.Do(context.Background(), args...).Err(); err != nil {
+		t.Fatalf("ACL SETUSER: %v", err)
+	}
+}
+
+// The store runs its whole conformance suite over rediss:// (a CA the test
+// makes) as an ACL user restricted to the namespace's keys and channel and
+// to the commands of secACL; without one of those permissions it fails with
+// a clear NOPERM error; and the user can reach nothing outside the
+// namespace.
+func TestSecurityRedisTLSLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	ca := testenv.NewTestCA(t)
+	addr, admin := secTLSRedis(t, ca)
+	const ns = "secns"
+	secACLUser(t, admin, "dedup", "acl-pw", ns)
+	withCA := func(o *redis.Options) {
+		if o.TLSConfig != nil {
+			o.TLSConfig.RootCAs = ca.Pool
+		}
+	}
+	url := "rediss://dedup:acl-pw@" + addr + "/0"
+	open := func(t *testing.T, url string) (*redisbackend.Store, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return redisbackend.NewFromURL(ctx, url, redisbackend.Options{Namespace: ns, Grace: 2 * time.Second}, withCA)
+	}
+
+	t.Run("conformance", func(t *testing.T) {
+		storetest.RunHarness(t, func(t *testing.T) *storetest.Harness {
+			s, err := open(t, url)
+			if err != nil {
+				t.Fatalf("NewFromURL as the ACL user: %v", err)
+			}
+			t.Cleanup(func() { _ = s.Close() })
+			return &storetest.Harness{
+				Store: s, Grace: 2 * time.Second,
+				TTL: func(t *testing.T, key string) time.Duration {
+					return admin.PTTL(context.Background(), s.RedisKey(key)).Val()
+				},
+				SetRaw: func(t *testing.T, key string, raw []byte) {
+					if err := admin.Set(context.Background(), s.RedisKey(key), raw, time.Minute).Err(); err != nil {
+						t.Fatal(err)
+					}
+				},
+				FlushScripts: func(t *testing.T) { admin.ScriptFlush(context.Background()) },
+			}
+		})
+	})
+
+	t.Run("outside the ACL", func(t *testing.T) {
+		ctx := context.Background()
+		c := redis.NewClient(&redis.Options{Addr: addr, Username: "dedup", Password: "acl-pw",
+			TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"}})
+		defer c.Close()
+		for name, err := range map[string]error{
+			"GET of another namespace": c.Get(ctx, "other:key").Err(),
+			"SET of another namespace": c.Set(ctx, "other:key", "x", 0).Err(),
+			"KEYS":                     c.Keys(ctx, ns+":*").Err(),
+			"FLUSHALL":                 c.FlushAll(ctx).Err(),
+			"CONFIG GET":               c.ConfigGet(ctx, "*").Err(),
+			"FLUSHALL inside EVAL":     c.Eval(ctx, "return redis.call('FLUSHALL')", nil).Err(),
+			"GET elsewhere in EVAL":    c.Eval(ctx, "return redis.call('GET', KEYS[1])", []string{"other:key"}).Err(),
+			"PUBLISH elsewhere":        c.Publish(ctx, "other", "x").Err(),
+		} {
+			if !secRefused(err) {
+				t.Errorf("%s as the ACL user: %v, want a refusal", name, err)
+			}
+		}
+		// Without the password, or in plain text, nothing at all.
+		if _, err := open(t, "rediss://dedup:wrong@"+addr+"/0"); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+			t.Errorf("wrong password: %v, want WRONGPASS", err)
+		}
+		if _, err := open(t, "redis://dedup:acl-pw@"+addr+"/0?dial_timeout=1s"); err == nil {
+			t.Error("plain text to the TLS port: no error")
+		}
+	})
+
+	// Each permission of the ACL is needed: without it a store operation
+	// fails with an error that names the refusal. EVAL is the fallback
+	// after NOSCRIPT (a restart or failover empties the script cache), so
+	// the scripts are flushed first.
+	for _, missing := range []string{"-evalsha", "-eval", "-set", "-get", "-publish", "-time"} {
+		t.Run("without "+missing[1:], func(t *testing.T) {
+			err := secRoundAs(t, admin, addr, ns, missing, open)
+			if !secRefused(err) {
+				t.Fatalf("claim/renew/complete/get/wait without %s: %v, want the refusal", missing[1:], err)
+			}
+			if !errors.Is(err, idempotency.ErrStoreUnavailable) {
+				t.Errorf("error %v does not wrap ErrStoreUnavailable (fail-closed, SPEC §7.3)", err)
+			}
+		})
+	}
+	// SCRIPT LOAD only saves EVAL's cost: without it every call after a
+	// NOSCRIPT runs by EVAL, and still works.
+	t.Run("without script|load", func(t *testing.T) {
+		if err := secRoundAs(t, admin, addr, ns, "-script|load", open); err != nil {
+			t.Fatalf("without script|load: %v, want the EVAL fallback to work", err)
+		}
+	})
+}
+
+// secRefused: err is Redis refusing a command or key to the user, directly
+// (NOPERM) or inside a script.
+func secRefused(err error) bool {
+	return err != nil && (strings.Contains(err.Error(), "NOPERM") ||
+		strings.Contains(err.Error(), "user executing the script can't run this command"))
+}
+
+func secRoundAs(t *testing.T, admin *redis.Client, addr, ns, missing string, open func(*testing.T, string) (*redisbackend.Store, error)) error {
+	t.Helper()
+	user := "dedup" + strings.NewReplacer("|", "", "-", "").Replace(missing)
+	secACLUser(t, admin, user, "pw", ns, missing)
+	if err := admin.ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := open(t, "rediss://"+user+":pw@"+addr+"/0")
+	if err != nil {
+		t.Fatalf("NewFromURL: %v", err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return secStoreRound(ctx, s, "s:"+user+natsRandID())
+}
+
+// secStoreRound runs what a worker runs for one key: claim, renew,
+// complete (which publishes), get, and a wait on the completed key.
+func secStoreRound(ctx context.Context, s *redisbackend.Store, key string) error {
+	res, err := s.Claim(ctx, []idempotency.ClaimRequest{{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: 5 * time.Second}})
+	if err != nil {
+		return fmt.Errorf("claim: %w", err)
+	}
+	if res[0].Claim == nil {
+		return fmt.Errorf("claim: outcome %s", res[0].Outcome)
+	}
+	tok := res[0].Claim.Token
+	if _, ok, err := s.Renew(ctx, key, tok, 5*time.Second); err != nil {
+		return fmt.Errorf("renew: %w", err)
+	} else if !ok {
+		return errors.New("renew: the claim reads as lost")
+	}
+	ok, err := s.Complete(ctx, []idempotency.Completion{{Key: key, Token: tok, Outcome: idempotency.RecordOutcomeOK, Retention: time.Minute}})
+	if err != nil {
+		return fmt.Errorf("complete: %w", err)
+	} else if !ok[0] {
+		return errors.New("complete: the claim reads as lost")
+	}
+	if rec, err := s.Get(ctx, key); err != nil {
+		return fmt.Errorf("get: %w", err)
+	} else if rec == nil {
+		return errors.New("get: no record")
+	}
+	if _, err := s.Wait(ctx, key, time.Second); err != nil {
+		return fmt.Errorf("wait: %w", err)
+	}
+	return nil
+}
+
+// secNATS starts an embedded nats-server with JetStream that requires TLS
+// (a certificate of ca) and a user and password.
+func secNATS(t *testing.T, ca *testenv.TestCA, user, pw string) string {
+	t.Helper()
+	s, err := natsserver.NewServer(&natsserver.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoSigs: true, NoLog: true,
+		Users:     []*natsserver.User{{Username: user, Password: pw}},
+		TLS:       true,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{ca.Server}, MinVersion: tls.VersionTLS12},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	return fmt.Sprintf("tls://127.0.0.1:%d", s.Addr().(*net.TCPAddr).Port)
+}
+
+// secProc is a running binary whose output the test reads.
+type secProc struct {
+	cmd  *exec.Cmd
+	out  *secBuffer
+	done chan struct{}
+	err  error
+}
+
+type secBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *secBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *secBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func secStart(t *testing.T, env []string, args ...string) *secProc {
+	t.Helper()
+	p := &secProc{cmd: exec.Command(hostileBinary(t), args...), out: &secBuffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("dedupworker %v output:\n%s", args, p.out.String())
+		}
+	})
+	return p
+}
+
+// metricsAddr waits for the log line that names the metrics server.
+func (p *secProc) metricsAddr(t *testing.T) string {
+	t.Helper()
+	var addr string
+	natsEventually(t, 30*time.Second, func() bool {
+		sc := bufio.NewScanner(strings.NewReader(p.out.String()))
+		for sc.Scan() {
+			var l struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &l) == nil && strings.HasPrefix(l.Msg, "serving /metrics") {
+				addr = l.Addr
+				return true
+			}
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("dedupworker exited: %v\n%s", p.err, p.out.String())
+		default:
+		}
+		return false
+	}, func() string { return "no metrics address in the log:\n" + p.out.String() })
+	return addr
+}
+
+func (p *secProc) stop(t *testing.T) int {
+	t.Helper()
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("dedupworker did not stop within 30s of SIGINT")
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	return 0
+}
+
+func secGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// secLedger returns the distinct keys the exec action wrote to path.
+func secLedger(path string) (lines []string) {
+	b, _ := os.ReadFile(path)
+	for l := range strings.SplitSeq(strings.TrimSpace(string(b)), "\n") {
+		if l != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+func secNoSecrets(t *testing.T, where, text string, secrets ...string) {
+	t.Helper()
+	for _, s := range secrets {
+		if strings.Contains(text, s) {
+			t.Errorf("%s shows the secret %q:\n%s", where, s, text)
+		}
+	}
+}
+
+// The binary runs a NATS handler with the Redis store over TLS as the
+// least-privilege ACL user (password from a file) and NATS over TLS with a
+// user and password (from the environment): it processes every key once,
+// and neither its logs, nor validate --print, nor /metrics or /readyz show
+// a password — including those written inside the Redis and NATS URLs.
+func TestSecurityBinaryTLSAndACL(t *testing.T) {
+	t.Parallel()
+	ca := testenv.NewTestCA(t)
+	raddr, admin := secTLSRedis(t, ca)
+	ns := "secbin"
+	const redisPW, natsPW = "redis-Secret-4711", "nats-Secret-0815"
+	secACLUser(t, admin, "dedup", redisPW, ns)
+	natsURL := secNATS(t, ca, "worker", natsPW)
+
+	nc, err := nats.Connect(natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := natsCtx(t, 60*time.Second)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SEC", Subjects: []string{"sec.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nats.Connect(natsURL, nats.UserInfo("worker", "wrong"), nats.RootCAs(ca.CAFile)); err == nil {
+		t.Fatal("nats-server accepted a wrong password")
+	}
+
+	dir := t.TempDir()
+	pwFile := filepath.Join(dir, "redis-password")
+	if err := os.WriteFile(pwFile, []byte(redisPW+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ledger := filepath.Join(dir, "ledger")
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, `
+redis:
+  url: rediss://%s/0
+  username: dedup
+  password_file: %s
+  namespace: %s
+  tls: {ca_file: %s}
+http: {addr: "127.0.0.1:0"}
+log: {level: debug}
+handlers:
+  - name: sec
+    source:
+      nats: {url: %s, stream: SEC, subject: sec.>, user: worker, password: "${NATS_PW}", tls: {ca_file: %s}}
+    lease: 5s
+    action:
+      exec: {command: [/bin/sh, -c, 'cat >/dev/null; echo "$DEDUP_KEY" >> %s']}
+`, raddr, pwFile, ns, ca.CAFile, natsURL, ca.CAFile, ledger), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The same config with the passwords also written inside the URLs,
+	// which is what the worker runs.
+	inline := filepath.Join(dir, "inline.yaml")
+	text, _ := os.ReadFile(cfg)
+	text = bytes.Replace(text, []byte("rediss://"+raddr), []byte("rediss://dedup:"+redisPW+"@"+raddr), 1)
+	text = bytes.Replace(text, []byte("url: "+natsURL), []byte("url: tls://worker:"+natsPW+"@"+strings.TrimPrefix(natsURL, "tls://")), 1)
+	if err := os.WriteFile(inline, text, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"NATS_PW=" + natsPW}
+	p := secStart(t, env, "run", "-c", inline)
+	maddr := p.metricsAddr(t)
+	keys := natsPlanWithDuplicates(20, 10)
+	for _, k := range keys {
+		m := nats.NewMsg("sec.in")
+		m.Data = []byte("x")
+		m.Header.Set("Idempotency-Key", k)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natsEventually(t, 30*time.Second, func() bool { return len(secLedger(ledger)) >= keys.unique() }, func() string {
+		return fmt.Sprintf("ledger has %d of %d keys", len(secLedger(ledger)), keys.unique())
+	})
+	natsEventually(t, 10*time.Second, func() bool {
+		c, err := js.Consumer(ctx, "SEC", "sec-dedup")
+		if err != nil {
+			return false
+		}
+		i, err := c.Info(ctx)
+		return err == nil && i.NumAckPending == 0 && i.NumPending == 0
+	}, func() string { return "consumer not drained" })
+	if got := secLedger(ledger); len(got) != keys.unique() {
+		t.Fatalf("exec ran %d times for %d keys", len(got), keys.unique())
+	}
+	metrics := secGet(t, "http://"+maddr+"/metrics")
+	if !strings.Contains(metrics, `dedup_messages_total{handler="sec",outcome="duplicate",transport="nats"} 10`) {
+		t.Errorf("metrics lack the 10 duplicates:\n%s", metrics)
+	}
+	secNoSecrets(t, "/metrics", metrics, redisPW, natsPW)
+	secNoSecrets(t, "/readyz", secGet(t, "http://"+maddr+"/readyz"), redisPW, natsPW)
+	if code := p.stop(t); code != 0 {
+		t.Errorf("exit %d after SIGINT", code)
+	}
+	secNoSecrets(t, "the log", p.out.String(), redisPW, natsPW)
+
+	// validate --print: passwords from the environment, from the file, and
+	// written inside URLs are all redacted.
+	for _, c := range []string{cfg, inline} {
+		cmd := exec.Command(hostileBinary(t), "validate", "-c", c, "--print")
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("validate --print %s: %v\n%s", c, err, out)
+		}
+		if !strings.Contains(string(out), "<redacted>") {
+			t.Errorf("validate --print shows no redaction:\n%s", out)
+		}
+		secNoSecrets(t, "validate --print", string(out), redisPW, natsPW)
+	}
+
+	// A wrong Redis password fails the start with exit 1 and says why,
+	// without the password.
+	bad := filepath.Join(dir, "bad-password")
+	if err := os.WriteFile(bad, []byte("Wrong-Guess-99"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	badCfg := filepath.Join(dir, "bad.yaml")
+	text, _ = os.ReadFile(cfg)
+	if err := os.WriteFile(badCfg, bytes.Replace(text, []byte(pwFile), []byte(bad), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pb := secStart(t, env, "run", "-c", badCfg)
+	select {
+	case <-pb.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("dedupworker with a wrong Redis password did not exit")
+	}
+	var ee *exec.ExitError
+	if !errors.As(pb.err, &ee) || ee.ExitCode() != 1 || !strings.Contains(pb.out.String(), "WRONGPASS") {
+		t.Errorf("wrong Redis password: %v, output %s; want exit 1 naming WRONGPASS", pb.err, pb.out.String())
+	}
+	secNoSecrets(t, "the log of a failed start", pb.out.String(), "Wrong-Guess-99", natsPW)
+}
+
+// The binary consumes from a Kafka-protocol broker that requires
+// SASL/SCRAM-SHA-256 (kfake), with the password from the environment, and
+// never shows it; a wrong password fails the run with exit 1.
+func TestSecurityBinaryKafkaSCRAM(t *testing.T) {
+	t.Parallel()
+	const user, pw = "scram-user", "kafka-Secret-1234"
+	_, brokers := testenv.KafkaCluster(t, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", user, pw), kfake.SeedTopics(2, "sec-in"))
+	mech, err := scram.Mechanism(scram.SHA256, user, pw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := natsPlanWithDuplicates(20, 10)
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "sec-in", BatchTimeout: time.Millisecond,
+		Transport: &kafkago.Transport{SASL: mech}}
+	var msgs []kafkago.Message
+	for _, k := range keys {
+		msgs = append(msgs, kafkago.Message{Value: []byte("x"), Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}}})
+	}
+	if err := w.WriteMessages(natsCtx(t, 30*time.Second), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+
+	dir := t.TempDir()
+	ledger := filepath.Join(dir, "ledger")
+	write := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, fmt.Appendf(nil, `
+redis: {url: %s, namespace: seckafka-%s}
+http: {addr: "127.0.0.1:0"}
+handlers:
+  - name: sec
+    source:
+      kafka: {brokers: [%s], topic: sec-in, session_timeout: 2s, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}}
+    action:
+      exec: {command: [/bin/sh, -c, 'cat >/dev/null; echo "$DEDUP_KEY" >> %s']}
+`, testenv.Redis(t), natsRandID(), strings.Join(brokers, ", "), user, ledger), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg := write("config.yaml")
+	p := secStart(t, []string{"KAFKA_PW=" + pw}, "run", "-c", cfg)
+	maddr := p.metricsAddr(t)
+	natsEventually(t, 60*time.Second, func() bool { return len(secLedger(ledger)) >= keys.unique() }, func() string {
+		return fmt.Sprintf("ledger has %d of %d keys", len(secLedger(ledger)), keys.unique())
+	})
+	metrics := secGet(t, "http://"+maddr+"/metrics")
+	natsEventually(t, 30*time.Second, func() bool {
+		metrics = secGet(t, "http://"+maddr+"/metrics")
+		return strings.Contains(metrics, `dedup_messages_total{handler="sec",outcome="duplicate",transport="kafka"} 10`)
+	}, func() string { return "metrics lack the 10 duplicates:\n" + metrics })
+	if n := len(secLedger(ledger)); n != keys.unique() {
+		t.Fatalf("exec ran %d times for %d keys", n, keys.unique())
+	}
+	secNoSecrets(t, "/metrics", metrics, pw)
+	if code := p.stop(t); code != 0 {
+		t.Errorf("exit %d after SIGINT", code)
+	}
+	secNoSecrets(t, "the log", p.out.String(), pw)
+	cmd := exec.Command(hostileBinary(t), "validate", "-c", cfg, "--print")
+	cmd.Env = append(os.Environ(), "KAFKA_PW="+pw)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("validate --print: %v\n%s", err, out)
+	}
+	secNoSecrets(t, "validate --print", string(out), pw)
+
+	pb := secStart(t, []string{"KAFKA_PW=Wrong-Guess-77"}, "run", "-c", cfg)
+	select {
+	case <-pb.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("dedupworker with a wrong SASL password did not exit")
+	}
+	var ee *exec.ExitError
+	if !errors.As(pb.err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("wrong SASL password: %v, want exit 1; output %s", pb.err, pb.out.String())
+	}
+	secNoSecrets(t, "the log of a failed start", pb.out.String(), "Wrong-Guess-77", pw)
+}
