@@ -76,7 +76,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, kv := range s.Attributes {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	if attrs["dedup.outcome"] != "processed" || attrs["dedup.fence"] != "1" || attrs["dedup.handler"] != "orders" || len(attrs["dedup.key_hash"]) != 12 {
 		t.Fatalf("span attributes %v: want outcome processed, fence 1, handler, a key hash", attrs)
