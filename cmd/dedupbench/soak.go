@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"time"
@@ -143,6 +144,14 @@ loop:
 		}
 	}
 	sample()
+	if o.memProfile != "" {
+		// The heap while everything still runs: what the soak holds.
+		runtime.GC()
+		if f, err := os.Create(o.memProfile + ".inuse"); err == nil {
+			_ = pprof.Lookup("heap").WriteTo(f, 0)
+			_ = f.Close()
+		}
+	}
 	for _, r := range rs {
 		if err := r.stop(); err != nil {
 			log.Printf("soak: %s: stopping: %v", r.t.name(), err)
