@@ -1,0 +1,309 @@
+package chaos_test
+
+import (
+	"context"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/internal/testenv"
+)
+
+// buildBinary builds dedupworker into the test's temp dir.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "dedupworker")
+	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/dedupworker").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// redisServer is a private redis-server with an append-only file (fsync on
+// every write) that the driver restarts, keeping or wiping its data.
+type redisServer struct {
+	t    *testing.T
+	bin  string
+	dir  string
+	port int
+	cmd  *exec.Cmd
+}
+
+func startRedis(t *testing.T, dir string) *redisServer {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		testenv.Unavailable(t, "redis-server binary", err.Error())
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &redisServer{t: t, bin: bin, dir: dir, port: port}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+func (s *redisServer) start() {
+	s.t.Helper()
+	s.cmd = exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--appendonly", "yes", "--appendfsync", "always")
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redis-server on %s does not answer: %v", s.addr(), err)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a starting process: nothing to wait on
+	}
+}
+
+func (s *redisServer) kill() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+		s.cmd = nil
+	}
+}
+
+// restart kills the server (kill -9) and starts it again; wipe deletes its
+// data first, as the restart of a Redis without persistence loses it.
+func (s *redisServer) restart(wipe bool) {
+	s.kill()
+	if wipe {
+		_ = os.RemoveAll(filepath.Join(s.dir, "appendonlydir"))
+	}
+	s.start()
+}
+
+// proxy is a TCP proxy whose connections the driver can cut.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.DialTimeout("tcp", p.target, time.Second)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+			p.mu.Lock()
+			delete(p.conns, dst)
+			delete(p.conns, src)
+			p.mu.Unlock()
+		}
+		p.wg.Go(func() { pipe(up, c) })
+		p.wg.Go(func() { pipe(c, up) })
+	}
+}
+
+// cut closes every connection through the proxy; new ones are accepted.
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// cutListener is the Kafka broker's listener (kfake.ListenFn): the broker
+// advertises its own address, so a proxy in front would only see the
+// bootstrap; cutting the accepted connections here cuts every client.
+type cutListener struct {
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+type trackedListener struct {
+	net.Listener
+	c *cutListener
+}
+
+func (l *cutListener) listen(network, address string) (net.Listener, error) {
+	ln, err := net.Listen(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return &trackedListener{Listener: ln, c: l}, nil
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.c.mu.Lock()
+	if l.c.conns == nil {
+		l.c.conns = map[net.Conn]struct{}{}
+	}
+	l.c.conns[c] = struct{}{}
+	l.c.mu.Unlock()
+	return c, nil
+}
+
+func (l *cutListener) cut() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.conns = nil
+}
+
+// startNATS starts an embedded nats-server with file-backed JetStream.
+func startNATS(t *testing.T, dir string) string {
+	t.Helper()
+	s, err := natsserver.NewServer(&natsserver.Options{Host: "127.0.0.1", Port: -1, JetStream: true,
+		StoreDir: dir, NoSigs: true, NoLog: true, MaxPayload: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready")
+	}
+	return s.ClientURL()
+}
+
+// workers are the running dedupworker processes.
+type workers struct {
+	t       *testing.T
+	bin     string
+	cfg     string
+	logDir  string
+	mu      sync.Mutex
+	live    []*worker
+	started int
+	leaving sync.WaitGroup // workers stopping gracefully
+}
+
+type worker struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	log  *os.File
+}
+
+func (ws *workers) start() {
+	ws.t.Helper()
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.started++
+	log, err := os.Create(filepath.Join(ws.logDir, "worker-"+strconv.Itoa(ws.started)+".log"))
+	if err != nil {
+		ws.t.Fatal(err)
+	}
+	w := &worker{cmd: exec.Command(ws.bin, "run", "-c", ws.cfg), done: make(chan struct{}), log: log}
+	w.cmd.Stdout, w.cmd.Stderr = log, log
+	if err := w.cmd.Start(); err != nil {
+		ws.t.Fatal(err)
+	}
+	go func() { w.err = w.cmd.Wait(); _ = log.Close(); close(w.done) }()
+	ws.live = append(ws.live, w)
+}
+
+// random removes and returns a random live worker.
+func (ws *workers) random(r *rand.Rand) *worker {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	i := r.IntN(len(ws.live))
+	w := ws.live[i]
+	ws.live = append(ws.live[:i], ws.live[i+1:]...)
+	return w
+}
+
+func (w *worker) pid() int { return w.cmd.Process.Pid }
+
+func (w *worker) kill() {
+	_ = w.cmd.Process.Signal(syscall.SIGKILL)
+	<-w.done
+}
+
+// term stops the worker gracefully; after its shutdown timeout and a margin
+// it is killed.
+func (w *worker) term() {
+	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-w.done:
+	case <-time.After(15 * time.Second):
+		w.kill()
+	}
+}
+
+func (ws *workers) stopAll() {
+	ws.mu.Lock()
+	live := ws.live
+	ws.live = nil
+	ws.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, w := range live {
+		wg.Go(w.term)
+	}
+	wg.Wait()
+	ws.leaving.Wait()
+}
