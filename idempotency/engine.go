@@ -407,7 +407,7 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	if errors.Is(context.Cause(hctx), ErrLeaseLost) {
 		p.log.Warn("claim lost while the handler ran; its result is discarded and the new owner finishes the key",
 			"origin", m.Origin.String(), "fence", cl.Fence, "took", took)
-		p.settle(ctx, d, consumer.OutcomeLeaseLost, ack)
+		p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, cl))
 		return true
 	}
 	if herr == nil {
@@ -586,7 +586,7 @@ func (p *processor) completeAndAck(ctx context.Context, d consumer.Delivery, cl 
 	}
 	if !owned {
 		p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", cl.Fence)
-		p.settle(ctx, d, consumer.OutcomeLeaseLost, ack)
+		p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, cl))
 		return
 	}
 	p.settle(ctx, d, outcome, ack)
@@ -745,6 +745,22 @@ func (p *processor) abandon(ctx context.Context, d consumer.Delivery, pr *prepar
 }
 
 type settleFunc func(ctx context.Context, d consumer.Delivery) error
+
+// afterLoss settles a delivery whose claim was lost: acked when the record
+// shows a new owner (claimed under another token) or a completion, who
+// finishes the key (SPEC §5.2); otherwise redelivered after the store
+// backoff. A record that is gone (Redis restarted without its data), or a
+// store that cannot say, has no new owner: acking would lose the message.
+func (p *processor) afterLoss(ctx context.Context, d consumer.Delivery, cl *Claim) settleFunc {
+	gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.e.timeout)
+	rec, err := p.e.store.Get(gctx, cl.Key)
+	cancel()
+	if err == nil && rec != nil && (rec.State == StateCompleted || rec.Token != cl.Token && !rec.Released) {
+		return ack
+	}
+	p.log.Warn("no new owner holds the key of a lost claim; redelivering", "origin", d.Message().Origin.String(), "fence", cl.Fence, "err", err)
+	return nak(consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax))
+}
 
 func ack(ctx context.Context, d consumer.Delivery) error { return d.Ack(ctx) }
 

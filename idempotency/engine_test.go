@@ -358,7 +358,11 @@ func TestStolenLeaseCancelsHandlerWithErrLeaseLost(t *testing.T) {
 	go func() { defer close(done); p.Process(context.Background(), d) }()
 	<-started
 	// Another owner takes the key: the record is replaced under our feet.
-	if _, err := f.store.Delete(context.Background(), idempotency.EffectiveKey("orders", "stolen")); err != nil {
+	// (A record that merely vanishes has no new owner: that is redelivered,
+	// see integration TestHostileRecordGoneUnderHandler.)
+	other := `{"v":1,"state":"CLAIMED","fp":"1:x","fpv":1,"token":"another-owner","fence":2,"claimed_at_ms":1,"lease_until_ms":99999999999999,"attempts":2}`
+	rkey := f.store.(*redisbackend.Store).RedisKey(idempotency.EffectiveKey("orders", "stolen"))
+	if err := testenv.RedisClient(t).Set(context.Background(), rkey, other, time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	<-done
