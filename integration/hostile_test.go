@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
@@ -525,5 +526,62 @@ handlers:
 		if len(lines) != 1 || !strings.Contains(lines[0], tc.want) {
 			t.Errorf("%s: stderr %q, want one line naming %q", tc.name, stderr.String(), tc.want)
 		}
+	}
+}
+
+// A record that vanishes while its handler runs (Redis restarted without its
+// data) leaves no new owner to finish the key: the engine must redeliver,
+// not ack (the chaos driver lost keys this way). When another worker did
+// take the key over, the delivery is acked: the new owner finishes it.
+func TestHostileRecordGoneUnderHandler(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		replace func(ctx context.Context, rc redis.UniversalClient, key string) error
+		wantAck bool
+	}{
+		{"wiped", func(ctx context.Context, rc redis.UniversalClient, key string) error {
+			return rc.Del(ctx, key).Err()
+		}, false},
+		{"taken over", func(ctx context.Context, rc redis.UniversalClient, key string) error {
+			other := `{"v":1,"state":"CLAIMED","fp":"1:x","fpv":1,"token":"someone-else","fence":2,"claimed_at_ms":1,"lease_until_ms":99999999999999,"attempts":2}`
+			return rc.Set(ctx, key, other, time.Minute).Err()
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newHostileFix(t)
+			rc := testenv.RedisClient(t)
+			started := make(chan struct{})
+			h := &hostileCounter{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
+				close(started)
+				<-ctx.Done() // until the engine cancels it (lease lost)
+				return nil, ctx.Err()
+			}}
+			p := f.proc(t, h, idempotency.WithLease(300*time.Millisecond))
+			d := hostileDelivery("vanishing", []byte("p"))
+			done := make(chan struct{})
+			go func() { defer close(done); p.Process(context.Background(), d) }()
+			select {
+			case <-started:
+			case <-time.After(10 * time.Second):
+				t.Fatal("handler did not start")
+			}
+			if err := tc.replace(context.Background(), rc, f.store.RedisKey(idempotency.EffectiveKey("h", "vanishing"))); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler was not cancelled after its claim was lost")
+			}
+			acks, naks, _ := d.State()
+			if tc.wantAck && (acks != 1 || len(naks) != 0) || !tc.wantAck && (acks != 0 || len(naks) != 1) {
+				t.Fatalf("acks %d naks %v; want ack=%v", acks, naks, tc.wantAck)
+			}
+			if f.oc.get(consumer.OutcomeLeaseLost) != 1 {
+				t.Fatalf("outcomes %v, want lease_lost", f.oc)
+			}
+		})
 	}
 }
