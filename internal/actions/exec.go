@@ -44,7 +44,10 @@ func Exec(cfg ExecConfig) consumer.Handler {
 			defer cancel()
 		}
 		cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		// Its own process group, killed whole on timeout or lease loss; and
+		// killed by the kernel if this worker dies (kill -9), so a command
+		// never outlives the claim it runs under.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		cmd.Cancel = func() error {
 			// Kill the whole process group: a shell's children too.
 			return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
