@@ -30,8 +30,8 @@ type Engine struct {
 	log       *slog.Logger
 	hooks     consumer.Hooks
 	timeout   time.Duration
-	completer *completer
-	claimer   *claimer
+	completer *batcher[Completion, bool]
+	claimer   *batcher[ClaimRequest, ClaimResult]
 }
 
 // New returns an Engine over store.
@@ -259,7 +259,7 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 		if !pr.claimed {
 			pr.claimAt = time.Now()
 			cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
-			res, err := p.e.claimer.claim(cctx, p.claimRequest(pr))
+			res, err := p.e.claimer.do(cctx, p.claimRequest(pr))
 			cancel()
 			pr.claimed, pr.err, pr.res = true, err, res
 		}
@@ -564,7 +564,7 @@ func (p *processor) completeAndAck(ctx context.Context, d consumer.Delivery, cl 
 	// redelivery would run it again once the lease expires.
 	for i, wait := 0, 100*time.Millisecond; i < 3; i, wait = i+1, wait*3 {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.e.timeout)
-		owned, err = p.e.completer.complete(cctx, c)
+		owned, err = p.e.completer.do(cctx, c)
 		cancel()
 		if err == nil {
 			break
