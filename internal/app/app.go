@@ -301,7 +301,7 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	if err != nil {
 		return nil, "", err
 	}
-	nc := natssrc.Config{Stream: n.Stream, Consumer: n.Consumer, Subject: n.Subject, AckWait: n.AckWait.D(), Logger: log}
+	nc := natssrc.Config{Stream: n.Stream, Consumer: n.Consumer, Subject: n.Subject, AckWait: n.AckWait.D(), MaxAckPending: n.MaxAckPending, Logger: log}
 	if dl := h.DeadLetter; dl != nil {
 		nc.DeadLetterSubject = dl.NATS.Subject
 	}

@@ -126,7 +126,11 @@ type NATSSource struct {
 	Consumer string   `yaml:"consumer"`
 	Subject  string   `yaml:"subject"`
 	AckWait  Duration `yaml:"ack_wait"`
-	NATSAuth `yaml:",inline"`
+	// MaxAckPending is the MaxAckPending of a consumer the worker creates;
+	// 0 means the handler's concurrency. Workers sharing one durable
+	// consumer share this window: set it to replicas × concurrency.
+	MaxAckPending int `yaml:"max_ack_pending"`
+	NATSAuth      `yaml:",inline"`
 }
 
 // NATSAuth holds NATS credentials; at most one kind is used.
@@ -424,6 +428,8 @@ func (h *Handler) validate(p string, fail failFunc) error {
 			return fail(sp+".url", "required, e.g. nats://127.0.0.1:4222")
 		case n.Stream == "":
 			return fail(sp+".stream", "required")
+		case n.MaxAckPending < 0:
+			return fail(sp+".max_ack_pending", "%d: must not be negative (0 means the concurrency)", n.MaxAckPending)
 		}
 		if h.Ordering == "key" {
 			return fail(p+".ordering", "ordering: key is for Kafka sources; NATS runs up to concurrency messages in any order")

@@ -66,6 +66,7 @@ func TestParseErrorsNameFieldAndLine(t *testing.T) {
 		{"two actions", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action:\n      exec: {command: [x]}\n      http: {url: http://x}\n", "handlers[0].action", 4, "two actions"},
 		{"missing required", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1]}}\n    action: {exec: {command: [x]}}\n", "handlers[0].source.kafka.topic", 3, "required"},
 		{"bad key source", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    key: [uuid]\n    action: {exec: {command: [x]}}\n", "handlers[0].key[0]", 4, "want header"},
+		{"negative max_ack_pending", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S, max_ack_pending: -1}}\n    action: {exec: {command: [x]}}\n", "handlers[0].source.nats.max_ack_pending", 3, "must not be negative"},
 		{"no handlers", "redis: {namespace: x}\n", "handlers", 0, "at least one"},
 		{"loop", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t}}\n    action: {forward: {kafka: {topic: t}}}\n", "handlers[0].action.forward.kafka.topic", 4, "loop"},
 	}
