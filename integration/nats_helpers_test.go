@@ -8,24 +8,23 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"io"
 	"log/slog"
 	mrand "math/rand/v2"
-	"net"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 )
 
 // natsEachServer runs f against the system nats-server and an embedded
@@ -400,95 +399,14 @@ func (r *natsRunning) stop(t testing.TB, timeout time.Duration) error {
 	}
 }
 
-// natsRedisProxy is a TCP proxy in front of Redis that a test can cut:
-// Block closes every connection and refuses new ones until Unblock.
-type natsRedisProxy struct {
-	ln     net.Listener
-	target string
-
-	mu      sync.Mutex
-	blocked bool
-	conns   map[net.Conn]struct{}
-	wg      sync.WaitGroup
-}
-
-func newNATSRedisProxy(t testing.TB, target string) *natsRedisProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &natsRedisProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.Block()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *natsRedisProxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *natsRedisProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.blocked {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		up, err := net.DialTimeout("tcp", p.target, time.Second)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns[c], p.conns[up] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
-			_ = dst.Close()
-			_ = src.Close()
-			p.mu.Lock()
-			delete(p.conns, dst)
-			delete(p.conns, src)
-			p.mu.Unlock()
-		}
-		p.wg.Go(func() { pipe(up, c) })
-		p.wg.Go(func() { pipe(c, up) })
-	}
-}
-
-// Block cuts every connection and refuses new ones.
-func (p *natsRedisProxy) Block() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.blocked = true
-	for c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-// Unblock accepts connections again.
-func (p *natsRedisProxy) Unblock() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.blocked = false
-}
-
 // proxiedRedis returns a client to Redis through a new proxy.
-func (h *natsHarness) proxiedRedis(t testing.TB) (redis.UniversalClient, *natsRedisProxy) {
+func (h *natsHarness) proxiedRedis(t testing.TB) (redis.UniversalClient, *testenv.Proxy) {
 	t.Helper()
 	opt, err := redis.ParseURL(h.redisURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newNATSRedisProxy(t, opt.Addr)
+	p := testenv.NewProxy(t, opt.Addr)
 	opt.Addr = p.Addr()
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 500*time.Millisecond, time.Second, time.Second
 	opt.MaxRetries = -1

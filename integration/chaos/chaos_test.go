@@ -108,9 +108,9 @@ func TestChaos(t *testing.T) {
 
 	// Services, each behind something the driver can cut.
 	rs := startRedis(t, filepath.Join(dir, "redis"))
-	redisProxy := newProxy(t, rs.addr())
+	redisProxy := testenv.NewProxy(t, rs.addr())
 	natsURL := startNATS(t, filepath.Join(dir, "nats"))
-	natsProxy := newProxy(t, strings.TrimPrefix(natsURL, "nats://"))
+	natsProxy := testenv.NewProxy(t, strings.TrimPrefix(natsURL, "nats://"))
 	kafkaCut := &cutListener{}
 	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(4, "chaos"), kfake.ListenFn(kafkaCut.listen))
 
@@ -155,12 +155,12 @@ echo "D $DEDUP_HANDLER $DEDUP_KEY $DEDUP_FENCE $PPID $(date +%s%3N)" >> ` + ledg
     action: {exec: {command: [/bin/sh, -c, %s], timeout: 60s}}
 `, name, source, p.lease, scriptJSON)
 	}
-	if err := os.WriteFile(cfg, []byte(`redis: {url: "redis://`+redisProxy.addr()+`/0", namespace: chaos, connect_timeout: 1s, grace: 5s}
+	if err := os.WriteFile(cfg, []byte(`redis: {url: "redis://`+redisProxy.Addr()+`/0", namespace: chaos, connect_timeout: 1s, grace: 5s}
 http: {addr: ""}
 log: {level: info}
 shutdown_timeout: 3s
 handlers:
-`+handler("n", `nats: {url: "nats://`+natsProxy.addr()+`", stream: CHAOS, subject: "chaos.>", consumer: chaos}`)+
+`+handler("n", `nats: {url: "nats://`+natsProxy.Addr()+`", stream: CHAOS, subject: "chaos.>", consumer: chaos}`)+
 		handler("k", `kafka: {brokers: [`+strings.Join(brokers, ", ")+`], topic: chaos, group: chaos, session_timeout: 2s}`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -250,10 +250,10 @@ handlers:
 				rs.restart(true)
 			case "redis-cut":
 				fault("redis", 0)
-				redisProxy.cut()
+				redisProxy.Cut()
 			case "nats-cut":
 				fault("nats", 0)
-				natsProxy.cut()
+				natsProxy.Cut()
 			case "kafka-cut":
 				fault("kafka", 0)
 				kafkaCut.cut()
