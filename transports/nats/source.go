@@ -69,10 +69,10 @@ func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) er
 // Consume binds to (or creates) the durable consumer and runs its messages on
 // r until ctx is cancelled, per the consumer.Source contract: it fetches at
 // most the free capacity of r.Concurrency() slots, calls r.Prepare once per
-// fetched batch, runs every delivery with r.Process on its own goroutine and
-// context.WithoutCancel(ctx). On cancellation it stops fetching, naks what it
-// fetched but did not start, waits for every Process call to return and
-// returns nil. It returns an error when the stream or the consumer does not
+// fetched batch, runs every delivery with r.Process and
+// context.WithoutCancel(ctx) on a pool of at most r.Concurrency() goroutines.
+// On cancellation it stops fetching, naks what it fetched but did not start,
+// waits for every Process call to return and returns nil. It returns an error when the stream or the consumer does not
 // exist or disappears, when the consumer cannot be used (a push consumer, an
 // ack policy other than explicit), or when the connection is closed for good.
 func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
@@ -102,8 +102,6 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	// buffered in the connection out to the server, so that work done
 	// before the stop is not redelivered (SPEC §8.3).
 	defer s.flush()
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	slots := make(chan struct{}, n) // a token per delivery being processed
 	release := func(k int) {
 		for range k {
@@ -111,6 +109,8 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		}
 	}
 	workCtx := context.WithoutCancel(ctx)
+	p := newPool(workCtx, r, slots, n)
+	defer p.close() // runs first: every Process returned before the flush
 	failures := 0
 	lastCheck := time.Now()
 	for {
@@ -169,12 +169,69 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		}
 		r.Prepare(workCtx, ds)
 		for _, d := range ds {
-			wg.Go(func() {
-				defer release(1)
-				r.Process(workCtx, d)
-			})
+			p.run(d)
 		}
 	}
+}
+
+// pool runs deliveries on long-lived goroutines, at most one per slot. A
+// goroutine per delivery cost its start and the growth of its stack every
+// time (runtime.newstack was 8 % of the worker's CPU, docs/PERFORMANCE.md);
+// a pool's goroutines keep theirs. Goroutines are started when a delivery
+// finds none idle, so an idle or lightly loaded Source holds few, and they
+// all end when the pool is closed.
+type pool struct {
+	ctx   context.Context
+	r     consumer.Runner
+	slots chan struct{} // the Source's: a delivery holds one until Process returned
+	work  chan consumer.Delivery
+	size  int // at most this many goroutines
+	n     int // goroutines started; only the fetch loop touches it
+	wg    sync.WaitGroup
+}
+
+func newPool(ctx context.Context, r consumer.Runner, slots chan struct{}, size int) *pool {
+	return &pool{ctx: ctx, r: r, slots: slots, work: make(chan consumer.Delivery), size: size}
+}
+
+// run hands d, which holds a slot, to an idle goroutine, or starts one. It
+// never waits long: with every goroutine started and d holding a slot, at
+// most size-1 deliveries are in Process, so a goroutine is idle or about to
+// be (it released its slot and is going back for more work).
+func (p *pool) run(d consumer.Delivery) {
+	select {
+	case p.work <- d:
+		return
+	default:
+	}
+	if p.n < p.size {
+		p.n++
+		p.wg.Go(func() { p.loop(d) })
+		return
+	}
+	p.work <- d
+}
+
+func (p *pool) loop(d consumer.Delivery) {
+	for {
+		p.process(d)
+		var ok bool
+		if d, ok = <-p.work; !ok {
+			return
+		}
+	}
+}
+
+func (p *pool) process(d consumer.Delivery) {
+	defer func() { <-p.slots }()
+	p.r.Process(p.ctx, d)
+}
+
+// close ends the goroutines once they finished their deliveries, and waits
+// for them.
+func (p *pool) close() {
+	close(p.work)
+	p.wg.Wait()
 }
 
 // batchLinger is how long a busy Source waits for more free slots before
