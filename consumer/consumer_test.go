@@ -333,3 +333,64 @@ func TestDeadLetterHeaders(t *testing.T) {
 		}
 	}
 }
+
+type ctxKey string
+
+// valueSource passes every delivery a context that nothing cancels and that
+// carries a value of its own, as the NATS source passes one shared context.
+type valueSource struct{ in chan consumer.Delivery }
+
+func (s *valueSource) Consume(ctx context.Context, r consumer.Runner) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	work := context.WithValue(context.WithoutCancel(ctx), ctxKey("source"), "s")
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case d := <-s.in:
+			r.Prepare(work, []consumer.Delivery{d})
+			wg.Go(func() { r.Process(work, d) })
+		}
+	}
+}
+
+// TestWorkerContextValuesAndEnd: the handler's context carries the values of
+// Run's context and of the source's, and ends when the handler returns, also
+// when the source shares one context between deliveries.
+func TestWorkerContextValuesAndEnd(t *testing.T) {
+	src := &valueSource{in: make(chan consumer.Delivery)}
+	w := consumer.NewWorker(consumer.Config{})
+	ctxs := make(chan context.Context, 2)
+	err := w.Handle("h", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		if ctx.Err() != nil {
+			t.Errorf("%s: handler context already done: %v", m.Payload, ctx.Err())
+		}
+		if ctx.Value(ctxKey("run")) != "r" || ctx.Value(ctxKey("source")) != "s" {
+			t.Errorf("%s: values run=%v source=%v, want r and s", m.Payload, ctx.Value(ctxKey("run")), ctx.Value(ctxKey("source")))
+		}
+		ctxs <- ctx
+		return nil, nil
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey("run"), "r"))
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	for _, p := range []string{"a", "b"} {
+		d := newDelivery(p)
+		src.in <- d
+		wait(t, d.done, p)
+		if !d.acked {
+			t.Errorf("%s: not acked", p)
+		}
+		if hctx := <-ctxs; hctx.Err() == nil {
+			t.Errorf("%s: handler context not done after the handler returned", p)
+		}
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -29,7 +29,7 @@ func (p *direct) Process(ctx context.Context, d Delivery) {
 		return
 	}
 	start := time.Now()
-	_, err := CallHandler(ctx, p.h, m)
+	_, err := callHandler(ctx, p.h, m)
 	p.hooks.HandlerDone(p.name, time.Since(start), err)
 	switch {
 	case err == nil:
@@ -77,4 +77,13 @@ func (p *direct) outcome(ctx context.Context, transport string, o Outcome) {
 	if obs := ObservationFrom(ctx); obs != nil {
 		obs.Outcome = o
 	}
+}
+
+// callHandler runs h with a context that ends when it returns, as the
+// handler's context always did (the Runner may share one context between
+// deliveries).
+func callHandler(ctx context.Context, h Handler, m *Message) ([]byte, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	return CallHandler(ctx, h, m)
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -217,6 +218,7 @@ type runner struct {
 	prep    BatchPreparer
 	hooks   Hooks
 	workCtx context.Context // the worker's hard-stop context; cancelled after the drain timeout
+	bound   atomic.Pointer[boundCtx]
 }
 
 func (r *runner) Name() string     { return r.name }
@@ -249,8 +251,48 @@ func (r *runner) Process(ctx context.Context, d Delivery) {
 
 // bind returns ctx also cancelled, with the worker's cause, when the worker's
 // drain runs out.
+//
+// A source that passes a context nothing cancels (context.WithoutCancel, as
+// the NATS source does for every delivery) gets a context with its values
+// and the worker's cancellation: built once and shared by every delivery
+// that passes the same context, where a cancellable context and an AfterFunc
+// per delivery were 2-3 % of the worker's CPU (docs/PERFORMANCE.md). A
+// context a source may cancel (a revoked Kafka partition) is bound per call.
 func (r *runner) bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Done() == nil {
+		if b := r.bound.Load(); b != nil && b.Context == ctx {
+			return b, nop
+		}
+		b := &boundCtx{Context: ctx, work: r.workCtx}
+		r.bound.Store(b)
+		return b, nop
+	}
 	c, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(r.workCtx, func() { cancel(context.Cause(r.workCtx)) })
 	return c, func() { stop(); cancel(nil) }
 }
+
+func nop() {}
+
+// boundCtx has the values of a context that is never cancelled, and the
+// cancellation, deadline and cause of the worker's hard-stop context.
+type boundCtx struct {
+	context.Context // never cancelled (Done is nil)
+	work            context.Context
+}
+
+func (c *boundCtx) Deadline() (time.Time, bool) { return c.work.Deadline() }
+func (c *boundCtx) Done() <-chan struct{}       { return c.work.Done() }
+func (c *boundCtx) Err() error                  { return c.work.Err() }
+
+// Value looks in the source's context first. It hides the cancellation of
+// whatever it was derived from (Done is nil), so context.Cause and derived
+// contexts find the worker's cancellation in work.
+func (c *boundCtx) Value(key any) any {
+	if v := c.Context.Value(key); v != nil {
+		return v
+	}
+	return c.work.Value(key)
+}
+
+func (c *boundCtx) String() string { return "consumer.bound(" + fmt.Sprint(c.Context) + ")" }

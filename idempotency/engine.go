@@ -706,8 +706,12 @@ func (p *processor) storeDown(ctx context.Context, d consumer.Delivery, op strin
 // shadow duplicates): ack on success, retry or dead-letter on failure.
 func (p *processor) runUnclaimed(ctx context.Context, d consumer.Delivery, key string, outcome consumer.Outcome) {
 	m := d.Message()
+	// The handler's context ends when it returns (the Runner may share the
+	// delivery's context between deliveries).
+	hctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
-	_, herr := consumer.CallHandler(ctx, p.h, m)
+	_, herr := consumer.CallHandler(hctx, p.h, m)
+	cancel()
 	p.e.hooks.HandlerDone(p.name, time.Since(start), herr)
 	switch {
 	case herr == nil:
