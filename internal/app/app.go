@@ -11,18 +11,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/sasl"
-	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
@@ -38,14 +33,15 @@ import (
 // App is an assembled worker. Build it, Run it once, and it cleans up after
 // itself when Run returns.
 type App struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	store   *redisbackend.Store
-	engine  *idempotency.Engine
-	worker  *consumer.Worker
-	metrics *metrics.Metrics
-	reg     *prometheus.Registry
-	checks  []metrics.Check
+	cfg        *config.Config
+	log        *slog.Logger
+	store      *redisbackend.Store
+	closeStore func() error // closes store, and a client it does not own
+	engine     *idempotency.Engine
+	worker     *consumer.Worker
+	metrics    *metrics.Metrics
+	reg        *prometheus.Registry
+	checks     []metrics.Check
 
 	mu      sync.Mutex
 	closers []func() error // in reverse order of creation
@@ -86,7 +82,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	hooks := append(consumer.Hooks{a.metrics}, opts.Hooks...)
 
-	if a.store, err = a.openStore(ctx); err != nil {
+	if a.store, a.closeStore, err = OpenStore(ctx, &cfg.Redis, log); err != nil {
 		return nil, err
 	}
 	a.checks = append(a.checks, metrics.Check{Name: "redis", Fn: a.store.Ping})
@@ -97,7 +93,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	a.engine = engine
 	a.worker = consumer.NewWorker(consumer.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()})
 
-	conns := &natsConns{app: a}
+	conns := &natsConns{app: a, ctx: ctx}
 	var inject actions.Injector
 	if t := opts.Tracer; t != nil {
 		inject = func(ctx context.Context, h consumer.Header) { t.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
@@ -192,53 +188,9 @@ func (a *App) close() {
 		a.engine = nil
 	}
 	if a.store != nil {
-		_ = a.store.Close()
-		a.store = nil
+		_ = a.closeStore()
+		a.store, a.closeStore = nil, nil
 	}
-}
-
-func (a *App) openStore(ctx context.Context) (*redisbackend.Store, error) {
-	rc := a.cfg.Redis
-	password, err := secret("redis.password", rc.Password, rc.PasswordFile)
-	if err != nil {
-		return nil, err
-	}
-	tc, err := tlsConfig("redis.tls", rc.TLS)
-	if err != nil {
-		return nil, err
-	}
-	opts := redisbackend.Options{Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: a.log}
-	cctx, cancel := context.WithTimeout(ctx, rc.ConnectTimeout.D()+time.Second)
-	defer cancel()
-	if rc.URL != "" {
-		return redisbackend.NewFromURL(cctx, rc.URL, opts, func(o *redis.Options) {
-			o.DialTimeout = rc.ConnectTimeout.D()
-			if rc.Username != "" {
-				o.Username = rc.Username
-			}
-			if password != "" {
-				o.Password = password
-			}
-			if tc != nil {
-				o.TLSConfig = tc
-			}
-		})
-	}
-	client := redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs: rc.Addrs, MasterName: rc.MasterName, Username: rc.Username, Password: password,
-		TLSConfig: tc, DialTimeout: rc.ConnectTimeout.D(), ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second,
-	})
-	if err := client.Ping(cctx).Err(); err != nil {
-		client.Close()
-		return nil, fmt.Errorf("redis.addrs %v: %w: %w", rc.Addrs, idempotency.ErrStoreUnavailable, err)
-	}
-	s, err := redisbackend.New(client, opts)
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	a.onClose(client.Close) // New does not own a client it was given
-	return s, nil
 }
 
 func engineOptions(h *config.Handler) []idempotency.Option {
@@ -270,21 +222,16 @@ func engineOptions(h *config.Handler) []idempotency.Option {
 func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, string, error) {
 	log := a.log.With("handler", h.Name)
 	if k := h.Source.Kafka; k != nil {
-		tc, err := tlsConfig("kafka.tls", k.TLS)
+		// SASL and TLS come with the dialer, as validate --online and
+		// forward.kafka make them.
+		d, err := KafkaDialer("kafka", k.SASL, k.TLS)
 		if err != nil {
 			return nil, "", err
 		}
 		kc := kafka.Config{
 			Brokers: k.Brokers, Topic: k.Topic, GroupID: k.Group, Start: k.Start,
 			SessionTimeout: k.SessionTimeout.D(), CommitInterval: k.CommitInterval.D(),
-			Ordering: h.Ordering, TLS: tc, Logger: log,
-		}
-		if s := k.SASL; s != nil {
-			password, err := secret("kafka.sasl.password", s.Password, s.PasswordFile)
-			if err != nil {
-				return nil, "", err
-			}
-			kc.SASL = &kafka.SASL{Mechanism: strings.ToUpper(s.Mechanism), Username: s.Username, Password: password}
+			Ordering: h.Ordering, Dialer: d, Logger: log,
 		}
 		if dl := h.DeadLetter; dl != nil {
 			kc.DeadLetterTopic = dl.Kafka.Topic
@@ -328,7 +275,7 @@ func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injecto
 		k := act.Forward.Kafka
 		w, err := a.kafkaWriter(k)
 		if err != nil {
-			return nil, fmt.Errorf("forward.kafka: %w", err)
+			return nil, err
 		}
 		return actions.ForwardKafka(h.Name, w, inject), nil
 	case act.Forward != nil && act.Forward.NATS != nil:
@@ -343,11 +290,7 @@ func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injecto
 }
 
 func (a *App) kafkaWriter(k *config.KafkaOut) (*kafkago.Writer, error) {
-	mech, err := saslMechanism("sasl", k.SASL)
-	if err != nil {
-		return nil, err
-	}
-	tc, err := tlsConfig("tls", k.TLS)
+	tr, err := KafkaTransport("forward.kafka", k.SASL, k.TLS)
 	if err != nil {
 		return nil, err
 	}
@@ -359,29 +302,10 @@ func (a *App) kafkaWriter(k *config.KafkaOut) (*kafkago.Writer, error) {
 		BatchTimeout: 2 * time.Millisecond,
 		WriteTimeout: connectTimeout,
 		ReadTimeout:  connectTimeout,
-		Transport:    &kafkago.Transport{SASL: mech, TLS: tc, DialTimeout: connectTimeout},
+		Transport:    tr,
 	}
 	a.onClose(w.Close)
 	return w, nil
-}
-
-func saslMechanism(field string, s *config.SASL) (sasl.Mechanism, error) {
-	if s == nil {
-		return nil, nil
-	}
-	password, err := secret(field+".password", s.Password, s.PasswordFile)
-	if err != nil {
-		return nil, err
-	}
-	switch strings.ToLower(s.Mechanism) {
-	case "plain":
-		return plain.Mechanism{Username: s.Username, Password: password}, nil
-	case "scram-sha-256":
-		return scram.Mechanism(scram.SHA256, s.Username, password)
-	case "scram-sha-512":
-		return scram.Mechanism(scram.SHA512, s.Username, password)
-	}
-	return nil, fmt.Errorf("%s.mechanism %q: want plain, scram-sha-256 or scram-sha-512", field, s.Mechanism)
 }
 
 // dialAny is a readiness check: some broker accepts a TCP connection.
@@ -403,6 +327,7 @@ func dialAny(brokers []string) func(ctx context.Context) error {
 // natsConns shares one connection per server and credentials.
 type natsConns struct {
 	app   *App
+	ctx   context.Context // Build's: connecting stops with it
 	conns map[string]jetstream.JetStream
 }
 
@@ -413,10 +338,8 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 	}
 	closed := make(chan struct{})
 	shown := config.RedactURL(url) // for logs, errors and /readyz: no credentials
-	opts := []nats.Option{
-		nats.Name("dedupworker"),
+	nc, err := DialNATS(c.ctx, field, url, auth,
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
-		nats.Timeout(connectTimeout),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -425,26 +348,9 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 			}
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) { c.app.log.Info("nats reconnected", "url", shown) }),
-	}
-	if auth.User != "" {
-		opts = append(opts, nats.UserInfo(auth.User, string(auth.Password)))
-	}
-	if auth.Token != "" {
-		opts = append(opts, nats.Token(string(auth.Token)))
-	}
-	if auth.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(auth.CredsFile))
-	}
-	tc, err := tlsConfig(field+".tls", auth.TLS)
+	)
 	if err != nil {
 		return nil, err
-	}
-	if tc != nil {
-		opts = append(opts, nats.Secure(tc))
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("%s.url %s: %w", field, shown, err)
 	}
 	c.app.onClose(func() error {
 		// Drain flushes what was published and the last acks, then closes.
