@@ -5,15 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/dedupworker/internal/app"
 	"github.com/idemkit/dedupworker/internal/config"
-	"github.com/idemkit/dedupworker/redisbackend"
 )
 
 func cmdValidate(args []string, stdout, stderr io.Writer) error {
@@ -89,17 +89,24 @@ func horizonWarnings(cfg *config.Config) []string {
 	return ws
 }
 
-// onlineChecks pings Redis and compares each handler's retention with how
-// long its broker keeps messages (JetStream max_age, Kafka retention.ms).
+// onlineChecks connects to Redis and each handler's broker exactly as run
+// does (the internal/app constructors: credentials, TLS, timeouts) and
+// compares each handler's retention with how long its broker keeps
+// messages (JetStream max_age, Kafka retention.ms). Every call has a
+// deadline; errors name the config field and show no secret.
 func onlineChecks(cfg *config.Config) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if cfg.Redis.URL != "" {
-		s, err := redisbackend.NewFromURL(ctx, cfg.Redis.URL, redisbackend.Options{Namespace: cfg.Redis.Namespace})
-		if err != nil {
-			return nil, fmt.Errorf("redis.url: %w", err)
-		}
-		_ = s.Close()
+	s, closeStore, err := app.OpenStore(ctx, &cfg.Redis, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, err // names redis.url or redis.addrs
+	}
+	// A key of the namespace is readable (an ACL user limited to other
+	// keys connects, then fails on the first message).
+	_, err = s.Get(ctx, "validate-online")
+	_ = closeStore()
+	if err != nil {
+		return nil, fmt.Errorf("redis.namespace %q: reading a key: %w", cfg.Redis.Namespace, err)
 	}
 	var ws []string
 	for i := range cfg.Handlers {
@@ -109,30 +116,44 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 		switch {
 		case h.Source.NATS != nil:
 			n := h.Source.NATS
-			nc, err := nats.Connect(n.URL, nats.Timeout(5*time.Second))
+			nc, err := app.DialNATS(ctx, fmt.Sprintf("handlers[%d].source.nats", i), n.URL, n.NATSAuth)
 			if err != nil {
-				return nil, fmt.Errorf("handlers[%d].source.nats.url: %w", i, err)
+				return nil, err
 			}
-			js, _ := jetstream.New(nc)
-			st, err := js.Stream(ctx, n.Stream)
+			js, err := jetstream.New(nc)
 			if err != nil {
 				nc.Close()
+				return nil, fmt.Errorf("handlers[%d].source.nats: %w", i, err)
+			}
+			st, err := js.Stream(ctx, n.Stream)
+			nc.Close()
+			if err != nil {
 				return nil, fmt.Errorf("handlers[%d].source.nats.stream %q: %w", i, n.Stream, err)
 			}
 			keep, what = st.CachedInfo().Config.MaxAge, "stream "+n.Stream+" max_age"
-			nc.Close()
 		case h.Source.Kafka != nil:
 			k := h.Source.Kafka
-			c := &kafkago.Client{Addr: kafkago.TCP(k.Brokers...), Timeout: 10 * time.Second}
+			field := fmt.Sprintf("handlers[%d].source.kafka", i)
+			// kafka.Client reports a refused handshake as "Broker Not
+			// Available": dial first, as the source does, to say why.
+			if err := dialKafka(ctx, field, k); err != nil {
+				return nil, err
+			}
+			tr, err := app.KafkaTransport(field, k.SASL, k.TLS)
+			if err != nil {
+				return nil, err
+			}
+			c := &kafkago.Client{Addr: kafkago.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: tr}
 			resp, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
 				ResourceType: kafkago.ResourceTypeTopic, ResourceName: k.Topic, ConfigNames: []string{"retention.ms"},
 			}}})
+			tr.CloseIdleConnections()
 			if err != nil {
-				return nil, fmt.Errorf("handlers[%d].source.kafka.brokers: %w", i, err)
+				return nil, fmt.Errorf("%s.brokers: %w", field, err)
 			}
 			for _, r := range resp.Resources {
 				if r.Error != nil {
-					return nil, fmt.Errorf("handlers[%d].source.kafka.topic %q: %w", i, k.Topic, r.Error)
+					return nil, fmt.Errorf("%s.topic %q: %w", field, k.Topic, r.Error)
 				}
 				for _, e := range r.ConfigEntries {
 					if ms, err := strconv.ParseInt(e.ConfigValue, 10, 64); e.ConfigName == "retention.ms" && err == nil {
@@ -156,4 +177,24 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 		return nil, ctx.Err()
 	}
 	return ws, nil
+}
+
+// dialKafka connects to some broker of k with the source's dialer (TLS and
+// the SASL handshake), within 10s: nil as soon as one accepts.
+func dialKafka(ctx context.Context, field string, k *config.KafkaSource) error {
+	d, err := app.KafkaDialer(field, k.SASL, k.TLS)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var errs []error
+	for _, b := range k.Brokers {
+		c, err := d.DialContext(ctx, "tcp", b)
+		if err == nil {
+			return c.Close()
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", b, err))
+	}
+	return fmt.Errorf("%s.brokers: %w", field, errors.Join(errs...))
 }
