@@ -608,3 +608,204 @@ handlers:
 	}
 	secNoSecrets(t, "the log of a failed start", pb.out.String(), "Wrong-Guess-77", pw)
 }
+
+// secValidateOnline runs validate --online on cfg with env and returns its
+// exit code and combined output.
+func secValidateOnline(t *testing.T, env []string, cfg string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, hostileBinary(t), "validate", "-c", cfg, "--online")
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0, string(out)
+	case errors.As(err, &ee) && ctx.Err() == nil:
+		return ee.ExitCode(), string(out)
+	}
+	t.Fatalf("validate --online %s: %v\n%s", cfg, err, out)
+	return 0, ""
+}
+
+// validate --online connects as run does: to Redis over TLS with the CA of
+// redis.tls as the ACL user of redis.username/password_file (or of the
+// URL), and to NATS over TLS with the CA of its tls section as the user of
+// user/password (or of the URL). With a wrong password or CA it fails
+// (exit 1) naming the field and the refusal, and never shows a password.
+func TestSecurityValidateOnlineTLSAndACL(t *testing.T) {
+	t.Parallel()
+	ca, otherCA := testenv.NewTestCA(t), testenv.NewTestCA(t)
+	raddr, admin := secTLSRedis(t, ca)
+	const ns = "secval"
+	const redisPW, natsPW = "redis-Valid-3141", "nats-Valid-2718"
+	const wrongPW = "Wrong-Guess-55"
+	secACLUser(t, admin, "dedup", redisPW, ns)
+	secACLUser(t, admin, "elsewhere", redisPW, "otherns") // may connect, not read secval's keys
+	natsURL := secNATS(t, ca, "worker", natsPW)
+	nc, err := nats.Connect(natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateStream(natsCtx(t, 30*time.Second), jetstream.StreamConfig{Name: "SECV", Subjects: []string{"secv.>"}, MaxAge: 2 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	pwFile, badFile := filepath.Join(dir, "redis-password"), filepath.Join(dir, "bad-password")
+	if err := os.WriteFile(pwFile, []byte(redisPW+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(badFile, []byte(wrongPW+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	natsHost := strings.TrimPrefix(natsURL, "tls://")
+	type conf struct{ redisURL, redisAuth, redisCA, natsURL, natsAuth, natsCA string }
+	good := conf{"rediss://" + raddr + "/0", "username: dedup, password_file: " + pwFile + ",", ca.CAFile,
+		natsURL, `user: worker, password: "${NATS_PW}",`, ca.CAFile}
+	write := func(name string, c conf) string {
+		p := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(p, fmt.Appendf(nil, `
+redis: {url: %q, %s namespace: %s, tls: {ca_file: %s}}
+handlers:
+  - name: v
+    source:
+      nats: {url: %q, stream: SECV, subject: secv.>, %s tls: {ca_file: %s}}
+    retention: 1h
+    action:
+      exec: {command: [/bin/true]}
+`, c.redisURL, c.redisAuth, ns, c.redisCA, c.natsURL, c.natsAuth, c.natsCA), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	env := []string{"NATS_PW=" + natsPW}
+	secrets := []string{redisPW, natsPW, wrongPW}
+
+	ok := map[string]conf{
+		"credentials in fields": good,
+		"credentials in the URLs": {"rediss://dedup:" + redisPW + "@" + raddr + "/0", "", ca.CAFile,
+			"tls://worker:" + natsPW + "@" + natsHost, "", ca.CAFile},
+	}
+	for name, c := range ok {
+		t.Run(name, func(t *testing.T) {
+			code, out := secValidateOnline(t, env, write(strings.ReplaceAll(name, " ", "-"), c))
+			if code != 0 || !strings.Contains(out, "ok (1 handlers)") {
+				t.Fatalf("validate --online: exit %d, want 0:\n%s", code, out)
+			}
+			// The stream's max_age was read over the authenticated TLS
+			// connection: the horizon warning names it.
+			if !strings.Contains(out, "stream SECV max_age 2h") {
+				t.Errorf("no warning naming the stream's max_age 2h:\n%s", out)
+			}
+			secNoSecrets(t, "validate --online", out, secrets...)
+		})
+	}
+
+	bad := []struct {
+		name string
+		c    conf
+		env  string
+		want []string
+	}{
+		{"wrong redis password_file", conf{good.redisURL, "username: dedup, password_file: " + badFile + ",", ca.CAFile, good.natsURL, good.natsAuth, good.natsCA},
+			"", []string{"redis.url", "WRONGPASS"}},
+		{"wrong redis password in the URL", conf{"rediss://dedup:" + wrongPW + "@" + raddr + "/0", "", ca.CAFile, good.natsURL, good.natsAuth, good.natsCA},
+			"", []string{"redis.url", "WRONGPASS"}},
+		{"redis user of another namespace", conf{good.redisURL, "username: elsewhere, password_file: " + pwFile + ",", ca.CAFile, good.natsURL, good.natsAuth, good.natsCA},
+			"", []string{`redis.namespace "secval"`, "NOPERM"}},
+		{"another redis CA", conf{good.redisURL, good.redisAuth, otherCA.CAFile, good.natsURL, good.natsAuth, good.natsCA},
+			"", []string{"redis.url", "certificate"}},
+		{"wrong nats password", good, wrongPW, []string{"handlers[0].source.nats.url", "uthorization"}},
+		{"wrong nats password in the URL", conf{good.redisURL, good.redisAuth, good.redisCA, "tls://worker:" + wrongPW + "@" + natsHost, "", ca.CAFile},
+			"", []string{"handlers[0].source.nats.url", "uthorization"}},
+		{"another nats CA", conf{good.redisURL, good.redisAuth, good.redisCA, good.natsURL, good.natsAuth, otherCA.CAFile},
+			"", []string{"handlers[0].source.nats.url", "certificate"}},
+	}
+	for _, b := range bad {
+		t.Run(b.name, func(t *testing.T) {
+			env := env
+			if b.env != "" {
+				env = []string{"NATS_PW=" + b.env}
+			}
+			code, out := secValidateOnline(t, env, write(strings.ReplaceAll(b.name, " ", "-"), b.c))
+			t.Logf("validate --online: exit %d: %s", code, out)
+			if code != 1 {
+				t.Errorf("validate --online: exit %d, want 1:\n%s", code, out)
+			}
+			for _, w := range b.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("validate --online does not say %q:\n%s", w, out)
+				}
+			}
+			secNoSecrets(t, "validate --online", out, secrets...)
+		})
+	}
+}
+
+// validate --online asks a Kafka-protocol broker that requires TLS and
+// SASL/SCRAM-SHA-256 for the topic's retention.ms (DescribeConfigs) with
+// the sasl and tls settings run uses; with a wrong password or CA it fails
+// naming the field, and never shows the password.
+func TestSecurityValidateOnlineKafkaSCRAMOverTLS(t *testing.T) {
+	t.Parallel()
+	const user, pw, wrongPW = "scram-user", "kafka-Valid-1618", "Wrong-Guess-66"
+	ca, otherCA := testenv.NewTestCA(t), testenv.NewTestCA(t)
+	_, brokers := testenv.KafkaCluster(t, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", user, pw),
+		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{ca.Server}, MinVersion: tls.VersionTLS12}), kfake.SeedTopics(1, "secv-in"))
+	dir := t.TempDir()
+	redisURL := testenv.Redis(t)
+	write := func(name, caFile string) string {
+		p := filepath.Join(dir, name+".yaml")
+		if err := os.WriteFile(p, fmt.Appendf(nil, `
+redis: {url: %q, namespace: secvk-%s}
+handlers:
+  - name: v
+    source:
+      kafka: {brokers: [%s], topic: secv-in, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}, tls: {ca_file: %s}}
+    retention: 1h
+    action:
+      exec: {command: [/bin/true]}
+`, redisURL, natsRandID(), strings.Join(brokers, ", "), user, caFile), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good, otherCAcfg := write("good", ca.CAFile), write("other-ca", otherCA.CAFile)
+
+	code, out := secValidateOnline(t, []string{"KAFKA_PW=" + pw}, good)
+	if code != 0 || !strings.Contains(out, "ok (1 handlers)") {
+		t.Fatalf("validate --online: exit %d, want 0:\n%s", code, out)
+	}
+	// DescribeConfigs answered: the horizon warning names the topic's
+	// retention.ms (set or unlimited).
+	if !strings.Contains(out, "topic secv-in retention.ms") {
+		t.Errorf("no warning naming the topic's retention.ms:\n%s", out)
+	}
+	secNoSecrets(t, "validate --online", out, pw)
+
+	for name, c := range map[string]struct {
+		cfg, pw string
+		want    []string
+	}{
+		"wrong password": {good, wrongPW, []string{"handlers[0].source.kafka", "SASL"}},
+		"another CA":     {otherCAcfg, pw, []string{"handlers[0].source.kafka", "certificate"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			code, out := secValidateOnline(t, []string{"KAFKA_PW=" + c.pw}, c.cfg)
+			t.Logf("validate --online: exit %d: %s", code, out)
+			if code != 1 {
+				t.Errorf("validate --online: exit %d, want 1:\n%s", code, out)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("validate --online does not say %q:\n%s", w, out)
+				}
+			}
+			secNoSecrets(t, "validate --online", out, pw, wrongPW)
+		})
+	}
+}
