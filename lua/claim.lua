@@ -11,28 +11,46 @@
 
 local grace = tonumber(ARGV[1])
 local now = now_ms()
+local now_s = string.format('%d', now)
 local out = {}
 -- setget: write a fresh claim with SET NX … GET, which also returns what the
 -- key held, so a new key costs one command instead of GET then SET. Redis
 -- 6.2 refuses NX with GET (syntax error): then SET NX, and GET only when the
 -- key exists.
 local setget = true
+-- The fingerprint version and the lease are the same for (nearly) every key
+-- of a batch: each is converted once, when it changes. Number to text
+-- conversions are a large part of a script's cost.
+local fpv_arg, fpv, fpv_s
+local lease_arg, lease, until_s, px_s
 
 for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 4
-  local token, fp, fpv, lease = ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local token, fp = ARGV[a], ARGV[a + 1]
+  if ARGV[a + 2] ~= fpv_arg then
+    fpv_arg = ARGV[a + 2]
+    fpv = tonumber(fpv_arg)
+    if fpv == nil then error('claim: fingerprint version ' .. fpv_arg .. ' is not a number') end
+    fpv_s = tostring(fpv)
+  end
+  if ARGV[a + 3] ~= lease_arg then
+    lease_arg = ARGV[a + 3]
+    lease = tonumber(lease_arg)
+    until_s, px_s = string.format('%d', now + lease), string.format('%d', lease + grace)
+  end
   -- The claim a new key gets (fence 1, attempts 1, no steps), written only
   -- when the key does not exist.
-  local fresh = string.format(FRESH, cjson.encode(fp), fpv, cjson.encode(token), 1, now, now + lease, 1)
+  local efp, etoken = cjson.encode(fp), cjson.encode(token)
+  local fresh = claim_json(efp, fpv_s, etoken, '1', now_s, until_s, '1')
   local raw
   if setget then
-    raw = redis.pcall('SET', key, fresh, 'NX', 'PX', lease + grace, 'GET')
+    raw = redis.pcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
     if type(raw) == 'table' and raw.err and not string.find(raw.err, 'WRONGTYPE', 1, true) then
       setget = false
     end
   end
   if not setget then
-    if redis.call('SET', key, fresh, 'NX', 'PX', lease + grace) then
+    if redis.call('SET', key, fresh, 'NX', 'PX', px_s) then
       raw = false
     else
       raw = get(key)
@@ -41,10 +59,24 @@ for i, key in ipairs(KEYS) do
   -- raw is false when the key did not exist and now holds fresh; else what
   -- it held (a string, or an error for a value of another type), untouched.
   local outcome, rec = 'NEW', nil
-  if raw then
+  local state, pfp, pfpv, _, pfence, _, plu, pattempts = parse(raw)
+  if state ~= nil then
+    -- Written by this package's templates: decided on the parsed text. The
+    -- integers are canonical, so text equality is numeric equality.
+    if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
+      outcome = 'MISMATCH'
+    elseif state == 'COMPLETED' then
+      outcome = 'DUPLICATE'
+    elseif tonumber(plu) < now then
+      outcome = 'RECLAIMED'
+      rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
+    else
+      outcome = 'IN_FLIGHT'
+    end
+  elseif raw then
     rec = decode(raw)
     if rec == nil or not valid(rec) then
-      outcome = 'RECOVERED'
+      outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
     elseif rec.fpv == fpv and rec.fp ~= fp then
       outcome = 'MISMATCH'
     elseif rec.state == 'COMPLETED' then
@@ -74,7 +106,7 @@ for i, key in ipairs(KEYS) do
     if not raw then
       claimed = fresh -- already written by SET NX
     elseif steps == nil then
-      claimed = string.format(FRESH, cjson.encode(fp), fpv, cjson.encode(token), fence, now, now + lease, attempts)
+      claimed = claim_json(efp, fpv_s, etoken, tostring(fence), now_s, until_s, tostring(attempts))
     else
       claimed = cjson.encode({
         v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
@@ -82,7 +114,7 @@ for i, key in ipairs(KEYS) do
       })
     end
     if raw then
-      redis.call('SET', key, claimed, 'PX', lease + grace)
+      redis.call('SET', key, claimed, 'PX', px_s)
     end
     out[#out + 1] = outcome
     out[#out + 1] = claimed

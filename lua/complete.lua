@@ -10,30 +10,47 @@
 -- completed by another token, released, another token) and nothing changed.
 
 local channel = ARGV[1]
-local now = nil
+local now, now_s = nil, nil
+local plain_arg, plain_ok -- the last outcome checked by plain (there are two)
 local out = {}
 
 for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 5
-  local rec = owned(key, ARGV[a])
-  if rec == nil then
-    local done = decode(get(key))
-    if done ~= nil and valid(done) and done.state == 'COMPLETED' and done.token == ARGV[a] then
-      out[i] = 1
-    else
-      out[i] = 0
-    end
-  else
-    now = now or now_ms()
-    rec.state = 'COMPLETED'
-    rec.completed_at_ms = now
-    rec.outcome = ARGV[a + 1]
-    local result, meta = ARGV[a + 2], ARGV[a + 3]
-    if result == '' then rec.result = nil else rec.result = result end
-    if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
-    redis.call('SET', key, cjson.encode(rec), 'PX', tonumber(ARGV[a + 4]))
+  local token, outcome, result, meta = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local raw = get(key)
+  local state, fp, fpv, owner, fence, claimed, lease, attempts = parse(raw)
+  if outcome ~= plain_arg then plain_arg, plain_ok = outcome, plain(outcome) end
+  if state == 'CLAIMED' and owner == token and meta == '' and plain_ok and (result == '' or b64(result)) then
+    -- The claim as the claim script wrote it, completed from a template:
+    -- no JSON decoding or encoding.
+    if now_s == nil then now_s = string.format('%d', now_ms()) end
+    redis.call('SET', key, done_json('"' .. fp .. '"', fpv, '"' .. owner .. '"', fence, claimed, lease, attempts,
+      now_s, '"' .. outcome .. '"', '"' .. result .. '"'), 'PX', ARGV[a + 4])
     redis.call('PUBLISH', channel, key)
     out[i] = 1
+  else
+    local rec = decode(raw)
+    if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
+      rec = nil
+    end
+    if rec == nil then
+      local done = record(raw)
+      if done ~= nil and done.state == 'COMPLETED' and done.token == token then
+        out[i] = 1
+      else
+        out[i] = 0
+      end
+    else
+      now = now or tonumber(now_s) or now_ms()
+      rec.state = 'COMPLETED'
+      rec.completed_at_ms = now
+      rec.outcome = outcome
+      if result == '' then rec.result = nil else rec.result = result end
+      if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
+      redis.call('SET', key, cjson.encode(rec), 'PX', tonumber(ARGV[a + 4]))
+      redis.call('PUBLISH', channel, key)
+      out[i] = 1
+    end
   end
 end
 return out

@@ -60,10 +60,19 @@
 // DUPLICATE; released → NEW with fence+1, attempts+1, steps kept; lease
 // expired → RECLAIMED with fence+1, attempts+1, steps kept; else IN_FLIGHT.
 //
-// Per key the claim does one GET; when a value exists, one cjson.decode with
-// a few type checks; for owned outcomes one SET of JSON built from a template
-// (cjson.encode only when steps carry over). Batch throughput is bound by
-// this loop, and by complete's GET, decode, encode, SET and PUBLISH per key.
+// # Cost
+//
+// Per key a claim of a new key is one SET NX PX GET; a claim, a renewed
+// claim and a completion without meta are written by string concatenation
+// (claim_json, done_json in lib.lua) and read back by anchored patterns
+// (parse), so the common path never runs cjson and never turns a number into
+// text: numbers that repeat across a batch (now, the lease, the fingerprint
+// version) are converted once per script. Any other value (steps, meta,
+// released, written by an older version or by hand) takes the cjson path,
+// and parse accepts nothing that decode+valid would read differently. A
+// completion is GET, SET and PUBLISH. Measured in instructions of the Redis
+// server (callgrind, 100-key batches): claim of a new key 53.5k → 35k,
+// completion 93k → 69k, claim of a duplicate 102k → 65k per key.
 package lua
 
 import _ "embed" // the scripts

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/idemkit/dedupworker/idempotency"
@@ -130,18 +131,27 @@ func decodeStringMap(raw json.RawMessage) (map[string]*string, bool) {
 
 func msTime(ms float64) time.Time { return time.UnixMilli(int64(ms)) }
 
-// decodeFresh reads, without encoding/json, a claim exactly as the claim
-// script writes it from its template (lua/lib.lua FRESH): the reply for
-// nearly every owned claim. It accepts only what decodeRecord's general path
-// reads the same way: plain printable-ASCII strings without escapes, and
-// integers without sign, fraction or leading zero of at most 15 digits.
+// decodeFresh reads, without encoding/json, a record exactly as the scripts
+// of package lua write it from their templates (claim_json, done_json in
+// lib.lua): the reply for nearly every owned claim and every duplicate. It
+// accepts only what decodeRecord's general path reads the same way: plain
+// printable-ASCII strings without escapes, integers without sign, fraction or
+// leading zero of at most 15 digits, and a result in standard base64.
 // Anything else reports false, and the general path decides.
 func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
 	s := string(raw)
+	var state idempotency.State
+	switch {
+	case strings.HasPrefix(s, `{"v":1,"state":"CLAIMED","fp":`):
+		state, s = idempotency.StateClaimed, s[len(`{"v":1,"state":"CLAIMED","fp":`):]
+	case strings.HasPrefix(s, `{"v":1,"state":"COMPLETED","fp":`):
+		state, s = idempotency.StateCompleted, s[len(`{"v":1,"state":"COMPLETED","fp":`):]
+	default:
+		return nil, false
+	}
 	var fp, token string
 	var fpv, fence, claimed, lease, attempts int64
 	ok := true
-	s, ok = cut(s, `{"v":1,"state":"CLAIMED","fp":`, ok)
 	fp, s, ok = plainString(s, ok)
 	s, ok = cut(s, `,"fpv":`, ok)
 	fpv, s, ok = plainInt(s, ok)
@@ -155,12 +165,9 @@ func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
 	lease, s, ok = plainInt(s, ok)
 	s, ok = cut(s, `,"attempts":`, ok)
 	attempts, s, ok = plainInt(s, ok)
-	if !ok || s != "}" {
-		return nil, false
-	}
-	return &idempotency.Record{
+	rec := &idempotency.Record{
 		Key:                key,
-		State:              idempotency.StateClaimed,
+		State:              state,
 		Fingerprint:        fp,
 		FingerprintVersion: int(fpv),
 		Token:              token,
@@ -168,7 +175,29 @@ func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
 		ClaimedAt:          time.UnixMilli(claimed),
 		LeaseUntil:         time.UnixMilli(lease),
 		Attempts:           int(attempts),
-	}, true
+	}
+	if state == idempotency.StateCompleted {
+		var completed int64
+		var result string
+		s, ok = cut(s, `,"completed_at_ms":`, ok)
+		completed, s, ok = plainInt(s, ok)
+		s, ok = cut(s, `,"outcome":`, ok)
+		rec.Outcome, s, ok = plainString(s, ok)
+		s, ok = cut(s, `,"result":`, ok)
+		result, s, ok = plainString(s, ok)
+		rec.CompletedAt = time.UnixMilli(completed)
+		if ok && result != "" {
+			b, err := base64.StdEncoding.DecodeString(result)
+			if err != nil {
+				return nil, false
+			}
+			rec.Result = b
+		}
+	}
+	if !ok || s != "}" {
+		return nil, false
+	}
+	return rec, true
 }
 
 // cut removes prefix from s, or reports false.

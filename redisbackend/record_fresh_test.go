@@ -31,6 +31,13 @@ func TestDecodeFreshAgreesWithJSON(t *testing.T) {
 		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1234567890123456}`,
 		`{"v":1,"state":"COMPLETED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
 		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"ok","result":""}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"dead_lettered","result":"eyJzIjoxfQ=="}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"ok","result":"eyJzIjoxfQ="}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"ok","result":"a\/b="}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"ok"}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"ok","result":"","meta":{"a":"b"}}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3.5,"outcome":"ok","result":""}`,
 	} {
 		want, wantOK := decodeGeneral(t, raw)
 		got, ok := decodeFresh("k", []byte(raw))
@@ -41,9 +48,14 @@ func TestDecodeFreshAgreesWithJSON(t *testing.T) {
 			t.Errorf("%s:\nfast    %+v\ngeneral %+v (ok %v)", raw, got, want, wantOK)
 		}
 	}
-	// The template claim must take the fast path.
-	if _, ok := decodeFresh("k", []byte(`{"v":1,"state":"CLAIMED","fp":"1:ab","fpv":1,"token":"cd","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`)); !ok {
-		t.Error("the template claim was declined")
+	// The template claim and completion must take the fast path.
+	for _, raw := range []string{
+		`{"v":1,"state":"CLAIMED","fp":"1:ab","fpv":1,"token":"cd","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"cd","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1,"completed_at_ms":3,"outcome":"ok","result":"eyJzIjoxfQ=="}`,
+	} {
+		if _, ok := decodeFresh("k", []byte(raw)); !ok {
+			t.Errorf("the template record was declined: %s", raw)
+		}
 	}
 }
 
