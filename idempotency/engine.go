@@ -391,7 +391,9 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 		p.e.hooks.CorruptRecord(p.name)
 		p.log.Warn("stored value was not a valid record; replaced by a fresh claim", "key_hash", keyHash(pr.ekey))
 	}
-	rs := &runState{
+	run := &handlerRun{Context: ctx}
+	rs := &run.rs
+	*rs = runState{
 		info: ClaimInfo{
 			Handler: p.name, Key: pr.key, EffectiveKey: cl.Key, Fence: cl.Fence,
 			Attempt: max(cl.Attempts, 1), Reclaimed: res.Outcome == ClaimReclaimed,
@@ -400,13 +402,13 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 		token: cl.Token,
 		steps: cl.Steps,
 	}
-	hctx, cancel := context.WithCancelCause(context.WithValue(ctx, ctxKey{}, rs))
+	hctx, cancel := context.WithCancelCause(run)
 	defer cancel(nil)
-	stopRenew := p.renew(hctx, cancel, d, cl, leaseEnd)
+	p.renew(&run.renewer, hctx, cancel, d, cl, leaseEnd)
 	start := time.Now()
 	result, herr := consumer.CallHandler(hctx, p.h, m)
 	took := time.Since(start)
-	stopRenew()
+	run.renewer.stop()
 	p.e.hooks.HandlerDone(p.name, took, herr)
 	if o := consumer.ObservationFrom(ctx); o != nil {
 		o.Fence, o.Attempt, o.Err = cl.Fence, rs.info.Attempt, herr
@@ -457,20 +459,37 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	return true
 }
 
-// renew renews the lease every third of it (with jitter) and heartbeats the
-// transport, until the returned stop is called (SPEC §6). When the claim is
+// renew starts r: it renews the lease every third of it (with jitter) and
+// heartbeats the transport, until r.stop is called (SPEC §6). When the claim is
 // lost, or renewals fail until the lease is about to run out, it cancels the
 // handler with ErrLeaseLost.
 //
 // It is a timer, not a goroutine: most handlers finish long before the
 // first renewal, and a goroutine, two channels and a timer per delivery were
 // a measurable share of the worker's CPU (docs/PERFORMANCE.md).
-func (p *processor) renew(hctx context.Context, cancel context.CancelCauseFunc, d consumer.Delivery, cl *Claim, leaseEnd time.Time) (stop func()) {
-	r := &renewer{p: p, hctx: hctx, cancel: cancel, d: d, cl: cl, leaseEnd: leaseEnd}
+func (p *processor) renew(r *renewer, hctx context.Context, cancel context.CancelCauseFunc, d consumer.Delivery, cl *Claim, leaseEnd time.Time) {
+	r.p, r.hctx, r.cancel, r.d, r.cl, r.leaseEnd = p, hctx, cancel, d, cl, leaseEnd
 	r.mu.Lock()
 	r.timer = time.AfterFunc(jitter(p.cfg.lease/3), r.fire)
 	r.mu.Unlock()
-	return r.stop
+}
+
+// handlerRun is what one run of the handler under a claim needs besides
+// its cancellable context, in one allocation: the context's value (the
+// runState that FromContext and Step find) and the lease renewer.
+type handlerRun struct {
+	context.Context // the delivery's
+	rs              runState
+	renewer         renewer
+}
+
+// Value returns the run's state for ctxKey, else the delivery context's
+// value.
+func (r *handlerRun) Value(key any) any {
+	if _, ok := key.(ctxKey); ok {
+		return &r.rs
+	}
+	return r.Context.Value(key)
 }
 
 // renewer is the state of one handler run's lease renewals.
