@@ -260,10 +260,14 @@ func (r *runner) Process(ctx context.Context, d Delivery) {
 // context a source may cancel (a revoked Kafka partition) is bound per call.
 func (r *runner) bind(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Done() == nil {
-		if b := r.bound.Load(); b != nil && b.Context == ctx {
+		if b := r.bound.Load(); b != nil && b.src == ctx {
 			return b, nop
 		}
-		b := &boundCtx{Context: ctx, work: r.workCtx}
+		// Through a WithValue, lookups in ctx do not allocate: a Value
+		// method called directly on a context.WithoutCancel converts it to
+		// an interface (16 bytes a lookup; the context package's own walk
+		// does not).
+		b := &boundCtx{Context: context.WithValue(ctx, boundKey{}, nil), src: ctx, work: r.workCtx}
 		r.bound.Store(b)
 		return b, nop
 	}
@@ -277,9 +281,12 @@ func nop() {}
 // boundCtx has the values of a context that is never cancelled, and the
 // cancellation, deadline and cause of the worker's hard-stop context.
 type boundCtx struct {
-	context.Context // never cancelled (Done is nil)
+	context.Context // src's values; never cancelled (Done is nil)
+	src             context.Context
 	work            context.Context
 }
+
+type boundKey struct{}
 
 func (c *boundCtx) Deadline() (time.Time, bool) { return c.work.Deadline() }
 func (c *boundCtx) Done() <-chan struct{}       { return c.work.Done() }
@@ -295,4 +302,4 @@ func (c *boundCtx) Value(key any) any {
 	return c.work.Value(key)
 }
 
-func (c *boundCtx) String() string { return "consumer.bound(" + fmt.Sprint(c.Context) + ")" }
+func (c *boundCtx) String() string { return "consumer.bound(" + fmt.Sprint(c.src) + ")" }
