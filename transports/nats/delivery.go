@@ -12,11 +12,13 @@ import (
 )
 
 // delivery implements consumer.Delivery for one fetched JetStream message.
+// The Message is part of it: one allocation per delivery, not two.
 type delivery struct {
 	src     *Source
 	msg     jetstream.Msg
-	m       *consumer.Message
+	m       *consumer.Message // &message
 	attempt int
+	message consumer.Message
 }
 
 var _ consumer.Delivery = (*delivery)(nil)
@@ -26,12 +28,13 @@ func (s *Source) newDelivery(msg jetstream.Msg) *delivery {
 		src:     s,
 		msg:     msg,
 		attempt: 1,
-		m: &consumer.Message{
+		message: consumer.Message{
 			Payload: msg.Data(),
 			Header:  consumer.Header(msg.Headers()),
 			Origin:  consumer.Origin{Transport: "nats", Topic: s.cfg.Stream, Subject: msg.Subject()},
 		},
 	}
+	d.m = &d.message
 	if len(d.m.Header) == 0 {
 		d.m.Header = nil
 	}
