@@ -105,8 +105,10 @@ type Config struct {
 	// KeepAlive, Resolver, …). SASL and TLS above override its fields of
 	// the same purpose. Nil means a default dialer.
 	Dialer *kafka.Dialer
-	// NetworkTimeout bounds every request to a broker and every dial.
-	// Default 10s.
+	// NetworkTimeout bounds every request to a broker and every dial;
+	// requests to the group coordinator made by kafka-go are bounded by
+	// NetworkTimeout + RebalanceTimeout, and a JoinGroup by NetworkTimeout +
+	// 2×RebalanceTimeout (a coordinator may hold it that long). Default 10s.
 	NetworkTimeout time.Duration
 }
 

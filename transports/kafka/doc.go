@@ -85,8 +85,28 @@
 // Consume on refused credentials or a topic that stays unknown.
 //
 // Every network call has a deadline: dials and metadata (NetworkTimeout),
-// fetches (MaxWait + NetworkTimeout), group calls (NetworkTimeout, plus the
-// rebalance timeout for JoinGroup), dead-letter writes (2 × NetworkTimeout).
+// fetches (MaxWait + NetworkTimeout), kafka-go's coordinator calls
+// (NetworkTimeout + RebalanceTimeout; JoinGroup another RebalanceTimeout,
+// SyncGroup another SessionTimeout), the source's own heartbeats between
+// generations and leaves (NetworkTimeout), dead-letter writes
+// (2 × NetworkTimeout).
+//
+// # Rejoining after cuts and rebalance storms
+//
+// A JoinGroup is held by the coordinator until every member has rejoined
+// or the rebalance timeout passed, so it may legitimately last longer than
+// RebalanceTimeout after this member joined; kfake even restarts that
+// timeout on every join, leave or expiry. kafka-go's ConsumerGroup gives up a
+// JoinGroup after its Timeout + RebalanceTimeout, then forgets its member id
+// without leaving and joins again as a new member, and it sends no heartbeat
+// between generations. Under cuts every few seconds that made every member
+// give up its JoinGroup just before the others would have been answered, for
+// good. The source therefore waits NetworkTimeout + 2 × RebalanceTimeout for
+// a JoinGroup, heartbeats its member id itself from the end of a generation
+// (while it drains) and from each JoinGroup (while kafka-go waits in
+// SyncGroup) until the next generation, re-creates the ConsumerGroup at once
+// when the coordinator no longer knows the member it waits as, and leaves
+// with the member id kafka-go forgot. See group.go.
 //
 // # Defaults that differ from kafka-go
 //

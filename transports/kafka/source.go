@@ -81,20 +81,38 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		}
 	}()
 
-	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                s.cfg.GroupID,
-		Brokers:           s.cfg.Brokers,
-		Dialer:            s.dialer,
-		Topics:            []string{s.cfg.Topic},
-		HeartbeatInterval: s.cfg.HeartbeatInterval,
-		SessionTimeout:    s.cfg.SessionTimeout,
-		RebalanceTimeout:  s.cfg.RebalanceTimeout,
-		JoinGroupBackoff:  time.Second,
-		StartOffset:       s.cfg.startOffset(),
-		Timeout:           s.cfg.NetworkTimeout,
-		Logger:            kafkaLogger(s.log, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(s.log, slog.LevelDebug),
-	})
+	// The member id and generation of kafka-go's last successful JoinGroup,
+	// which it does not expose when the SyncGroup that follows fails.
+	var joined atomic.Pointer[joinedAs]
+	gc := s.newGroupClient()
+	defer gc.close()
+	keep := newKeeper(gc)
+	defer keep.stop()
+	var live *atomic.Bool // the current ConsumerGroup's: an abandoned one's joins are not kept
+	newGroup := func() (*kafka.ConsumerGroup, error) {
+		if live != nil {
+			live.Store(false)
+		}
+		live = new(atomic.Bool)
+		live.Store(true)
+		return kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+			ID:                s.cfg.GroupID,
+			Brokers:           s.cfg.Brokers,
+			Dialer:            s.dialer,
+			Topics:            []string{s.cfg.Topic},
+			HeartbeatInterval: s.cfg.HeartbeatInterval,
+			SessionTimeout:    s.cfg.SessionTimeout,
+			RebalanceTimeout:  s.cfg.RebalanceTimeout,
+			JoinGroupBackoff:  time.Second,
+			StartOffset:       s.cfg.startOffset(),
+			// Bounds every coordinator request; JoinGroup waits this plus
+			// RebalanceTimeout (see group.go).
+			Timeout:     s.cfg.groupTimeout(),
+			Logger:      joinHook(kafkaLogger(s.log, slog.LevelDebug), &joined, keep, live),
+			ErrorLogger: kafkaLogger(s.log, slog.LevelDebug),
+		})
+	}
+	cg, err := newGroup()
 	if err != nil {
 		return fmt.Errorf("kafka: consumer group %q: %w", s.cfg.GroupID, err)
 	}
@@ -108,8 +126,11 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		base: context.WithoutCancel(ctx),
 	}
 	var fatal error
+	// The member id kafka-go rejoins with: the keeper heartbeats it between
+	// generations, and the source leaves with it when kafka-go forgets it.
+	var lastMember string
 	for ctx.Err() == nil {
-		gen, err := cg.Next(ctx)
+		gen, err := keep.next(ctx, cg)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -118,14 +139,60 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 				fatal = fmt.Errorf("kafka: joining group %q: %w", s.cfg.GroupID, err)
 				break
 			}
-			if errors.Is(err, kafka.RebalanceInProgress) {
+			switch {
+			case errors.Is(err, errEvicted):
+				// The coordinator dropped the member while it waited in
+				// JoinGroup: that JoinGroup is never answered. Join again
+				// as a new member with a new ConsumerGroup. The old one is
+				// closed in the background: its Close returns when that
+				// JoinGroup's deadline passes (it leaves the group if the
+				// JoinGroup is answered after all).
+				s.log.Warn("removed from the group while rejoining; joining as a new member", "member", lastMember)
+				keep.stop()
+				go cg.Close()
+				if cg, err = newGroup(); err != nil {
+					return fmt.Errorf("kafka: consumer group %q: %w", s.cfg.GroupID, err)
+				}
+				lastMember = ""
+				joined.Store(nil)
+				continue
+			case errors.Is(err, kafka.RebalanceInProgress):
+				// From SyncGroup: kafka-go keeps the member id it joined
+				// with and rejoins with it: keep that member alive.
+				// (The keeper keeps it since the JoinGroup.)
 				s.log.Debug("rebalance in progress; rejoining", "err", err)
-			} else {
-				s.log.Warn("joining the group failed; retrying", "err", err)
+				if j := joined.Load(); j != nil {
+					lastMember = j.member
+				}
+				continue
+			}
+			s.log.Warn("joining the group failed; retrying", "err", err)
+			keep.stop()
+			if j := joined.Swap(nil); j != nil && j.member != lastMember {
+				// Joined, then SyncGroup or OffsetFetch failed: kafka-go
+				// left with that member id itself.
+				lastMember = ""
+			}
+			if lastMember != "" {
+				// kafka-go forgot the member id (a failed JoinGroup
+				// returns none) and joins again as a new member without
+				// leaving: leave for it, or the old member stays in the
+				// group and every rebalance waits for it.
+				lctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+				if lerr := gc.leave(lctx, lastMember); lerr != nil && !errors.Is(lerr, kafka.UnknownMemberId) {
+					s.log.Debug("leaving with the forgotten member id failed", "member", lastMember, "err", lerr)
+				}
+				cancel()
+				lastMember = ""
 			}
 			continue
 		}
+		// kafka-go heartbeats during the generation; the keeper from
+		// its end.
+		keep.stop()
+		lastMember = gen.MemberID
 		g := m.newGeneration(gen)
+		stopKeepOnEnd := context.AfterFunc(g.gctx, func() { keep.keep(gen.MemberID, gen.ID) })
 		revoked, err := g.run(ctx)
 		if err != nil {
 			fatal = err
@@ -141,6 +208,8 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		// drained and committed. Now leave: Close ends the generation, whose
 		// end must not be released before Close began, or the group would
 		// rejoin once before leaving.
+		stopKeepOnEnd()
+		keep.stop()
 		closed := make(chan struct{})
 		go func() {
 			_ = cg.Close()
@@ -151,7 +220,22 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		<-closed
 		return fatal
 	}
-	_ = cg.Close()
+	// Stopped while joining. Close leaves the group, after kafka-go's
+	// pending JoinGroup returns (by its deadline, NetworkTimeout +
+	// 2×RebalanceTimeout): wait for it only NetworkTimeout, then let it
+	// finish in the background.
+	closed := make(chan struct{})
+	go func() {
+		_ = cg.Close()
+		close(closed)
+	}()
+	t := time.NewTimer(s.cfg.NetworkTimeout)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		s.log.Debug("stopped while joining: leaving the group in the background")
+	}
 	return fatal
 }
 

@@ -1,0 +1,263 @@
+package kafka_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafka"
+)
+
+// cutListener is a broker listener (kfake.ListenFn) whose accepted
+// connections a test closes at once, as the chaos driver cuts the network
+// between every client and the broker.
+type cutListener struct {
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+type trackedListener struct {
+	net.Listener
+	c *cutListener
+}
+
+func (l *cutListener) listen(network, address string) (net.Listener, error) {
+	ln, err := net.Listen(network, address)
+	if err != nil {
+		return nil, err
+	}
+	return &trackedListener{Listener: ln, c: l}, nil
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.c.mu.Lock()
+	if l.c.conns == nil {
+		l.c.conns = map[net.Conn]struct{}{}
+	}
+	l.c.conns[c] = struct{}{}
+	l.c.mu.Unlock()
+	return c, nil
+}
+
+func (l *cutListener) cut() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.conns = nil
+}
+
+// TestRecoversFromCutsAndRebalances: a three-member group whose broker
+// connections are cut again and again while members leave and join (the
+// chaos driver's kafka-cut, kill and term), with a session timeout of 2s as
+// in the chaos run. Afterwards the group must settle and every message,
+// those produced before and after the faults, must be handled.
+//
+// kfake holds a JoinGroup until every member of the group has rejoined, or
+// until the rebalance timeout passes with no join, leave or expiry in
+// between (each one restarts it); a member whose JoinGroup reply could not
+// be delivered (its connection was cut) stays in the group without a
+// session timer. Members that give up a JoinGroup and join again as new
+// members leave more such ghosts and restart the barrier's timer: the group
+// never formed again (see rejoinGroup in source.go).
+func TestRecoversFromCutsAndRebalances(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("cuts and rebalances: skipped under -short")
+	}
+	const topic, parts = "cuts", 3
+	cut := &cutListener{}
+	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(parts, topic), kfake.ListenFn(cut.listen))
+	e := &env{t: t, brokers: brokers, topic: topic, group: "cuts-g", parts: parts}
+
+	var mu sync.Mutex
+	seen := map[[2]int64]bool{}
+	handled := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen)
+	}
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		d := 2 * time.Millisecond // work, so that cuts hit running handlers
+		if m.Origin.Offset%40 == 7 {
+			// Slow: a rebalance waits for it up to RevokeTimeout, so the
+			// members rejoin seconds apart, as in the chaos run.
+			d = 2500 * time.Millisecond
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		mu.Lock()
+		seen[[2]int64{int64(m.Origin.Partition), m.Origin.Offset}] = true
+		mu.Unlock()
+		return nil, nil
+	})
+	var gaveUp atomic.Int64
+	cfg := func(c *kafka.Config) {
+		c.Logger = slog.New(joinTimeouts{Handler: testLogger(t).Handler(), n: &gaveUp})
+		c.SessionTimeout = 2 * time.Second
+		c.HeartbeatInterval = 100 * time.Millisecond
+		c.RebalanceTimeout = 4 * time.Second
+		c.RevokeTimeout = 3 * time.Second
+		c.NetworkTimeout = time.Second
+	}
+	start := func() *running {
+		return run(t, worker(t, "cuts", e.source(cfg), h, consumer.WithConcurrency(4)))
+	}
+
+	produce := func(from, n int) {
+		var msgs []msg
+		for i := from; i < from+n; i++ {
+			msgs = append(msgs, msg{partition: i % parts, value: strconv.Itoa(i)})
+		}
+		e.produce(topic, msgs)
+	}
+	const batch = 300
+	produce(0, batch)
+
+	members := []*running{start(), start(), start()}
+	eventually(t, 30*time.Second, "the group consumes", func() bool { return handled() > 0 })
+
+	// Faults, paced by a ticker: connection cuts, a member killed while
+	// its JoinGroup is held (a ghost), members leaving and joining.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for i := range 8 {
+		<-tick.C
+		switch i % 4 {
+		case 0:
+			cut.cut()
+		case 1:
+			killWhileJoining(t, brokers, e.group, topic, 4)
+		case 2, 3:
+			old := members[0]
+			members = append(members[1:], start())
+			go old.cancel()
+		}
+	}
+	faultsEnd := time.Now()
+	produce(batch, batch)
+
+	// Within a bound, the group forms again and consumes everything.
+	total := 2 * batch
+	deadline := time.Now().Add(40 * time.Second)
+	for handled() < total {
+		if time.Now().After(deadline) {
+			t.Fatalf("the group did not recover: %d of %d messages handled %v after the last cut", handled(), total, time.Since(faultsEnd).Round(time.Second))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("every message handled %v after the last cut", time.Since(faultsEnd).Round(100*time.Millisecond))
+	// A JoinGroup the coordinator held was given up: the member joined
+	// again as a new one, restarting every other member's wait.
+	if n := gaveUp.Load(); n > 0 {
+		t.Errorf("members gave up %d JoinGroups held by the coordinator (i/o timeout)", n)
+	}
+	for _, m := range members {
+		if err := m.stop(t); err != nil {
+			t.Errorf("Run returned %v, want nil", err)
+		}
+	}
+}
+
+// joinTimeouts counts the source's logs of a JoinGroup that ended in a
+// timeout, and passes every record on.
+type joinTimeouts struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (h joinTimeouts) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h joinTimeouts) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "joining the group failed; retrying" {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "err" && strings.Contains(a.Value.String(), "i/o timeout") {
+				h.n.Add(1)
+			}
+			return true
+		})
+	}
+	if !h.Handler.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h joinTimeouts) WithAttrs(as []slog.Attr) slog.Handler {
+	return joinTimeouts{Handler: h.Handler.WithAttrs(as), n: h.n}
+}
+
+func (h joinTimeouts) WithGroup(name string) slog.Handler {
+	return joinTimeouts{Handler: h.Handler.WithGroup(name), n: h.n}
+}
+
+// killWhileJoining starts a kafka-go group member that dies (as with kill -9:
+// its connections close, it never dials again, it never leaves) once the
+// coordinator holds its JoinGroup, while the group waits for the members
+// to rejoin. kfake keeps such a member in the group without a session timer:
+// the next rebalance can only complete when its rebalance timeout passes.
+func killWhileJoining(t *testing.T, brokers []string, group, topic string, members int) {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		dead  bool
+	)
+	d := &kafkago.Dialer{Timeout: 2 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if dead {
+			return nil, errors.New("ghost: killed")
+		}
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			conns = append(conns, c)
+		}
+		return c, err
+	}}
+	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{ID: group, Brokers: brokers, Dialer: d, Topics: []string{topic},
+		SessionTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 4 * time.Second,
+		Timeout: 2 * time.Second, JoinGroupBackoff: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cg.Close() })
+	// Held: the group prepares a rebalance and lists the new member.
+	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 2 * time.Second}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, err := cl.DescribeGroups(ctx, &kafkago.DescribeGroupsRequest{GroupIDs: []string{group}})
+		cancel()
+		if err == nil && len(resp.Groups) == 1 && resp.Groups[0].GroupState == "PreparingRebalance" && len(resp.Groups[0].Members) >= members {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	dead = true
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	mu.Unlock()
+}
