@@ -94,6 +94,7 @@ func (e *Engine) Middleware(opts ...Option) (consumer.Middleware, error) {
 			log:      e.log.With("handler", name),
 			prepared: make(map[consumer.Delivery]*prepared),
 			held:     make(map[string]*prepared),
+			renewals: renewals{tick: max(cfg.lease/100, time.Millisecond)},
 		}
 	}, nil
 }
@@ -105,6 +106,8 @@ type processor struct {
 	h    consumer.Handler
 	cfg  handlerConfig
 	log  *slog.Logger
+
+	renewals renewals
 
 	mu       sync.Mutex
 	prepared map[consumer.Delivery]*prepared
@@ -464,14 +467,14 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 // lost, or renewals fail until the lease is about to run out, it cancels the
 // handler with ErrLeaseLost.
 //
-// It is a timer, not a goroutine: most handlers finish long before the
-// first renewal, and a goroutine, two channels and a timer per delivery were
-// a measurable share of the worker's CPU (docs/PERFORMANCE.md).
+// It is neither a goroutine nor a timer per run: most handlers finish long
+// before the first renewal, and a goroutine, two channels and a timer per
+// delivery, then a timer and its closures per delivery, were a measurable
+// share of the worker's CPU (docs/PERFORMANCE.md). The processor's renewals
+// list holds the running handlers, and one timer looks for renewals due.
 func (p *processor) renew(r *renewer, hctx context.Context, cancel context.CancelCauseFunc, d consumer.Delivery, cl *Claim, leaseEnd time.Time) {
 	r.p, r.hctx, r.cancel, r.d, r.cl, r.leaseEnd = p, hctx, cancel, d, cl, leaseEnd
-	r.mu.Lock()
-	r.timer = time.AfterFunc(jitter(p.cfg.lease/3), r.fire)
-	r.mu.Unlock()
+	p.renewals.add(r, time.Now().Add(jitter(p.cfg.lease/3)))
 }
 
 // handlerRun is what one run of the handler under a claim needs besides
@@ -492,6 +495,19 @@ func (r *handlerRun) Value(key any) any {
 	return r.Context.Value(key)
 }
 
+// renewals are the lease renewals of one processor's running handlers: a
+// list, and one timer that, while the list is not empty, looks every tick
+// for renewals due and runs each on a goroutine of its own. A renewal is
+// late by at most a tick (a hundredth of the lease).
+type renewals struct {
+	tick time.Duration
+
+	mu         sync.Mutex
+	head, tail *renewer
+	timer      *time.Timer // nil until the first run; armed while head != nil
+	armed      bool
+}
+
 // renewer is the state of one handler run's lease renewals.
 type renewer struct {
 	p        *processor
@@ -501,40 +517,111 @@ type renewer struct {
 	cl       *Claim
 	leaseEnd time.Time // only fire touches it; fires never overlap
 
-	mu      sync.Mutex
-	timer   *time.Timer
-	stopped bool
-	busy    sync.WaitGroup // a fire in progress
+	// Guarded by p.renewals.mu:
+	prev, next *renewer
+	listed     bool      // in the list: not stopped, not over
+	due        time.Time // when to renew next
+	firing     bool      // a fire is running or about to
+	busy       sync.WaitGroup
+}
+
+func (s *renewals) add(r *renewer, due time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r.due, r.listed = due, true
+	r.prev, r.next = s.tail, nil
+	if s.tail != nil {
+		s.tail.next = r
+	} else {
+		s.head = r
+	}
+	s.tail = r
+	if s.armed {
+		return
+	}
+	s.armed = true
+	if s.timer == nil {
+		s.timer = time.AfterFunc(s.tick, s.scan)
+	} else {
+		s.timer.Reset(s.tick)
+	}
+}
+
+// unlink takes r off the list; s.mu is held.
+func (s *renewals) unlink(r *renewer) {
+	if !r.listed {
+		return
+	}
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		s.head = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else {
+		s.tail = r.prev
+	}
+	r.prev, r.next, r.listed = nil, nil, false
+}
+
+// scan starts the renewals that are due, and arms the timer again while
+// handlers run.
+func (s *renewals) scan() {
+	now := time.Now()
+	var due []*renewer
+	s.mu.Lock()
+	for r := s.head; r != nil; r = r.next {
+		if !r.firing && !r.due.After(now) {
+			r.firing = true
+			r.busy.Add(1)
+			due = append(due, r)
+		}
+	}
+	if s.head != nil {
+		s.timer.Reset(s.tick)
+	} else {
+		s.armed = false
+	}
+	s.mu.Unlock()
+	for _, r := range due {
+		go r.fire()
+	}
 }
 
 // stop ends the renewals and waits for one in progress: nothing is renewed,
 // heartbeated or cancelled after it returns.
 func (r *renewer) stop() {
-	r.mu.Lock()
-	r.stopped = true
-	r.timer.Stop()
-	r.mu.Unlock()
+	s := &r.p.renewals
+	s.mu.Lock()
+	s.unlink(r)
+	s.mu.Unlock()
 	r.busy.Wait()
 }
 
-// fire renews once, then sets the timer for the next renewal unless the
-// renewer was stopped, the handler ended or the claim was lost.
+// fire renews once, then sets when to renew next unless the renewer was
+// stopped, the handler ended or the claim was lost.
 func (r *renewer) fire() {
-	r.mu.Lock()
-	if r.stopped || r.hctx.Err() != nil {
-		r.mu.Unlock()
-		return
-	}
-	r.busy.Add(1)
-	r.mu.Unlock()
 	defer r.busy.Done()
-	if next, again := r.once(); again {
-		r.mu.Lock()
-		if !r.stopped {
-			r.timer.Reset(next)
-		}
-		r.mu.Unlock()
+	s := &r.p.renewals
+	s.mu.Lock()
+	stopped := !r.listed
+	s.mu.Unlock()
+	var (
+		next  time.Duration
+		again bool
+	)
+	if !stopped && r.hctx.Err() == nil {
+		next, again = r.once()
 	}
+	s.mu.Lock()
+	r.firing = false
+	if again {
+		r.due = time.Now().Add(next)
+	} else {
+		s.unlink(r)
+	}
+	s.mu.Unlock()
 }
 
 // once makes one renewal and heartbeat; it returns when to renew next, or

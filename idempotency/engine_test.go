@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -736,4 +738,54 @@ func TestConcurrentCompletionsAreBatched(t *testing.T) {
 		t.Fatalf("%d complete calls for 64 simultaneous completions, want them batched", n)
 	}
 	t.Logf("64 completions in %d store calls", f.calls.complete.Load())
+}
+
+// TestConcurrentRunsAreEachRenewed: the renewals of one handler's runs share
+// a list and a timer; runs that end (short ones, in between) leave it
+// without disturbing the others, and every long run is renewed and
+// heartbeated on its own.
+func TestConcurrentRunsAreEachRenewed(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const lease = 300 * time.Millisecond
+	h := &countingHandler{fn: func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		if !strings.HasPrefix(m.Header.Get("Idempotency-Key"), "long") {
+			return nil, nil
+		}
+		select { // 3× the lease
+		case <-time.After(3 * lease):
+			return nil, nil
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	}}
+	p := f.processor(t, h, idempotency.WithLease(lease))
+	var long, short []*fakedelivery.Delivery
+	var wg sync.WaitGroup
+	for i := range 4 {
+		d := fakedelivery.New(fmt.Sprintf("long%d", i), "x")
+		long = append(long, d)
+		wg.Go(func() { p.Process(context.Background(), d) })
+		for j := range 5 {
+			s := fakedelivery.New(fmt.Sprintf("short%d-%d", i, j), "x")
+			short = append(short, s)
+			p.Process(context.Background(), s)
+		}
+	}
+	wg.Wait()
+	for _, d := range short {
+		d.ExpectAck(t)
+	}
+	for i, d := range long {
+		d.ExpectAck(t)
+		if hb := d.Heartbeats.Load(); hb < 2 {
+			t.Errorf("long%d: %d heartbeats during 3 leases, want at least 2 (one per renewal)", i, hb)
+		}
+	}
+	if n := h.runs.Load(); n != int32(len(long)+len(short)) {
+		t.Fatalf("handler ran %d times, want %d", n, len(long)+len(short))
+	}
+	if f.oc.get(consumer.OutcomeProcessed) != len(long)+len(short) {
+		t.Fatalf("outcomes %v", f.oc.m)
+	}
 }
