@@ -50,25 +50,26 @@ import (
 )
 
 type options struct {
-	redisURL      string
-	natsURL       string
-	kafka         string
-	msgs          int
-	latency       time.Duration
-	concurrency   int
-	batch         int
-	flights       int
-	transports    []string
-	modes         []string
-	dups          []int
-	jsonOut       string
-	cpuProfile    string
-	memProfile    string
-	soak          time.Duration
-	latencyRate   float64
-	serveKfake    string
-	kafkaOrdering string
-	soakRate      float64
+	redisURL        string
+	natsURL         string
+	kafka           string
+	msgs            int
+	latency         time.Duration
+	concurrency     int
+	batch           int
+	flights         int
+	transports      []string
+	modes           []string
+	dups            []int
+	jsonOut         string
+	cpuProfile      string
+	memProfile      string
+	kafkaUnfinished int
+	soak            time.Duration
+	latencyRate     float64
+	serveKfake      string
+	kafkaOrdering   string
+	soakRate        float64
 }
 
 func main() {
@@ -83,6 +84,7 @@ func main() {
 	flag.StringVar(&o.serveKfake, "serve-kfake", "", "only run an in-memory kfake broker on this loopback address (e.g. 127.0.0.1:9092) until interrupted, for --kafka from another process")
 	flag.IntVar(&o.concurrency, "concurrency", 256, "handler concurrency of the worker, and goroutines of the naive consumer")
 	flag.IntVar(&o.batch, "batch", 100, "redis-limit batch size, and the Kafka source's BatchSize")
+	flag.IntVar(&o.kafkaUnfinished, "kafka-unfinished", 0, "the Kafka source's MaxUnfinished per partition (0: its default)")
 	flag.StringVar(&o.kafkaOrdering, "kafka-ordering", "key", "the Kafka source's Ordering: key (the benchmark's messages have no Kafka key, so they are not ordered) or partition (offset order per partition: at most one message per partition in flight)")
 	flag.IntVar(&o.flights, "flights", 4, "redis-limit batches in flight")
 	flag.StringVar(&transports, "transports", "nats,kafka", "transports to measure")
@@ -90,7 +92,7 @@ func main() {
 	flag.StringVar(&dups, "dups", "0,30", "duplicate percentages")
 	flag.StringVar(&o.jsonOut, "json", "", "write the results as JSON to this file")
 	flag.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
-	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end of the run to this file")
+	flag.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end of the run to this file, and the in-use heap at the end of each backlog to FILE.<scenario>.inuse")
 	flag.DurationVar(&o.soak, "soak", 0, "instead of the table: run the worker on loopback servers for this long (at most 1h), printing RSS and goroutines every 10s")
 	flag.Float64Var(&o.soakRate, "soak-rate", 4000, "messages per second per transport during --soak")
 	flag.Parse()

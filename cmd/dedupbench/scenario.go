@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,6 +211,15 @@ func (b *bench) runBroker(ctx context.Context, t transport, mode string, dup int
 	}
 	r.MsgsPerSec = float64(len(keys)-1) / r.Seconds
 	m.end(ctx, &r, len(keys))
+	if b.o.memProfile != "" {
+		// The heap as the last GC of the backlog left it: what a worker
+		// at full speed holds (the allocation profile at the end of the
+		// run says what it churned through).
+		if f, err := os.Create(b.o.memProfile + "." + id + ".inuse"); err == nil {
+			_ = pprof.Lookup("heap").WriteTo(f, 0)
+			_ = f.Close()
+		}
+	}
 
 	if b.o.latency > 0 {
 		rate := r.MsgsPerSec / 2
@@ -455,6 +466,15 @@ func (b *bench) redisLimit(ctx context.Context, dup int) (r result) {
 	r.Seconds = time.Since(start).Seconds()
 	r.MsgsPerSec = float64(len(keys)) / r.Seconds
 	m.end(ctx, &r, len(keys))
+	if b.o.memProfile != "" {
+		// The heap as the last GC of the backlog left it: what a worker
+		// at full speed holds (the allocation profile at the end of the
+		// run says what it churned through).
+		if f, err := os.Create(b.o.memProfile + "." + id + ".inuse"); err == nil {
+			_ = pprof.Lookup("heap").WriteTo(f, 0)
+			_ = f.Close()
+		}
+	}
 	if n := errs.Load(); n > 0 {
 		r.Err = fmt.Sprintf("%d store calls failed", n)
 	}

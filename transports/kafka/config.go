@@ -86,9 +86,12 @@ type Config struct {
 	BatchSize int
 	// MaxUnfinished caps how many messages of one partition may be fetched
 	// and not yet finished; fetching pauses beyond it. It bounds how far
-	// key ordering runs ahead of a slow key (and how many claims wait).
-	// Default BatchSize with partition ordering, 10×BatchSize with key
-	// ordering.
+	// key ordering runs ahead of a slow key (and how many claims wait), the
+	// messages a crash or a rebalance redelivers, and the memory held: every
+	// fetched message is in memory until it is finished. Default BatchSize
+	// with partition ordering, 4×BatchSize with key ordering (at 10× a worker
+	// with 8 partitions held 113 MB RSS at full speed, at 4× 85 MB, at no
+	// cost in throughput: cmd/dedupbench --kafka-unfinished).
 	MaxUnfinished int
 	// FetchMaxBytes caps the size of one fetch response. Default 1 MiB.
 	FetchMaxBytes int
@@ -143,7 +146,7 @@ func (c *Config) withDefaults() {
 	if c.MaxUnfinished == 0 {
 		c.MaxUnfinished = c.BatchSize
 		if c.Ordering == OrderingKey {
-			c.MaxUnfinished = 10 * c.BatchSize
+			c.MaxUnfinished = 4 * c.BatchSize
 		}
 	}
 	if c.FetchMaxBytes == 0 {

@@ -126,7 +126,8 @@ func TestKeyOrdering(t *testing.T) {
 		rec.finish(m)
 		return nil, nil
 	})
-	src := e.source(func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 50 })
+	// MaxUnfinished lets the other keys run past the slow one to the end.
+	src := e.source(func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 50; c.MaxUnfinished = 400 })
 	w := worker(t, "keys", src, h, consumer.WithConcurrency(4))
 	r := run(t, w)
 
