@@ -111,8 +111,8 @@ func TestChaos(t *testing.T) {
 	redisProxy := testenv.NewProxy(t, rs.addr())
 	natsURL := startNATS(t, filepath.Join(dir, "nats"))
 	natsProxy := testenv.NewProxy(t, strings.TrimPrefix(natsURL, "nats://"))
-	kafkaCut := &cutListener{}
-	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(4, "chaos"), kfake.ListenFn(kafkaCut.listen))
+	kafkaCut := &testenv.CutListener{}
+	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(4, "chaos"), kfake.ListenFn(kafkaCut.Listen))
 
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
@@ -256,7 +256,7 @@ handlers:
 				natsProxy.Cut()
 			case "kafka-cut":
 				fault("kafka", 0)
-				kafkaCut.cut()
+				kafkaCut.Cut()
 			}
 		}
 	}

@@ -105,50 +105,6 @@ func (s *redisServer) restart(wipe bool) {
 	s.start()
 }
 
-// cutListener is the Kafka broker's listener (kfake.ListenFn): the broker
-// advertises its own address, so a proxy in front would only see the
-// bootstrap; cutting the accepted connections here cuts every client.
-type cutListener struct {
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-}
-
-type trackedListener struct {
-	net.Listener
-	c *cutListener
-}
-
-func (l *cutListener) listen(network, address string) (net.Listener, error) {
-	ln, err := net.Listen(network, address)
-	if err != nil {
-		return nil, err
-	}
-	return &trackedListener{Listener: ln, c: l}, nil
-}
-
-func (l *trackedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	l.c.mu.Lock()
-	if l.c.conns == nil {
-		l.c.conns = map[net.Conn]struct{}{}
-	}
-	l.c.conns[c] = struct{}{}
-	l.c.mu.Unlock()
-	return c, nil
-}
-
-func (l *cutListener) cut() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for c := range l.conns {
-		_ = c.Close()
-	}
-	l.conns = nil
-}
-
 // startNATS starts an embedded nats-server with file-backed JetStream.
 func startNATS(t *testing.T, dir string) string {
 	t.Helper()

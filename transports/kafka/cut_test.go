@@ -20,50 +20,6 @@ import (
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
-// cutListener is a broker listener (kfake.ListenFn) whose accepted
-// connections a test closes at once, as the chaos driver cuts the network
-// between every client and the broker.
-type cutListener struct {
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-}
-
-type trackedListener struct {
-	net.Listener
-	c *cutListener
-}
-
-func (l *cutListener) listen(network, address string) (net.Listener, error) {
-	ln, err := net.Listen(network, address)
-	if err != nil {
-		return nil, err
-	}
-	return &trackedListener{Listener: ln, c: l}, nil
-}
-
-func (l *trackedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	l.c.mu.Lock()
-	if l.c.conns == nil {
-		l.c.conns = map[net.Conn]struct{}{}
-	}
-	l.c.conns[c] = struct{}{}
-	l.c.mu.Unlock()
-	return c, nil
-}
-
-func (l *cutListener) cut() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for c := range l.conns {
-		_ = c.Close()
-	}
-	l.conns = nil
-}
-
 // TestRecoversFromCutsAndRebalances: a three-member group whose broker
 // connections are cut again and again while members leave and join (the
 // chaos driver's kafka-cut, kill and term), with a session timeout of 2s as
@@ -83,8 +39,8 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 		t.Skip("cuts and rebalances: skipped under -short")
 	}
 	const topic, parts = "cuts", 3
-	cut := &cutListener{}
-	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(parts, topic), kfake.ListenFn(cut.listen))
+	cut := &testenv.CutListener{}
+	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(parts, topic), kfake.ListenFn(cut.Listen))
 	e := &env{t: t, brokers: brokers, topic: topic, group: "cuts-g", parts: parts}
 
 	var mu sync.Mutex
@@ -145,7 +101,7 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 		<-tick.C
 		switch i % 4 {
 		case 0:
-			cut.cut()
+			cut.Cut()
 		case 1:
 			killWhileJoining(t, brokers, e.group, topic, 4)
 		case 2, 3:
