@@ -266,7 +266,8 @@ func TestKafkaKeyOrdering(t *testing.T) {
 		stopWatch := h.watchCommits(t, spy)
 		defer stopWatch()
 		r := h.start(t, kafkaWorkerSpec{handler: handler, concurrency: 8, spy: spy,
-			source: func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 25 }})
+			// MaxUnfinished lets the other keys of partition 0 (200 messages) run past the slow one.
+			source: func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 25; c.MaxUnfinished = 250 }})
 
 		kafkaEventually(t, 60*time.Second, func() bool { _, c := l.totals(); return c == len(plan)-1 },
 			func() string { return "the messages after the slow one did not finish" })
