@@ -110,7 +110,26 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	}
 	workCtx := context.WithoutCancel(ctx)
 	p := newPool(workCtx, r, slots, n)
-	defer p.close() // runs first: every Process returned before the flush
+	defer p.close() // every Process returned before the flush
+	// A fetched batch is claimed (Prepare: a round trip to the store) and
+	// handed to the pool by a goroutine of its own, so the next fetch, a
+	// round trip to the server, overlaps that claim instead of following
+	// it. Batches go one at a time and in order.
+	prepared := make(chan []consumer.Delivery)
+	prepDone := make(chan struct{})
+	go func() {
+		defer close(prepDone)
+		for ds := range prepared {
+			r.Prepare(workCtx, ds)
+			for _, d := range ds {
+				p.run(d)
+			}
+		}
+	}()
+	defer func() { // runs first: every fetched batch is in the pool before it closes
+		close(prepared)
+		<-prepDone
+	}()
 	failures := 0
 	lastCheck := time.Now()
 	for {
@@ -167,10 +186,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		for i, m := range msgs {
 			ds[i] = s.newDelivery(m)
 		}
-		r.Prepare(workCtx, ds)
-		for _, d := range ds {
-			p.run(d)
-		}
+		prepared <- ds
 	}
 }
 
@@ -186,7 +202,7 @@ type pool struct {
 	slots chan struct{} // the Source's: a delivery holds one until Process returned
 	work  chan consumer.Delivery
 	size  int // at most this many goroutines
-	n     int // goroutines started; only the fetch loop touches it
+	n     int // goroutines started; only the goroutine calling run touches it
 	wg    sync.WaitGroup
 }
 
