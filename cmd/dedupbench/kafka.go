@@ -23,6 +23,7 @@ type kafkaTransport struct {
 	brokers    []string
 	batch      int
 	unfinished int
+	fetchBytes int
 	ordering   string
 	soak       bool
 	cluster    *kfake.Cluster // the in-process broker, or nil
@@ -45,7 +46,7 @@ func newKafka(_ context.Context, b *bench) (*kafkaTransport, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &kafkaTransport{brokers: brokers, batch: b.o.batch, unfinished: b.o.kafkaUnfinished, ordering: b.o.kafkaOrdering, soak: b.o.soak > 0, cluster: cluster}, nil
+	return &kafkaTransport{brokers: brokers, batch: b.o.batch, unfinished: b.o.kafkaUnfinished, fetchBytes: b.o.kafkaFetchBytes, ordering: b.o.kafkaOrdering, soak: b.o.soak > 0, cluster: cluster}, nil
 }
 
 func (t *kafkaTransport) name() string { return "kafka" }
@@ -200,7 +201,7 @@ func (t *kafkaTransport) source(id string, concurrency int) (consumer.Source, er
 		Brokers: t.brokers, Topic: topic(id), GroupID: topic(id) + "-dedup",
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 		MaxWait: 100 * time.Millisecond, BatchSize: t.batch, Ordering: t.ordering,
-		MaxUnfinished: t.unfinished,
+		MaxUnfinished: t.unfinished, FetchMaxBytes: t.fetchBytes,
 	})
 }
 

@@ -65,6 +65,7 @@ type options struct {
 	cpuProfile      string
 	memProfile      string
 	kafkaUnfinished int
+	kafkaFetchBytes int
 	soak            time.Duration
 	latencyRate     float64
 	serveKfake      string
@@ -85,6 +86,7 @@ func main() {
 	flag.IntVar(&o.concurrency, "concurrency", 256, "handler concurrency of the worker, and goroutines of the naive consumer")
 	flag.IntVar(&o.batch, "batch", 100, "redis-limit batch size, and the Kafka source's BatchSize")
 	flag.IntVar(&o.kafkaUnfinished, "kafka-unfinished", 0, "the Kafka source's MaxUnfinished per partition (0: its default)")
+	flag.IntVar(&o.kafkaFetchBytes, "kafka-fetch-bytes", 0, "the Kafka source's FetchMaxBytes (0: its default)")
 	flag.StringVar(&o.kafkaOrdering, "kafka-ordering", "key", "the Kafka source's Ordering: key (the benchmark's messages have no Kafka key, so they are not ordered) or partition (offset order per partition: at most one message per partition in flight)")
 	flag.IntVar(&o.flights, "flights", 4, "redis-limit batches in flight")
 	flag.StringVar(&transports, "transports", "nats,kafka", "transports to measure")
@@ -186,6 +188,9 @@ type result struct {
 	AllocsPerMsg     float64 `json:"allocs_per_msg"`
 	AllocBytesPerMsg float64 `json:"alloc_bytes_per_msg"`
 	PeakRSSMB        float64 `json:"peak_rss_mb"`
+	// PeakRSSBacklogMB is the peak while the backlog ran at full speed,
+	// before the latency phase's publisher ran in the same process.
+	PeakRSSBacklogMB float64 `json:"peak_rss_backlog_mb"`
 	LoadBefore       string  `json:"loadavg_before"`
 	LoadAfter        string  `json:"loadavg_after"`
 	Err              string  `json:"error,omitempty"`
@@ -405,7 +410,7 @@ func printRow(r result) {
 func printTable(w *os.File, rep report) {
 	fmt.Fprintf(w, "dedupbench %s, %s, %d CPUs, %v messages per scenario, load average at end %s\n\n",
 		rep.Started.Format(time.RFC3339), rep.GoVersion, rep.CPUs, rep.Options["msgs"], rep.LoadAtEnd)
-	fmt.Fprintln(w, "| transport | dups | mode | msgs/s | Redis round trips/msg | top-level calls/msg | cmds in scripts/msg | Redis CPU µs/msg | latency p50 / p99 (at msgs/s) | CPU s/10k msgs | peak RSS MB | load avg (before → after) |")
+	fmt.Fprintln(w, "| transport | dups | mode | msgs/s | Redis round trips/msg | top-level calls/msg | cmds in scripts/msg | Redis CPU µs/msg | latency p50 / p99 (at msgs/s) | CPU s/10k msgs | peak RSS MB (backlog / whole) | load avg (before → after) |")
 	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
 	for _, r := range rep.Results {
 		if r.Err != "" {
@@ -416,9 +421,9 @@ func printTable(w *os.File, rep report) {
 		if r.LatencyN > 0 {
 			lat = fmt.Sprintf("%.2f / %.2f ms (%.0f)", r.P50Ms, r.P99Ms, r.LatencyRate)
 		}
-		fmt.Fprintf(w, "| %s | %d%% | %s | %.0f | %.4f | %.4f | %.2f | %.1f | %s | %.3f | %.0f | %s → %s |\n",
+		fmt.Fprintf(w, "| %s | %d%% | %s | %.0f | %.4f | %.4f | %.2f | %.1f | %s | %.3f | %.0f / %.0f | %s → %s |\n",
 			r.Transport, r.DupPct, r.Mode, r.MsgsPerSec, r.TripsPerMsg, r.CallsPerMsg, r.ScriptCmdsPerMsg,
-			r.RedisCPUPerMsgUs, lat, r.CPUSecPer10k, r.PeakRSSMB, r.LoadBefore, r.LoadAfter)
+			r.RedisCPUPerMsgUs, lat, r.CPUSecPer10k, r.PeakRSSBacklogMB, r.PeakRSSMB, r.LoadBefore, r.LoadAfter)
 	}
 	if len(rep.Ratios) > 0 {
 		fmt.Fprintln(w)

@@ -150,6 +150,7 @@ func (m *measured) end(ctx context.Context, r *result, msgs int) {
 		r.RedisCPUPerMsgUs = (rs.cpu - m.rs.cpu) / f * 1e6
 	}
 	r.PeakRSSMB = float64(procStatus("VmHWM")) / (1 << 20)
+	r.PeakRSSBacklogMB = r.PeakRSSMB
 }
 
 // runBroker runs one scenario of one transport: a backlog for throughput,
