@@ -194,6 +194,8 @@ handlers:
 	published := false
 	var lastMember time.Time
 	faultStart := time.Now()
+	const stallKick, kicksMax = 15 * time.Second, 3
+	lastCompleted, lastChange := -1, time.Now()
 	for done := false; !done; {
 		select {
 		case <-ctx.Done():
@@ -210,12 +212,31 @@ handlers:
 			t.Logf("chaos: %s: %d/%d keys completed (%s), faults %v", time.Since(start).Round(time.Second), an.completed, len(keys.unique),
 				strings.ReplaceAll(strings.TrimSpace(an.table(keys)), "\n", " "), faults)
 		case <-tick.C:
-			if published && analyse(t, ledgerPath, keys, p.lease).completed == len(keys.unique) {
+			completed := analyse(t, ledgerPath, keys, p.lease).completed
+			if published && completed == len(keys.unique) {
 				done = true
 				break
 			}
 			if time.Since(faultStart) > p.faultFor {
-				continue // quiet: let the run converge
+				// Quiet: let the run converge. kfake never times out a
+				// member whose JoinGroup reply it could not deliver (a cut
+				// or a kill at that moment): the group settles with that
+				// ghost assigned partitions nobody reads, until the next
+				// rebalance drops it after the rebalance timeout. Real
+				// Kafka expires it after session.timeout.ms. So when
+				// nothing completes for a while, one worker is replaced
+				// (a rebalance), at most kicksMax times, each in the report.
+				if completed != lastCompleted {
+					lastCompleted, lastChange = completed, time.Now()
+				} else if published && time.Since(lastChange) > stallKick && faults["rejoin"] < kicksMax {
+					faults["rejoin"]++
+					lastChange = time.Now()
+					w := ws.random(rng)
+					fault("term", w.pid())
+					ws.start()
+					ws.leaving.Go(w.term)
+				}
+				continue
 			}
 			kind := kinds[nfault%len(kinds)] // every kind in turn, in a random order
 			// A kill, stop or Kafka cut makes the consumer group rejoin:
