@@ -93,12 +93,10 @@ func TestKafkaDuplicates(t *testing.T) {
 // "crash" is a real SIGKILL: no commit, no LeaveGroup, nothing flushed.
 const kafkaCrashEnv = "DEDUP_KAFKA_CRASH_HELPER"
 
-// TestKafkaCrashHelperProcess is not a test: it is the member that gets
-// killed in TestKafkaCrashBeforeCommit. It runs only in that child process.
-func TestKafkaCrashHelperProcess(t *testing.T) {
-	if os.Getenv(kafkaCrashEnv) != "1" {
-		t.Skip("helper process of TestKafkaCrashBeforeCommit")
-	}
+// kafkaCrashMember is the member that gets killed in
+// TestKafkaCrashBeforeCommit: that test re-runs itself in a child process
+// with kafkaCrashEnv set, and the child runs this until it is killed.
+func kafkaCrashMember(t *testing.T) {
 	h := &kafkaHarness{
 		brokers: strings.Split(os.Getenv("DEDUP_KAFKA_BROKERS"), ","),
 		topic:   os.Getenv("DEDUP_KAFKA_TOPIC"),
@@ -124,6 +122,10 @@ func TestKafkaCrashHelperProcess(t *testing.T) {
 // member of the group is redelivered those offsets and acks every one as a
 // duplicate without running the handler.
 func TestKafkaCrashBeforeCommit(t *testing.T) {
+	if os.Getenv(kafkaCrashEnv) == "1" {
+		kafkaCrashMember(t) // the child process
+		return
+	}
 	kafkaEachBroker(t, func(t *testing.T, h *kafkaHarness) {
 		h.createTopic(t, h.topic, 4)
 		plan := kafkaPlanWithDuplicates(200, 0, 4)
@@ -131,7 +133,7 @@ func TestKafkaCrashBeforeCommit(t *testing.T) {
 
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestKafkaCrashHelperProcess$", "-test.count=1")
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestKafkaCrashBeforeCommit$", "-test.count=1")
 		cmd.Env = append(os.Environ(), kafkaCrashEnv+"=1",
 			"DEDUP_KAFKA_BROKERS="+strings.Join(h.brokers, ","), "DEDUP_KAFKA_TOPIC="+h.topic,
 			"DEDUP_KAFKA_GROUP="+h.group, "DEDUP_KAFKA_NS="+h.ns)

@@ -68,8 +68,6 @@ func chaosParams(t *testing.T) params {
 	if os.Getenv("CHAOS_LONG") != "" {
 		p = params{keys: 25000, dupEvery: 3, slowEvery: 499, workers: 4, faultEvery: 3 * time.Second, memberEvery: 8 * time.Second,
 			faultFor: 5 * time.Minute, publishFor: 4 * time.Minute, deadline: 50 * time.Minute, lease: 2 * time.Second}
-	} else if testing.Short() {
-		t.Skip("chaos: skipped under -short")
 	}
 	if v, err := strconv.Atoi(os.Getenv("CHAOS_KEYS")); err == nil && v > 0 {
 		p.keys = v

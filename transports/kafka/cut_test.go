@@ -32,12 +32,9 @@ import (
 // be delivered (its connection was cut) stays in the group without a
 // session timer. Members that give up a JoinGroup and join again as new
 // members leave more such ghosts and restart the barrier's timer: the group
-// never formed again (see rejoinGroup in source.go).
+// never formed again (see group.go).
 func TestRecoversFromCutsAndRebalances(t *testing.T) {
 	t.Parallel()
-	if testing.Short() {
-		t.Skip("cuts and rebalances: skipped under -short")
-	}
 	const topic, parts = "cuts", 3
 	cut := &testenv.CutListener{}
 	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(parts, topic), kfake.ListenFn(cut.Listen))
