@@ -21,7 +21,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -279,31 +278,14 @@ func secNATS(t *testing.T, ca *testenv.TestCA, user, pw string) string {
 // secProc is a running binary whose output the test reads.
 type secProc struct {
 	cmd  *exec.Cmd
-	out  *secBuffer
+	out  *testenv.SyncBuffer
 	done chan struct{}
 	err  error
 }
 
-type secBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *secBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *secBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func secStart(t *testing.T, env []string, args ...string) *secProc {
 	t.Helper()
-	p := &secProc{cmd: exec.Command(hostileBinary(t), args...), out: &secBuffer{}, done: make(chan struct{})}
+	p := &secProc{cmd: exec.Command(hostileBinary(t), args...), out: &testenv.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
