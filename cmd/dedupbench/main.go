@@ -318,15 +318,7 @@ func run(ctx context.Context, o options) error {
 
 	var trs []transport
 	for _, name := range o.transports {
-		var t transport
-		switch name {
-		case "nats":
-			t, err = newNATS(ctx, b)
-		case "kafka":
-			t, err = newKafka(ctx, b)
-		default:
-			err = fmt.Errorf("--transports: unknown %q (nats, kafka)", name)
-		}
+		t, err := newTransport(ctx, b, name)
 		if err != nil {
 			return err
 		}
@@ -437,4 +429,15 @@ func printTable(w *os.File, rep report) {
 		}
 	}
 	fmt.Fprintf(w, "\nPeak RSS (max over scenarios): %.0f MB. CPU and RSS are this process's, which includes the embedded NATS server and kfake unless --nats/--kafka are given.\n", rep.PeakRSSMax)
+}
+
+// newTransport starts the transport named by --transports.
+func newTransport(ctx context.Context, b *bench, name string) (transport, error) {
+	switch name {
+	case "nats":
+		return newNATS(ctx, b)
+	case "kafka":
+		return newKafka(ctx, b)
+	}
+	return nil, fmt.Errorf("--transports: unknown %q (nats, kafka)", name)
 }

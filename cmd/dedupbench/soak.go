@@ -57,15 +57,7 @@ func soak(ctx context.Context, o options) error {
 	}
 	var rs []*running
 	for _, name := range o.transports {
-		var t transport
-		switch name {
-		case "nats":
-			t, err = newNATS(ctx, b)
-		case "kafka":
-			t, err = newKafka(ctx, b)
-		default:
-			err = fmt.Errorf("--transports: unknown %q", name)
-		}
+		t, err := newTransport(ctx, b, name)
 		if err != nil {
 			return err
 		}
