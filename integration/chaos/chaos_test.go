@@ -64,7 +64,7 @@ type params struct {
 
 func chaosParams(t *testing.T) params {
 	p := params{keys: 200, dupEvery: 3, slowEvery: 47, workers: 3, faultEvery: 1500 * time.Millisecond, memberEvery: 5 * time.Second,
-		faultFor: 20 * time.Second, publishFor: 6 * time.Second, deadline: 120 * time.Second, lease: 2 * time.Second}
+		faultFor: 20 * time.Second, publishFor: 6 * time.Second, deadline: 4 * time.Minute, lease: 2 * time.Second}
 	if os.Getenv("CHAOS_LONG") != "" {
 		p = params{keys: 25000, dupEvery: 3, slowEvery: 499, workers: 4, faultEvery: 3 * time.Second, memberEvery: 8 * time.Second,
 			faultFor: 5 * time.Minute, publishFor: 4 * time.Minute, deadline: 50 * time.Minute, lease: 2 * time.Second}
@@ -192,7 +192,11 @@ handlers:
 	published := false
 	var lastMember time.Time
 	faultStart := time.Now()
-	const stallKick, kicksMax = 15 * time.Second, 3
+	// A replacement must come later than kfake's rebalance timeout (the
+	// source's default, 30s) after the last join or leave: every join and
+	// leave restarts it, so replacing sooner would keep the group
+	// rebalancing.
+	const stallKick, kicksMax = 40 * time.Second, 3
 	lastCompleted, lastChange := -1, time.Now()
 	for done := false; !done; {
 		select {
@@ -222,7 +226,7 @@ handlers:
 				// ghost assigned partitions nobody reads, until the next
 				// rebalance drops it after the rebalance timeout. Real
 				// Kafka expires it after session.timeout.ms. So when
-				// nothing completes for a while, one worker is replaced
+				// nothing completes for stallKick, one worker is replaced
 				// (a rebalance), at most kicksMax times, each in the report.
 				if completed != lastCompleted {
 					lastCompleted, lastChange = completed, time.Now()
