@@ -183,7 +183,10 @@ type result struct {
 	LatencyN            int     `json:"latency_samples,omitempty"`
 	P50Ms               float64 `json:"latency_p50_ms,omitempty"`
 	P99Ms               float64 `json:"latency_p99_ms,omitempty"`
-	CPUSecPer10k        float64 `json:"cpu_sec_per_10k_msgs"`
+	// Stages splits the worker's latency: p50 and p99 in ms per stage
+	// (fetch, claim, queue, adopt, settle; see stageTrace).
+	Stages       map[string][2]float64 `json:"latency_stages_ms,omitempty"`
+	CPUSecPer10k float64               `json:"cpu_sec_per_10k_msgs"`
 	// Heap allocations of the whole process (embedded brokers included).
 	AllocsPerMsg     float64 `json:"allocs_per_msg"`
 	AllocBytesPerMsg float64 `json:"alloc_bytes_per_msg"`

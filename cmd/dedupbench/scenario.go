@@ -60,6 +60,7 @@ type progress struct {
 	target atomic.Int64
 	reach  atomic.Int64 // unix ns when n reached target
 	lat    latencies
+	stages *stageTrace // the worker's, when the scenario is dedupworker
 }
 
 func (p *progress) done(ts string) {
@@ -174,6 +175,9 @@ func (b *bench) runBroker(ctx context.Context, t transport, mode string, dup int
 	defer b.dropNamespace(ns)
 
 	p := &progress{}
+	if mode == "dedupworker" {
+		p.stages = newStageTrace()
+	}
 	p.target.Store(int64(len(keys)))
 	m, err := b.begin(ctx)
 	if err != nil {
@@ -239,6 +243,10 @@ func (b *bench) runBroker(ctx context.Context, t transport, mode string, dup int
 		ln, p50, p99 := p.lat.quantiles()
 		r.LatencyRate, r.LatencyN = rate, ln
 		r.P50Ms, r.P99Ms = ms(p50), ms(p99)
+		if p.stages != nil {
+			r.Stages = p.stages.quantiles()
+			log.Printf("%s: latency by stage, p50/p99 ms: %s", id, formatStages(r.Stages))
+		}
 		r.PeakRSSMB = max(r.PeakRSSMB, float64(procStatus("VmHWM"))/(1<<20))
 	}
 	stopped = true
@@ -271,7 +279,11 @@ func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progr
 		return nil, err
 	}
 	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 30 * time.Second})
-	noop := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
+	st := p.stages
+	noop := consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
+		st.markMessage(m, func(t *stageTimes, now int64) { t.hand = now })
+		return nil, nil
+	})
 	if err := w.Handle("bench", src, noop, consumer.WithConcurrency(b.o.concurrency), consumer.WithMiddleware(observe(mw, p))); err != nil {
 		_ = store.Close()
 		return nil, err
@@ -311,14 +323,24 @@ type observed struct {
 }
 
 func (o *observed) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+	st := o.p.stages
+	for _, d := range batch {
+		st.mark(d, func(t *stageTimes, now int64) { t.prep0 = now })
+	}
 	if o.prep != nil {
 		o.prep.PrepareBatch(ctx, batch)
+	}
+	for _, d := range batch {
+		st.mark(d, func(t *stageTimes, now int64) { t.prep1 = now })
 	}
 }
 
 func (o *observed) Process(ctx context.Context, d consumer.Delivery) {
+	st := o.p.stages
+	st.mark(d, func(t *stageTimes, now int64) { t.proc0 = now })
 	ctx, obs := consumer.WithObservation(ctx)
 	o.inner.Process(ctx, d)
+	st.mark(d, func(t *stageTimes, now int64) { t.proc1 = now })
 	switch obs.Outcome {
 	case consumer.OutcomeProcessed, consumer.OutcomeDuplicate, consumer.OutcomeReclaimed,
 		consumer.OutcomeLeaseLost, consumer.OutcomeMismatch:
