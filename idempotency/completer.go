@@ -33,8 +33,16 @@ type batcher[Req, Res any] struct {
 	pending []*batchReq[Req, Res]
 	flights int
 	wg      sync.WaitGroup
+
+	// free holds requests whose caller took the answer, for reuse: a
+	// request and its channel per completion were a tenth of the worker's
+	// allocated bytes (docs/PERFORMANCE.md).
+	free sync.Pool
 }
 
+// batchReq is one caller's request. It is answered exactly once, by a send
+// on done (buffered, so the sender never waits); a caller that left before
+// the answer never touches it again, and it is not reused.
 type batchReq[Req, Res any] struct {
 	ctx  context.Context
 	req  Req
@@ -71,7 +79,11 @@ func newClaimer(store Store, timeout time.Duration) *batcher[ClaimRequest, Claim
 // was answered, or when ctx ends (req may still be applied then: as with a
 // direct call abandoned after it was sent).
 func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
-	r := &batchReq[Req, Res]{ctx: ctx, req: req, done: make(chan struct{})}
+	r, _ := b.free.Get().(*batchReq[Req, Res])
+	if r == nil {
+		r = &batchReq[Req, Res]{done: make(chan struct{}, 1)}
+	}
+	r.ctx, r.req = ctx, req
 	b.mu.Lock()
 	b.pending = append(b.pending, r)
 	if b.flights < b.maxFlights {
@@ -81,7 +93,10 @@ func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
 	b.mu.Unlock()
 	select {
 	case <-r.done:
-		return r.res, r.err
+		res, err := r.res, r.err
+		*r = batchReq[Req, Res]{done: r.done} // hold no caller's values while pooled
+		b.free.Put(r)
+		return res, err
 	case <-ctx.Done():
 		var zero Res
 		return zero, context.Cause(ctx)
@@ -103,7 +118,7 @@ func (b *batcher[Req, Res]) next() []*batchReq[Req, Res] {
 		}
 		if r.ctx.Err() != nil {
 			r.err = context.Cause(r.ctx)
-			close(r.done)
+			r.done <- struct{}{}
 			continue
 		}
 		k := b.key(r.req)
@@ -151,7 +166,7 @@ func (b *batcher[Req, Res]) flusher() {
 			} else {
 				r.res = res[i]
 			}
-			close(r.done)
+			r.done <- struct{}{}
 		}
 	}
 }

@@ -889,7 +889,13 @@ func nak(delay time.Duration) settleFunc {
 // settle acks or naks with its own deadline (it must work during shutdown,
 // when ctx is cancelled) and reports the outcome.
 func (p *processor) settle(ctx context.Context, d consumer.Delivery, outcome consumer.Outcome, f settleFunc) {
-	sctx := &valuesCtx{Context: p.e.settleBy.ctx(), values: context.WithoutCancel(ctx)}
+	values := ctx
+	if ctx.Done() != nil {
+		// Hide its cancellation (a context that can never be cancelled,
+		// as the sources' shared delivery context, has none to hide).
+		values = context.WithoutCancel(ctx)
+	}
+	sctx := &valuesCtx{Context: p.e.settleBy.ctx(), values: values}
 	if err := f(sctx, d); err != nil {
 		p.log.Error("settling the delivery failed; the broker will redeliver it", "origin", d.Message().Origin.String(), "outcome", string(outcome), "err", err)
 	}
@@ -941,7 +947,7 @@ func (s *deadlines) ctx() context.Context {
 // cancellation of another.
 type valuesCtx struct {
 	context.Context                 // deadline, cancellation and its cause
-	values          context.Context // values; must hide its cancellation (context.WithoutCancel)
+	values          context.Context // values; its Done must be nil (context.WithoutCancel)
 }
 
 // Value looks in values first. Having no cancellation of its own to show

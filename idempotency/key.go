@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/idemkit/dedupworker/consumer"
 )
@@ -166,17 +167,52 @@ const FingerprintVersion = 1
 // header's name and values, in name order (SPEC §3.3). Every part is
 // length-prefixed, so no two different inputs hash the same text.
 func Fingerprint(m *consumer.Message, headers []string) string {
-	h := sha256.New()
-	var n [20]byte
-	write := func(b []byte) {
-		h.Write(strconv.AppendInt(n[:0], int64(len(b)), 10))
-		h.Write([]byte{':'})
-		h.Write(b)
+	var sum [sha256.Size]byte
+	if len(m.Payload) <= fpBufMax {
+		// The common case hashes one buffer assembled from the parts: a
+		// streaming hash allocated its state and each part it was given
+		// (five allocations a message, more with headers).
+		bp := fpBufs.Get().(*[]byte)
+		b := appendFPPart((*bp)[:0], m.Payload)
+		for _, name := range headers { // sorted by the option
+			b = appendFPPart(b, []byte(strings.ToLower(name)))
+			b = appendFPPart(b, []byte(m.Header.Get(name)))
+		}
+		sum = sha256.Sum256(b)
+		if cap(b) <= fpBufMax {
+			*bp = b
+			fpBufs.Put(bp)
+		}
+	} else {
+		h := sha256.New()
+		var n [20]byte
+		write := func(b []byte) {
+			h.Write(strconv.AppendInt(n[:0], int64(len(b)), 10))
+			h.Write([]byte{':'})
+			h.Write(b)
+		}
+		write(m.Payload)
+		for _, name := range headers {
+			write([]byte(strings.ToLower(name)))
+			write([]byte(m.Header.Get(name)))
+		}
+		h.Sum(sum[:0])
 	}
-	write(m.Payload)
-	for _, name := range headers { // sorted by the option
-		write([]byte(strings.ToLower(name)))
-		write([]byte(m.Header.Get(name)))
-	}
-	return strconv.Itoa(FingerprintVersion) + ":" + hex.EncodeToString(h.Sum(nil))
+	var out [24 + 2*sha256.Size]byte
+	b := strconv.AppendInt(out[:0], FingerprintVersion, 10)
+	b = append(b, ':')
+	return string(hex.AppendEncode(b, sum[:]))
+}
+
+// fpBufMax bounds the payloads Fingerprint copies into a pooled buffer, and
+// the buffers the pool keeps.
+const fpBufMax = 64 << 10
+
+var fpBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// appendFPPart appends "<len>:<part>" to b.
+func appendFPPart(b, part []byte) []byte {
+	b = strconv.AppendInt(b, int64(len(part)), 10)
+	b = append(b, ':')
+	return append(b, part...)
 }

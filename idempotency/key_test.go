@@ -64,6 +64,37 @@ func TestEffectiveKeyHashesLongKeys(t *testing.T) {
 	}
 }
 
+// TestFingerprintVectors pins Fingerprint's output: stored records carry it,
+// so a change would make every redelivery of an older message a mismatch.
+// The first is sha256("12:{\"order\":42}"); the large payload takes the
+// streaming path, the others the pooled buffer.
+func TestFingerprintVectors(t *testing.T) {
+	h := consumer.Header{}
+	h.Set("Tenant", "acme")
+	h.Set("X-Region", "eu")
+	m := &consumer.Message{Payload: []byte(`{"order":42}`), Header: h}
+	big := make([]byte, 100000)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	for _, c := range []struct {
+		m       *consumer.Message
+		headers []string
+		want    string
+	}{
+		{m, nil, "1:0d916809c7c616a0e20c9bcc2da5c0dd4d75dcd5b7ad954e656f80ca2438d696"},
+		{m, []string{"tenant", "x-region"}, "1:d5eef24c1ecc2fbb435402bb7a970d3731da747fc694699a31981e954c9f3ce1"},
+		{&consumer.Message{}, nil, "1:ba768b331fd86cec803be04e56ab2b3d4c0e98ef4ee4fcd4e72ad7cce61a1d1f"},
+		{&consumer.Message{Payload: big, Header: h}, []string{"Tenant"}, "1:3abe068d0052ddda11f2ad01d12a75e2c8fa8461858768a54679e57b8d52a5b1"},
+	} {
+		for range 2 { // the second time with a pooled buffer
+			if got := Fingerprint(c.m, c.headers); got != c.want {
+				t.Fatalf("Fingerprint(%d-byte payload, %v) = %s, want %s", len(c.m.Payload), c.headers, got, c.want)
+			}
+		}
+	}
+}
+
 func TestFingerprint(t *testing.T) {
 	a := &consumer.Message{Payload: []byte("p"), Header: consumer.Header{"Tenant": {"t1"}}}
 	b := &consumer.Message{Payload: []byte("p"), Header: consumer.Header{"Tenant": {"t2"}}}

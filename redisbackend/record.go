@@ -139,7 +139,17 @@ func msTime(ms float64) time.Time { return time.UnixMilli(int64(ms)) }
 // leading zero of at most 15 digits, and a result in standard base64.
 // Anything else reports false, and the general path decides.
 func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
-	s := string(raw)
+	rec := new(idempotency.Record)
+	if !decodeFreshInto(rec, key, string(raw)) {
+		return nil, false
+	}
+	return rec, true
+}
+
+// decodeFreshInto is decodeFresh reading s into rec, whose fields are
+// undefined when it reports false. The record's strings share s's memory:
+// the claim reply is read without copying it.
+func decodeFreshInto(rec *idempotency.Record, key, s string) bool {
 	var state idempotency.State
 	switch {
 	case strings.HasPrefix(s, `{"v":1,"state":"CLAIMED","fp":`):
@@ -147,7 +157,7 @@ func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
 	case strings.HasPrefix(s, `{"v":1,"state":"COMPLETED","fp":`):
 		state, s = idempotency.StateCompleted, s[len(`{"v":1,"state":"COMPLETED","fp":`):]
 	default:
-		return nil, false
+		return false
 	}
 	var fp, token string
 	var fpv, fence, claimed, lease, attempts int64
@@ -165,7 +175,7 @@ func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
 	lease, s, ok = plainInt(s, ok)
 	s, ok = cut(s, `,"attempts":`, ok)
 	attempts, s, ok = plainInt(s, ok)
-	rec := &idempotency.Record{
+	*rec = idempotency.Record{
 		Key:                key,
 		State:              state,
 		Fingerprint:        fp,
@@ -189,15 +199,12 @@ func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
 		if ok && result != "" {
 			b, err := base64.StdEncoding.DecodeString(result)
 			if err != nil {
-				return nil, false
+				return false
 			}
 			rec.Result = b
 		}
 	}
-	if !ok || s != "}" {
-		return nil, false
-	}
-	return rec, true
+	return ok && s == "}"
 }
 
 // cut removes prefix from s, or reports false.

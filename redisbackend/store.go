@@ -149,9 +149,20 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 	for gi, g := range groups {
 		args := make([]any, 0, 1+4*len(g.idx))
 		args = append(args, s.graceMs)
+		// A batch's requests nearly always share their lease and
+		// fingerprint version: box each once, not once a key.
+		var fpv, lease any
+		var lastFPV int
+		var lastLease time.Duration
 		for _, i := range g.idx {
 			r := &reqs[i]
-			args = append(args, tokens[i], r.Fingerprint, r.FingerprintVersion, durMs(r.Lease))
+			if fpv == nil || r.FingerprintVersion != lastFPV {
+				fpv, lastFPV = r.FingerprintVersion, r.FingerprintVersion
+			}
+			if lease == nil || r.Lease != lastLease {
+				lease, lastLease = durMs(r.Lease), r.Lease
+			}
+			args = append(args, tokens[i], r.Fingerprint, fpv, lease)
 		}
 		calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
 	}
@@ -183,9 +194,15 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, error) {
 	o, _ := outcome.(string)
 	js, _ := raw.(string)
-	rec, ok := decodeRecord(key, []byte(js))
-	if !ok {
-		return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
+	// Nearly every reply is in the scripts' template: read it in place,
+	// into a record on the stack (an owned claim keeps only a Claim).
+	var fresh idempotency.Record
+	rec := &fresh
+	if !decodeFreshInto(rec, key, js) {
+		var ok bool
+		if rec, ok = decodeRecord(key, []byte(js)); !ok {
+			return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
+		}
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.ClaimOutcome(o)}
 	if res.Outcome == idempotency.ClaimInFlight && rec.Token == token && !rec.Released {
@@ -212,7 +229,8 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 			Steps:      rec.Steps,
 		}
 	case idempotency.ClaimDuplicate, idempotency.ClaimInFlight, idempotency.ClaimMismatch:
-		res.Record = rec
+		cp := *rec
+		res.Record = &cp
 	default:
 		return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: unknown outcome %q from script", keyHash(key), o)
 	}
@@ -254,6 +272,9 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	for gi, g := range groups {
 		args := make([]any, 0, 1+5*len(g.idx))
 		args = append(args, s.channel)
+		var retention, outcome any // boxed once while completions share them
+		var lastRetention time.Duration
+		var lastOutcome string
 		for _, i := range g.idx {
 			c := &cs[i]
 			meta := ""
@@ -264,7 +285,13 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 				}
 				meta = string(b)
 			}
-			args = append(args, c.Token, c.Outcome, base64.StdEncoding.EncodeToString(c.Result), meta, durMs(c.Retention))
+			if retention == nil || c.Retention != lastRetention {
+				retention, lastRetention = durMs(c.Retention), c.Retention
+			}
+			if outcome == nil || c.Outcome != lastOutcome {
+				outcome, lastOutcome = c.Outcome, c.Outcome
+			}
+			args = append(args, c.Token, outcome, base64.StdEncoding.EncodeToString(c.Result), meta, retention)
 		}
 		calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
 	}
@@ -461,13 +488,16 @@ func noDuplicates(op string, n int, key func(int) string) error {
 	return nil
 }
 
-// newTokens returns n claim tokens: 128 random bits each, in hex.
+// newTokens returns n claim tokens: 128 random bits each, in hex. They are
+// substrings of one string (one allocation for the batch, not one a key).
 func newTokens(n int) []string {
-	buf := make([]byte, 16*n)
-	_, _ = rand.Read(buf) // never fails (crypto/rand crashes the program instead)
+	buf := make([]byte, 48*n) // 16n random bytes, then their 32n hex digits
+	_, _ = rand.Read(buf[:16*n]) // never fails (crypto/rand crashes the program instead)
+	hex.Encode(buf[16*n:], buf[:16*n])
+	all := string(buf[16*n:])
 	out := make([]string, n)
 	for i := range out {
-		out[i] = hex.EncodeToString(buf[16*i : 16*i+16])
+		out[i] = all[32*i : 32*i+32]
 	}
 	return out
 }
