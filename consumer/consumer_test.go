@@ -394,3 +394,92 @@ func TestWorkerContextValuesAndEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// ctxSource passes each delivery the context it came with, as the Kafka
+// source passes its partition's context (cancelled when the partition is
+// revoked) to every delivery of the partition.
+type ctxSource struct {
+	in chan ctxDelivery
+}
+
+type ctxDelivery struct {
+	ctx context.Context
+	d   consumer.Delivery
+}
+
+func (s *ctxSource) Consume(ctx context.Context, r consumer.Runner) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case cd := <-s.in:
+			wg.Go(func() { r.Process(cd.ctx, cd.d) })
+		}
+	}
+}
+
+// TestWorkerSourceContextCancelReachesHandler: deliveries sharing a source
+// context that the source cancels (a revoked partition) see it cancelled,
+// with its cause, while their handler runs; deliveries before it finish
+// normally, and a new context works afterwards.
+func TestWorkerSourceContextCancelReachesHandler(t *testing.T) {
+	src := &ctxSource{in: make(chan ctxDelivery)}
+	w := consumer.NewWorker(consumer.Config{})
+	errRevoked := errors.New("revoked")
+	started := make(chan struct{})
+	causes := make(chan error, 1)
+	err := w.Handle("h", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		if string(m.Payload) != "block" {
+			return nil, nil
+		}
+		close(started)
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return nil, ctx.Err()
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+
+	part, revoke := context.WithCancelCause(context.Background())
+	for _, p := range []string{"a", "b"} {
+		d := newDelivery(p)
+		src.in <- ctxDelivery{part, d}
+		wait(t, d.done, p)
+		if !d.acked {
+			t.Fatalf("%s: not acked", p)
+		}
+	}
+	blocked := newDelivery("block")
+	src.in <- ctxDelivery{part, blocked}
+	wait(t, started, "the blocking handler")
+	revoke(errRevoked)
+	select {
+	case cause := <-causes:
+		if !errors.Is(cause, errRevoked) {
+			t.Fatalf("handler context's cause %v, want %v", cause, errRevoked)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancelling the source's context did not reach the running handler")
+	}
+	wait(t, blocked.done, "the blocked delivery settled")
+
+	part2, cancel2 := context.WithCancel(context.Background())
+	defer cancel2()
+	d := newDelivery("c")
+	src.in <- ctxDelivery{part2, d}
+	wait(t, d.done, "c")
+	if !d.acked {
+		t.Fatal("c: not acked after the first context was cancelled")
+	}
+	cancel()
+	if err := <-runErr; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -219,6 +220,9 @@ type runner struct {
 	hooks   Hooks
 	workCtx context.Context // the worker's hard-stop context; cancelled after the drain timeout
 	bound   atomic.Pointer[boundCtx]
+
+	sharedMu sync.Mutex
+	shared   map[context.Context]context.Context // see sharedBind
 }
 
 func (r *runner) Name() string     { return r.name }
@@ -257,7 +261,8 @@ func (r *runner) Process(ctx context.Context, d Delivery) {
 // and the worker's cancellation: built once and shared by every delivery
 // that passes the same context, where a cancellable context and an AfterFunc
 // per delivery were 2-3 % of the worker's CPU (docs/PERFORMANCE.md). A
-// context a source may cancel (a revoked Kafka partition) is bound per call.
+// context a source may cancel (a revoked Kafka partition) is bound once
+// while it lives (sharedBind).
 func (r *runner) bind(ctx context.Context) (context.Context, context.CancelFunc) {
 	if ctx.Done() == nil {
 		if b := r.bound.Load(); b != nil && b.src == ctx {
@@ -271,9 +276,50 @@ func (r *runner) bind(ctx context.Context) (context.Context, context.CancelFunc)
 		r.bound.Store(b)
 		return b, nop
 	}
+	if c := r.sharedBind(ctx); c != nil {
+		return c, nop
+	}
 	c, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(r.workCtx, func() { cancel(context.Cause(r.workCtx)) })
 	return c, func() { stop(); cancel(nil) }
+}
+
+// maxShared bounds how many live source contexts sharedBind shares.
+const maxShared = 1024
+
+// sharedBind binds a context a source may cancel once for every call that
+// passes it, for as long as it lives: the Kafka source passes one per
+// partition, and a cancellable context and an AfterFunc per delivery, and
+// their registration with the parent, were a tenth of its CPU. The shared
+// context ends when ctx or the worker's hard-stop context does, and is then
+// forgotten. It returns nil for a context that cannot be a map key (only
+// pointer types are shared) or when maxShared contexts are live (a source
+// passing a new context per delivery): the caller binds per call.
+func (r *runner) sharedBind(ctx context.Context) context.Context {
+	if reflect.TypeOf(ctx).Kind() != reflect.Pointer {
+		return nil
+	}
+	r.sharedMu.Lock()
+	defer r.sharedMu.Unlock()
+	if c, ok := r.shared[ctx]; ok {
+		return c
+	}
+	if len(r.shared) >= maxShared {
+		return nil
+	}
+	c, cancel := context.WithCancelCause(ctx)
+	stopWork := context.AfterFunc(r.workCtx, func() { cancel(context.Cause(r.workCtx)) })
+	if r.shared == nil {
+		r.shared = make(map[context.Context]context.Context)
+	}
+	r.shared[ctx] = c
+	context.AfterFunc(c, func() {
+		stopWork()
+		r.sharedMu.Lock()
+		delete(r.shared, ctx)
+		r.sharedMu.Unlock()
+	})
+	return c
 }
 
 func nop() {}
