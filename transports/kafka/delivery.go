@@ -34,6 +34,8 @@ type delivery struct {
 	mu    sync.Mutex
 	state settlement
 	delay time.Duration
+
+	call procCall // its Process call on the member's procPool
 }
 
 var _ consumer.Delivery = (*delivery)(nil)

@@ -438,7 +438,7 @@ func (p *partition) deliver(d *delivery) {
 			p.abandon(d)
 			return
 		}
-		m.r.Process(p.workCtx, d)
+		m.procs.process(p.workCtx, d)
 		<-m.sem
 		st, delay := d.outcome()
 		switch st {

@@ -122,9 +122,13 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		r:   r,
 		dlq: dlq,
 		// Member-wide cap on deliveries in Process (SPEC §8.1).
-		sem:  make(chan struct{}, max(r.Concurrency(), 1)),
-		base: context.WithoutCancel(ctx),
+		sem:   make(chan struct{}, max(r.Concurrency(), 1)),
+		base:  context.WithoutCancel(ctx),
+		procs: newProcPool(r, max(r.Concurrency(), 1)),
 	}
+	// Every generation's lanes returned before Consume does: the pool's
+	// goroutines are idle.
+	defer m.procs.close()
 	var fatal error
 	// The member id kafka-go rejoins with: the keeper heartbeats it between
 	// generations, and the source leaves with it when kafka-go forgets it.
@@ -317,11 +321,12 @@ func isFatal(err error) bool {
 
 // member is the state of one Consume call that outlives generations.
 type member struct {
-	s    *Source
-	r    consumer.Runner
-	dlq  *deadLetterWriter
-	sem  chan struct{}
-	base context.Context // Consume's ctx without its cancellation: the root of Process contexts
+	s     *Source
+	r     consumer.Runner
+	dlq   *deadLetterWriter
+	sem   chan struct{}
+	base  context.Context // Consume's ctx without its cancellation: the root of Process contexts
+	procs *procPool       // runs Process for lanes holding a sem slot
 }
 
 // generation is this member's share of one group generation: its assigned

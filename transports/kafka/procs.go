@@ -1,0 +1,86 @@
+package kafka
+
+import (
+	"context"
+	"sync"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// procPool runs Runner.Process calls on long-lived goroutines for lanes that
+// hold a slot of the member's semaphore. A lane is a goroutine of its own
+// (with key ordering and keyless messages, one per message), and running
+// Process on it grew its fresh stack, through the engine and the Redis
+// client, every time: runtime.newstack and copystack were 17 % of the
+// Kafka worker's CPU (docs/PERFORMANCE.md). Pooled goroutines keep their
+// grown stacks; the lane waits, on a shallow stack, for its call to return.
+//
+// Callers hold a semaphore slot, so at most size calls run at once, and the
+// pool never starts more than size goroutines: when all exist and none is
+// idle, a call waits for one that is finishing (it released its call and is
+// going back for the next). The member owns the pool and closes it when
+// Consume returns, after every lane returned.
+type procPool struct {
+	r    consumer.Runner
+	work chan *procCall
+	size int
+
+	mu sync.Mutex
+	n  int // goroutines started
+	wg sync.WaitGroup
+}
+
+// procCall is one Process call, kept in its delivery (no allocation a
+// call); the caller waits on done.
+type procCall struct {
+	ctx  context.Context
+	d    *delivery
+	done sync.WaitGroup
+}
+
+func newProcPool(r consumer.Runner, size int) *procPool {
+	return &procPool{r: r, work: make(chan *procCall), size: max(size, 1)}
+}
+
+// process runs Process(ctx, d) on a pooled goroutine and returns when it
+// returned.
+func (pp *procPool) process(ctx context.Context, d *delivery) {
+	c := &d.call
+	c.ctx, c.d = ctx, d
+	c.done.Add(1)
+	select {
+	case pp.work <- c:
+	default:
+		pp.mu.Lock()
+		start := pp.n < pp.size
+		if start {
+			pp.n++
+		}
+		pp.mu.Unlock()
+		if start {
+			pp.wg.Go(func() { pp.loop(c) })
+		} else {
+			pp.work <- c
+		}
+	}
+	c.done.Wait()
+	c.ctx, c.d = nil, nil
+}
+
+func (pp *procPool) loop(c *procCall) {
+	for {
+		pp.r.Process(c.ctx, c.d)
+		c.done.Done()
+		var ok bool
+		if c, ok = <-pp.work; !ok {
+			return
+		}
+	}
+}
+
+// close ends the goroutines and waits for them. No call may be running or
+// made after it.
+func (pp *procPool) close() {
+	close(pp.work)
+	pp.wg.Wait()
+}
