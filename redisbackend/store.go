@@ -162,7 +162,9 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 			if lease == nil || r.Lease != lastLease {
 				lease, lastLease = durMs(r.Lease), r.Lease
 			}
-			args = append(args, tokens[i], r.Fingerprint, fpv, lease)
+			// Pointers: go-redis writes a *string as the string, and a
+			// pointer is not copied to the heap to fit in an interface.
+			args = append(args, &tokens[i], &r.Fingerprint, fpv, lease)
 		}
 		calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
 	}
@@ -291,7 +293,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 			if outcome == nil || c.Outcome != lastOutcome {
 				outcome, lastOutcome = c.Outcome, c.Outcome
 			}
-			args = append(args, c.Token, outcome, base64.StdEncoding.EncodeToString(c.Result), meta, retention)
+			args = append(args, &c.Token, outcome, base64.StdEncoding.EncodeToString(c.Result), meta, retention)
 		}
 		calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
 	}

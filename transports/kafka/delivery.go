@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,9 +28,11 @@ const (
 // delivery with Attempt()+1 over the same message.
 type delivery struct {
 	p       *partition
-	msg     *consumer.Message
+	msg     *consumer.Message // first's, shared by the retries
 	raw     *kafka.Message
 	attempt int
+
+	first consumer.Message // the message, in the first attempt's allocation
 
 	mu    sync.Mutex
 	state settlement
@@ -41,29 +44,52 @@ type delivery struct {
 var _ consumer.Delivery = (*delivery)(nil)
 
 func newDelivery(p *partition, m *kafka.Message, attempt int) *delivery {
-	var h consumer.Header
-	if len(m.Headers) > 0 {
-		h = make(consumer.Header, len(m.Headers))
-		for _, kh := range m.Headers {
-			h[kh.Key] = append(h[kh.Key], string(kh.Value))
-		}
-	}
-	return &delivery{
-		p:   p,
-		raw: m,
-		msg: &consumer.Message{
-			Key:     m.Key,
-			Payload: m.Value,
-			Header:  h,
-			Origin: consumer.Origin{
-				Transport: "kafka",
-				Topic:     m.Topic,
-				Partition: m.Partition,
-				Offset:    m.Offset,
-			},
+	d := &delivery{p: p, raw: m, attempt: attempt}
+	d.first = consumer.Message{
+		Key:     m.Key,
+		Payload: m.Value,
+		Header:  newHeader(m.Headers),
+		Origin: consumer.Origin{
+			Transport: "kafka",
+			Topic:     m.Topic,
+			Partition: m.Partition,
+			Offset:    m.Offset,
 		},
-		attempt: attempt,
 	}
+	d.msg = &d.first
+	return d
+}
+
+// newHeader converts Kafka headers, in order, with three allocations however
+// many there are: the map, one slice backing every value list, and one
+// string holding every value.
+func newHeader(hs []kafka.Header) consumer.Header {
+	if len(hs) == 0 {
+		return nil
+	}
+	n := 0
+	for _, kh := range hs {
+		n += len(kh.Value)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, kh := range hs {
+		b.Write(kh.Value)
+	}
+	all := b.String()
+	vals := make([]string, len(hs))
+	h := make(consumer.Header, len(hs))
+	off := 0
+	for i, kh := range hs {
+		vals[i] = all[off : off+len(kh.Value)]
+		off += len(kh.Value)
+		if prev, ok := h[kh.Key]; ok {
+			h[kh.Key] = append(prev, vals[i]) // a repeated key: its own slice from now on
+			continue
+		}
+		h[kh.Key] = vals[i : i+1 : i+1]
+	}
+	return h
 }
 
 // retry returns the next attempt of the same message.
