@@ -34,13 +34,22 @@ type Config struct {
 	// (SPEC §8.1), which suits one worker; for N workers sharing the durable
 	// consumer set N × concurrency, or they share one worker's capacity.
 	MaxAckPending int
-	// Batch caps how many messages one fetch asks for. Default (0) and any
-	// value above the handler's concurrency mean the concurrency. A fetch
-	// never asks for more than the free processing capacity.
+	// Batch caps how many messages the pull subscription asks for ahead
+	// (its PullMaxMessages: the client holds at most about twice this many
+	// not yet started) and how many go into one batch claim
+	// (Runner.Prepare). Default (0) and any value above the handler's
+	// concurrency mean the concurrency. A batch never holds more messages
+	// than there are free processing slots.
 	Batch int
-	// FetchMaxWait bounds how long one fetch waits for a first message when
-	// the stream has none. It also bounds how long Consume takes to notice
-	// its context was cancelled. Default 1s.
+	// FetchMaxWait is how long one pull request waits on the server for
+	// messages before the client renews it (its expiry); values under 1s,
+	// the jetstream library's minimum, count as 1s. The server sends an
+	// idle heartbeat every half of it, so a pull request lost without an
+	// error (a server restart, a consumer deleted on a server that does not
+	// say so) is noticed once heartbeats are missing for the expiry: the
+	// request is renewed and the consumer looked up. It does not delay
+	// noticing cancellation, which Consume does at once (it used to bound
+	// that, as the wait of a fetch in progress). Default 1s.
 	FetchMaxWait time.Duration
 	// RequestTimeout is the deadline of every JetStream API call the Source
 	// makes (consumer lookup and creation, stream lookup, dead-letter

@@ -6,17 +6,28 @@
 // Config, MaxDeliver unlimited because the worker counts attempts, and
 // MaxAckPending equal to the handler's concurrency; SPEC §9.2).
 //
-// It fetches in batches that never exceed the free processing capacity,
-// shows each fetched batch to the processor once (consumer.Runner.Prepare,
-// so the deduplication engine claims a whole batch in one Redis round trip,
-// SPEC §4.4), and runs each delivery on its own goroutine, at most
-// Runner.Concurrency at a time. The jetstream Consume callback is serial, so
-// the Source uses Fetch and FetchNoWait instead: FetchNoWait takes what is
-// available at once; when nothing is, Fetch waits up to Config.FetchMaxWait
-// for a first message and FetchNoWait adds what came with it, so a quiet
-// stream's message is not held back to fill a batch. Under load, when fewer
-// than half the slots are free, the Source lingers up to 2ms for more to come
-// free, so batches (and batch claims) keep a useful size.
+// It keeps one pull subscription open for the whole of Consume (jetstream's
+// Consume, whose callback only hands each message on): the server pushes
+// messages as they arrive, without a request round trip per batch. The
+// subscription pulls at most Config.Batch messages (default: the handler's
+// concurrency) ahead and pulls more only as the Source takes them, so the
+// client holds at most about twice that many not yet started (what the library
+// buffered and what it handed on), however large the consumer's MaxAckPending.
+// Whenever a processing slot is free the Source waits for a message, then
+// takes every message already received, up to the free slots and Config.Batch,
+// without waiting for more: a quiet stream's message is not held back to fill
+// a batch. Under load the next batch grows while the previous one is being
+// claimed, and when fewer than half of Config.Batch slots are free a small
+// batch waits up to 2ms for slots in use to come free, so that a busy handler
+// is fed in batches of useful size. It shows each batch to the processor once
+// (consumer.Runner.Prepare, so the deduplication engine claims a whole batch
+// in one Redis round trip, SPEC §4.4) and runs each delivery on a pool of at
+// most Runner.Concurrency goroutines. (The Source used to Fetch each batch: a
+// request round trip before messages flow, and a subscription, a goroutine and
+// a timer per message each time.) On cancellation the subscription is drained:
+// the server is told to stop sending, whatever it sent before is still
+// received, and every message received but not started is nakked for prompt
+// redelivery.
 //
 // A Delivery maps the transport-neutral obligations onto JetStream:
 //
@@ -43,10 +54,13 @@
 // the stored result.
 //
 // The nats.Conn reconnects by itself (configure it with nats.MaxReconnects(-1)
-// for a long-running worker); the Source stops fetching while it is
-// disconnected, because a pull request buffered meanwhile would be answered
-// into an inbox nobody reads, and retries failed fetches with a backoff,
-// logging them. A closed connection ends Consume with an error. A stream or consumer deleted before or during
-// the run ends Consume with an error naming both (it wraps
-// jetstream.ErrStreamNotFound or jetstream.ErrConsumerNotFound).
+// for a long-running worker); the subscription survives a reconnect and the
+// jetstream library renews its pull request on the new connection, as it
+// does when the server's idle heartbeats stop for Config.FetchMaxWait (at
+// least 1s). A closed connection ends Consume with an error. A
+// stream or consumer deleted before or during the run ends Consume with an
+// error naming both (it wraps jetstream.ErrStreamNotFound or
+// jetstream.ErrConsumerNotFound); the Source looks the consumer up when the
+// server reports it deleted, when a pull request gets no responder or no
+// heartbeat, and every few seconds while no message arrives.
 package nats

@@ -67,14 +67,27 @@ func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) er
 }
 
 // Consume binds to (or creates) the durable consumer and runs its messages on
-// r until ctx is cancelled, per the consumer.Source contract: it fetches at
-// most the free capacity of r.Concurrency() slots, calls r.Prepare once per
-// fetched batch, runs every delivery with r.Process and
-// context.WithoutCancel(ctx) on a pool of at most r.Concurrency() goroutines.
-// On cancellation it stops fetching, naks what it fetched but did not start,
-// waits for every Process call to return and returns nil. It returns an error when the stream or the consumer does not
-// exist or disappears, when the consumer cannot be used (a push consumer, an
-// ack policy other than explicit), or when the connection is closed for good.
+// r until ctx is cancelled, per the consumer.Source contract. It keeps one
+// pull subscription open for the whole run (jetstream's Consume), which
+// pulls at most Config.Batch messages (default: r.Concurrency()) ahead and
+// more only as they are taken. Whenever a processing slot is free it waits
+// for a message, then takes every message already received, up to the free
+// slots and Config.Batch, without waiting for more messages; the batch
+// grows while the previous one is being claimed, and when the pool is so
+// busy that fewer than half of Config.Batch slots are free it waits up to
+// 2ms for slots to come free. It calls r.Prepare once per batch and runs
+// every delivery with r.Process and context.WithoutCancel(ctx) on a pool of
+// at most r.Concurrency() goroutines. Messages received while every slot is
+// busy wait in the client's buffer.
+//
+// It notices cancellation at once: it then ends the subscription (a drain:
+// the server is told to stop sending, and what it sent before that is still
+// received, waiting at most Config.RequestTimeout), naks every message
+// received but not started, waits for every Process call to return, flushes
+// the connection and returns nil. It returns an error when the stream or the
+// consumer does not exist or disappears, when the consumer cannot be used (a
+// push consumer, an ack policy other than explicit), or when the connection
+// is closed for good.
 func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	if !s.consuming.CompareAndSwap(false, true) {
 		return fmt.Errorf("dedup: nats: stream %q consumer %q: already consuming: one Source feeds one handler", s.cfg.Stream, s.cfg.Consumer)
@@ -103,18 +116,13 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	// before the stop is not redelivered (SPEC §8.3).
 	defer s.flush()
 	slots := make(chan struct{}, n) // a token per delivery being processed
-	release := func(k int) {
-		for range k {
-			<-slots
-		}
-	}
 	workCtx := context.WithoutCancel(ctx)
 	p := newPool(workCtx, r, slots, n)
 	defer p.close() // every Process returned before the flush
-	// A fetched batch is claimed (Prepare: a round trip to the store) and
-	// handed to the pool by a goroutine of its own, so the next fetch, a
-	// round trip to the server, overlaps that claim instead of following
-	// it. Batches go one at a time and in order.
+	// A batch is claimed (Prepare: a round trip to the store) and handed to
+	// the pool by a goroutine of its own, so that receiving the next batch
+	// overlaps that claim instead of following it. Batches go one at a time
+	// and in order; while the claim of one runs, the next one grows.
 	prepared := make(chan []consumer.Delivery)
 	prepDone := make(chan struct{})
 	go func() {
@@ -126,68 +134,307 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 			}
 		}
 	}()
-	defer func() { // runs first: every fetched batch is in the pool before it closes
+	defer func() { // runs first: every prepared batch is in the pool before it closes
 		close(prepared)
 		<-prepDone
 	}()
-	failures := 0
-	lastCheck := time.Now()
+
+	rc := newReceiver(s, cons, batch)
+	var (
+		ds       []consumer.Delivery // received, holding slots, not yet handed to the prep goroutine
+		held     bool                // a slot is taken for the next message
+		failures int                 // subscriptions that ended by themselves in a row
+		restart  *time.Timer         // set while no subscription is open
+		idle     = true              // no message since the last tick
+	)
+	// stop ends the subscription and hands back what was received and not
+	// started; the deferred calls then wait for the pool and flush.
+	stop := func(err error) error {
+		if held {
+			<-slots
+		}
+		if restart != nil {
+			restart.Stop()
+		}
+		rc.end()
+		for _, d := range ds {
+			<-slots
+			s.nakAll(d.(*delivery).msg)
+		}
+		return err
+	}
+	if err := rc.subscribe(); err != nil {
+		if fatal := s.subscribeFailed(err); fatal != nil {
+			return stop(fatal)
+		}
+		failures++
+		restart = time.NewTimer(consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second))
+	}
+	half := (batch + 1) / 2
+	linger := time.NewTimer(batchLinger)
+	linger.Stop()
+	defer linger.Stop()
+	var lingering, lingered bool // a small batch waits for slots; it waited long enough
+	// An idle consumer gets no error when it is deleted on some servers:
+	// look it up now and then.
+	tick := time.NewTicker(idleCheckEvery)
+	defer tick.Stop()
 	for {
-		if !s.waitConnected(ctx) {
-			return nil
+		if ctx.Err() != nil { // select below picks at random among ready cases
+			return stop(nil)
 		}
-		if nc := s.js.Conn(); nc.IsClosed() {
-			return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed", s.cfg.Stream, s.cfg.Consumer)
+		var (
+			slotC chan<- struct{}
+			inC   <-chan jetstream.Msg
+			sendC chan<- []consumer.Delivery
+			restC <-chan time.Time
+		)
+		switch {
+		case held:
+			inC = rc.in
+		case len(ds) < batch:
+			slotC = slots
 		}
-		k := reserve(ctx, slots, batch, batchLinger)
-		if k == 0 {
-			return nil
+		if len(ds) > 0 {
+			// A busy pool is fed in batches of useful size (one batch
+			// claim each) rather than a few messages per claim: while the
+			// batch is under half of Config.Batch and the free slots cannot
+			// make it so, it waits up to batchLinger for slots in use to
+			// come free. A quiet stream's message is never held back: its
+			// pool has its slots free.
+			if len(ds)+n-len(slots) >= half || lingered {
+				sendC = prepared
+			} else if !lingering {
+				linger.Reset(batchLinger)
+				lingering = true
+			}
 		}
-		msgs, ferr := s.fetch(cons, k)
-		release(k - len(msgs))
-		if ctx.Err() != nil {
-			// Fetched after the stop: hand them back at once.
-			s.nakAll(msgs)
-			release(len(msgs))
-			return nil
+		if restart != nil {
+			restC = restart.C
 		}
-		if ferr != nil {
-			if fatal := s.classify(ctx, cons, ferr); fatal != nil {
-				s.nakAll(msgs)
-				release(len(msgs))
-				return fatal
+		var lingerC <-chan time.Time
+		if lingering && !lingered {
+			lingerC = linger.C
+		}
+		select {
+		case <-ctx.Done():
+			return stop(nil)
+		case slotC <- struct{}{}:
+			held = true
+		case m := <-inC:
+			held = false
+			idle = false
+			failures = 0
+			ds = append(ds, s.newDelivery(m))
+			ds = rc.takeBuffered(ds, slots, batch)
+		case sendC <- ds:
+			ds = nil
+			if lingering && !lingered {
+				linger.Stop()
+			}
+			lingering, lingered = false, false
+		case <-lingerC:
+			lingered = true
+		case err := <-rc.errs:
+			if fatal := s.consumeError(ctx, cons, err); fatal != nil {
+				return stop(fatal)
+			}
+		case <-rc.closed:
+			// The subscription ended by itself: the library stops it on a
+			// terminal status (the consumer was deleted, the server refused
+			// the request) and when the connection closes.
+			rc.ended()
+			if fatal := s.subscriptionEnded(ctx, cons); fatal != nil {
+				return stop(fatal)
 			}
 			failures++
-			lastCheck = time.Now()
 			delay := consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second)
-			s.log.Warn("fetch failed; retrying", "handler", r.Name(), "attempt", failures, "delay", delay, "err", ferr)
-			if len(msgs) == 0 {
-				if !sleep(ctx, delay) {
-					return nil
+			s.log.Warn("the pull subscription ended; subscribing again", "handler", r.Name(), "attempt", failures, "delay", delay)
+			restart = time.NewTimer(delay)
+		case <-restC:
+			restart = nil
+			if err := rc.subscribe(); err != nil {
+				if fatal := s.subscribeFailed(err); fatal != nil {
+					return stop(fatal)
 				}
-				continue
+				failures++
+				delay := consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second)
+				s.log.Warn("subscribing failed; retrying", "handler", r.Name(), "attempt", failures, "delay", delay, "err", err)
+				restart = time.NewTimer(delay)
 			}
-		} else {
-			failures = 0
-		}
-		if len(msgs) == 0 {
-			// An idle consumer gets no error when it is deleted on some
-			// servers: look it up now and then.
-			if time.Since(lastCheck) >= idleCheckEvery {
-				lastCheck = time.Now()
+		case <-tick.C:
+			if idle && s.js.Conn().IsConnected() {
 				if fatal := s.checkGone(ctx, cons); fatal != nil {
-					return fatal
+					return stop(fatal)
 				}
 			}
-			continue
+			idle = true
 		}
-		lastCheck = time.Now()
-		ds := make([]consumer.Delivery, len(msgs))
-		for i, m := range msgs {
-			ds[i] = s.newDelivery(m)
-		}
-		prepared <- ds
 	}
+}
+
+// receiver is Consume's pull subscription: jetstream's Consume with a
+// callback that only hands each message on to in, waiting for room there.
+// While the callback waits the library counts the message as not yet
+// delivered and asks the server for no more, so the client holds at most
+// the subscription's PullMaxMessages plus cap(in) messages not started.
+type receiver struct {
+	s    *Source
+	cons jetstream.Consumer
+	opts []jetstream.PullConsumeOpt
+	in   chan jetstream.Msg
+	errs chan error    // from the library's error handler; full means one is waiting already
+	quit chan struct{} // closed at stop: the callback naks instead of waiting for room
+
+	cc     jetstream.ConsumeContext // nil while no subscription is open
+	closed <-chan struct{}          // cc.Closed(); nil while no subscription is open
+}
+
+func newReceiver(s *Source, cons jetstream.Consumer, batch int) *receiver {
+	rc := &receiver{
+		s:    s,
+		cons: cons,
+		in:   make(chan jetstream.Msg, batch),
+		errs: make(chan error, 1),
+		quit: make(chan struct{}),
+	}
+	rc.opts = []jetstream.PullConsumeOpt{
+		jetstream.PullMaxMessages(batch),
+		jetstream.PullExpiry(s.pullExpiry()),
+		jetstream.ConsumeErrHandler(rc.onError),
+	}
+	return rc
+}
+
+// pullExpiry is how long one pull request waits on the server: FetchMaxWait,
+// at least the library's minimum of a second. The server heartbeats a
+// waiting request every half of it.
+func (s *Source) pullExpiry() time.Duration {
+	return max(s.cfg.FetchMaxWait, time.Second)
+}
+
+func (rc *receiver) subscribe() error {
+	cc, err := rc.cons.Consume(rc.handle, rc.opts...)
+	if err != nil {
+		return err
+	}
+	rc.cc, rc.closed = cc, cc.Closed()
+	return nil
+}
+
+// handle is the subscription's callback. It runs on the subscription's own
+// goroutine, one message at a time.
+func (rc *receiver) handle(m jetstream.Msg) {
+	select {
+	case rc.in <- m:
+	case <-rc.quit:
+		rc.s.nakAll(m)
+	}
+}
+
+func (rc *receiver) onError(_ jetstream.ConsumeContext, err error) {
+	select {
+	case rc.errs <- err:
+	default: // Consume has one to look at already
+	}
+}
+
+// ended forgets a subscription that ended by itself.
+func (rc *receiver) ended() {
+	rc.cc, rc.closed = nil, nil
+}
+
+// takeBuffered appends to ds the messages already received, each with a
+// free slot, until ds holds max or either runs out. It never waits.
+func (rc *receiver) takeBuffered(ds []consumer.Delivery, slots chan struct{}, max int) []consumer.Delivery {
+	for len(ds) < max {
+		select {
+		case slots <- struct{}{}:
+		default:
+			return ds
+		}
+		select {
+		case m := <-rc.in:
+			ds = append(ds, rc.s.newDelivery(m))
+		default:
+			<-slots
+			return ds
+		}
+	}
+	return ds
+}
+
+// end drains the subscription: the library unsubscribes and flushes, so the
+// server sends nothing more and what it sent before is received; every
+// message received meanwhile or still waiting in in is nakked. It waits at
+// most RequestTimeout for the drain (the connection may be down); a message
+// still on its way after that is redelivered after AckWait.
+func (rc *receiver) end() {
+	close(rc.quit)
+	if rc.cc != nil {
+		rc.cc.Drain()
+		t := time.NewTimer(rc.s.cfg.RequestTimeout)
+		defer t.Stop()
+	wait:
+		for {
+			select {
+			case m := <-rc.in:
+				rc.s.nakAll(m)
+			case <-rc.closed:
+				break wait
+			case <-t.C:
+				rc.s.log.Warn("the pull subscription did not drain in time; messages still on their way are redelivered after AckWait", "timeout", rc.s.cfg.RequestTimeout)
+				break wait
+			}
+		}
+		rc.ended()
+	}
+	for {
+		select {
+		case m := <-rc.in:
+			rc.s.nakAll(m)
+		default:
+			return
+		}
+	}
+}
+
+// consumeError decides whether an error the subscription reported ends
+// Consume. It returns the error to return, or nil to go on; the library
+// itself pulls again after a missed heartbeat or a reconnect.
+func (s *Source) consumeError(ctx context.Context, cons jetstream.Consumer, err error) error {
+	nc := s.js.Conn()
+	if errors.Is(err, nats.ErrConnectionClosed) || nc.IsClosed() {
+		return s.closedErr(err)
+	}
+	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrNoHeartbeat) && nc.IsConnected() {
+		s.log.Debug("pull subscription error; checking the consumer", "err", err)
+		return s.checkGone(ctx, cons)
+	}
+	s.log.Debug("pull subscription error", "err", err)
+	return nil
+}
+
+// subscriptionEnded returns the error that ended the subscription when it
+// cannot be opened again.
+func (s *Source) subscriptionEnded(ctx context.Context, cons jetstream.Consumer) error {
+	if s.js.Conn().IsClosed() {
+		return s.closedErr(nats.ErrConnectionClosed)
+	}
+	return s.checkGone(ctx, cons)
+}
+
+func (s *Source) subscribeFailed(err error) error {
+	if errors.Is(err, nats.ErrConnectionClosed) || s.js.Conn().IsClosed() {
+		return s.closedErr(err)
+	}
+	return nil
+}
+
+func (s *Source) closedErr(err error) error {
+	return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed: %w", s.cfg.Stream, s.cfg.Consumer, err)
 }
 
 // pool runs deliveries on long-lived goroutines, at most one per slot. A
@@ -250,80 +497,13 @@ func (p *pool) close() {
 	p.wg.Wait()
 }
 
-// batchLinger is how long a busy Source waits for more free slots before
-// fetching a small batch (see reserve).
+// batchLinger is how long a small batch waits for slots in use to come free
+// while the pool is busy (see Consume).
 const batchLinger = 2 * time.Millisecond
 
 // idleCheckEvery is how often an idle Source checks that its consumer still
 // exists.
 const idleCheckEvery = 5 * time.Second
-
-// reserve blocks for one free slot (or ctx), then takes up to max-1 more.
-// While fewer than half of max are held it lingers up to linger for slots
-// still in use to come free, so that a busy handler is fed in batches of
-// useful size (one fetch and one batch claim per batch) instead of one
-// message per round trip. An idle pool is never made to wait: all its slots
-// are free at once. It returns how many it took; 0 when ctx is done.
-func reserve(ctx context.Context, slots chan struct{}, max int, linger time.Duration) int {
-	select {
-	case slots <- struct{}{}:
-	case <-ctx.Done():
-		return 0
-	}
-	if ctx.Err() != nil {
-		<-slots
-		return 0
-	}
-	k := 1
-	for k < max {
-		select {
-		case slots <- struct{}{}:
-			k++
-			continue
-		default:
-		}
-		break
-	}
-	if k >= (max+1)/2 || linger <= 0 {
-		return k
-	}
-	t := time.NewTimer(linger)
-	defer t.Stop()
-	for k < (max+1)/2 {
-		select {
-		case slots <- struct{}{}:
-			k++
-		case <-t.C:
-			return k
-		case <-ctx.Done():
-			return k
-		}
-	}
-	return k
-}
-
-// waitConnected holds the fetch loop while the connection is reconnecting:
-// a pull request buffered meanwhile would be answered into an inbox nobody
-// reads any more, holding its messages until AckWait. It returns false when
-// ctx is done; a closed connection returns true for the caller to see.
-func (s *Source) waitConnected(ctx context.Context) bool {
-	nc := s.js.Conn()
-	if nc.IsConnected() || nc.IsClosed() {
-		return ctx.Err() == nil
-	}
-	s.log.Warn("NATS connection lost; waiting for the reconnect", "status", nc.Status().String())
-	for attempt := 1; ; attempt++ {
-		if !sleep(ctx, consumer.Backoff(attempt, 50*time.Millisecond, time.Second)) {
-			return false
-		}
-		if nc.IsConnected() || nc.IsClosed() {
-			if nc.IsConnected() {
-				s.log.Info("NATS connection back; fetching again")
-			}
-			return true
-		}
-	}
-}
 
 func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
@@ -336,37 +516,6 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// fetch returns up to k messages. It first takes what is available without
-// waiting; when there is nothing it waits up to FetchMaxWait for one message
-// and then takes what else is available, so a batch is as large as the
-// backlog allows without holding the first message back.
-func (s *Source) fetch(cons jetstream.Consumer, k int) ([]jetstream.Msg, error) {
-	msgs, err := collect(cons.FetchNoWait(k))
-	if err != nil || len(msgs) > 0 {
-		return msgs, err
-	}
-	msgs, err = collect(cons.Fetch(1, jetstream.FetchMaxWait(s.cfg.FetchMaxWait)))
-	if err != nil || len(msgs) == 0 || k == 1 {
-		return msgs, err
-	}
-	more, err := collect(cons.FetchNoWait(k - 1))
-	return append(msgs, more...), err
-}
-
-// collect drains a fetch. The jetstream library ends every fetch by itself:
-// on a full batch, on the server's "no messages" or timeout status, or one
-// second after the request's expiry.
-func collect(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
-	if err != nil {
-		return nil, err
-	}
-	var msgs []jetstream.Msg
-	for m := range b.Messages() {
-		msgs = append(msgs, m)
-	}
-	return msgs, b.Error()
-}
-
 func (s *Source) flush() {
 	nc := s.js.Conn()
 	if !nc.IsConnected() {
@@ -377,32 +526,27 @@ func (s *Source) flush() {
 	}
 }
 
-func (s *Source) nakAll(msgs []jetstream.Msg) {
+// nakAll hands back messages received and not started, for prompt
+// redelivery. Failures are logged once per call.
+func (s *Source) nakAll(msgs ...jetstream.Msg) {
+	failed := 0
+	var last error
 	for _, m := range msgs {
 		if err := m.Nak(); err != nil {
-			s.log.Warn("nak of an unstarted message failed; it is redelivered after AckWait", "subject", m.Subject(), "err", err)
+			failed++
+			last = err
 		}
 	}
-}
-
-// classify decides whether a fetch error ends Consume. It returns the error
-// to return, or nil to retry.
-func (s *Source) classify(ctx context.Context, cons jetstream.Consumer, err error) error {
-	if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrBadSubscription) && s.js.Conn().IsClosed() {
-		return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed: %w", s.cfg.Stream, s.cfg.Consumer, err)
+	if failed > 0 {
+		s.log.Warn("nak of unstarted messages failed; they are redelivered after AckWait", "messages", failed, "err", last)
 	}
-	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
-		return s.checkGone(ctx, cons)
-	}
-	return nil
 }
 
 // checkGone looks the consumer up and returns an error naming stream and
 // consumer when it or its stream no longer exists; nil otherwise (also when
 // the lookup itself fails: that is retried).
 func (s *Source) checkGone(ctx context.Context, cons jetstream.Consumer) error {
-	c, cancel := s.withTimeout(context.WithoutCancel(ctx))
+	c, cancel := s.withTimeout(ctx)
 	defer cancel()
 	_, err := cons.Info(c)
 	if err == nil {
@@ -412,9 +556,11 @@ func (s *Source) checkGone(ctx context.Context, cons jetstream.Consumer) error {
 		return s.goneErr(err)
 	}
 	if s.js.Conn().IsClosed() {
-		return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed: %w", s.cfg.Stream, s.cfg.Consumer, err)
+		return s.closedErr(err)
 	}
-	s.log.Warn("consumer lookup failed; retrying", "err", err)
+	if ctx.Err() == nil {
+		s.log.Warn("consumer lookup failed; retrying", "err", err)
+	}
 	return nil
 }
 

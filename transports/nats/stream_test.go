@@ -1,0 +1,212 @@
+package nats_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	natstr "github.com/idemkit/dedupworker/transports/nats"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// createWideConsumer creates the durable consumer "c" with a MaxAckPending
+// far above the handler's concurrency, as for several workers sharing it:
+// the server then does not bound what it pushes, only the Source does.
+func createWideConsumer(t *testing.T, e *env, ackWait time.Duration) {
+	t.Helper()
+	_, err := e.js.CreateConsumer(ctxT(t, 5*time.Second), e.stream, jetstream.ConsumerConfig{
+		Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: ackWait, MaxAckPending: 1000, MaxDeliver: -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ackPending is the consumer's NumAckPending: messages the server has
+// pushed and that are neither acked nor nakked.
+func (e *env) ackPending(t *testing.T) int {
+	t.Helper()
+	return e.consumerInfo(t, "c").NumAckPending
+}
+
+// never polls cond every 20ms for d and fails if it holds once.
+func never(t *testing.T, d time.Duration, cond func() bool, msg func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			t.Fatal(msg())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestStreamBoundedByConcurrency: with a consumer whose MaxAckPending does
+// not bound the server, the Source still runs at most Concurrency handlers
+// at once, prepares batches no larger than that, and holds a bounded number
+// of messages in the client while every slot is busy (a Source that let the
+// server push freely would hold all 50). Every message is handled once.
+func TestStreamBoundedByConcurrency(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const n, limit = 50, 4
+		// Subscription ahead (limit) + handed on (limit) + in the handlers.
+		const maxHeld = 3 * limit
+		createWideConsumer(t, e, 30*time.Second)
+		e.publish(t, n)
+		var active, peak, done atomic.Int32
+		var batchMu sync.Mutex
+		var bigBatch int
+		gate := make(chan struct{})
+		mw := func(_ string, h consumer.Handler) consumer.Processor {
+			return preparer{
+				prepare: func(batch []consumer.Delivery) {
+					batchMu.Lock()
+					bigBatch = max(bigBatch, len(batch))
+					batchMu.Unlock()
+				},
+				process: func(ctx context.Context, d consumer.Delivery) {
+					a := active.Add(1)
+					for {
+						p := peak.Load()
+						if a <= p || peak.CompareAndSwap(p, a) {
+							break
+						}
+					}
+					<-gate
+					active.Add(-1)
+					done.Add(1)
+					_ = d.Ack(ctx)
+				},
+			}
+		}
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithConcurrency(limit), consumer.WithMiddleware(mw))
+		var open sync.Once
+		openGate := func() { open.Do(func() { close(gate) }) }
+		t.Cleanup(openGate) // before the worker's stop, also when the test fails
+		// Every slot busy, and the client's buffer filled as far as it goes.
+		eventually(t, 10*time.Second, func() bool { return active.Load() == limit && e.ackPending(t) > 2*limit },
+			func() string { return fmt.Sprintf("%d active, %d ack pending", active.Load(), e.ackPending(t)) })
+		// It stays bounded across pull renewals (the pull expiry is 1s).
+		never(t, 2500*time.Millisecond, func() bool { return e.ackPending(t) > maxHeld || active.Load() > limit },
+			func() string {
+				return fmt.Sprintf("%d ack pending (at most %d expected), %d active", e.ackPending(t), maxHeld, active.Load())
+			})
+		openGate()
+		eventually(t, 20*time.Second, func() bool { return done.Load() == n }, func() string { return fmt.Sprintf("%d of %d done", done.Load(), n) })
+		e.drained(t, "c", 10*time.Second)
+		if p := peak.Load(); p != limit {
+			t.Errorf("peak concurrency %d, want exactly %d", p, limit)
+		}
+		batchMu.Lock()
+		defer batchMu.Unlock()
+		if bigBatch > limit {
+			t.Errorf("a batch of %d with concurrency %d", bigBatch, limit)
+		}
+	})
+}
+
+// preparer is a Processor with a PrepareBatch.
+type preparer struct {
+	prepare func(batch []consumer.Delivery)
+	process func(ctx context.Context, d consumer.Delivery)
+}
+
+func (p preparer) PrepareBatch(_ context.Context, batch []consumer.Delivery) { p.prepare(batch) }
+func (p preparer) Process(ctx context.Context, d consumer.Delivery)          { p.process(ctx, d) }
+
+// TestStopNaksBuffered: stopping while messages wait in the client's buffer
+// naks them, so a second Consume gets them at once, not after AckWait (30s
+// here; a nakked message still counts in NumAckPending until the server
+// redelivers it, so only the redelivery tells); messages
+// published after the stop are not swallowed by a pull request left behind.
+// Every message is handled exactly once to completion.
+func TestStopNaksBuffered(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const n, later, limit = 50, 10, 4
+		createWideConsumer(t, e, 30*time.Second)
+		e.publish(t, n)
+		s := newSeen()
+		started := make(chan struct{}, n)
+		release := make(chan struct{})
+		h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+			started <- struct{}{}
+			<-release
+			s.add(string(m.Payload), 0)
+			return nil, nil
+		})
+		r := run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), h, consumer.WithConcurrency(limit))
+		var open sync.Once
+		releaseAll := func() { open.Do(func() { close(release) }) }
+		t.Cleanup(releaseAll)
+		for range limit {
+			select {
+			case <-started:
+			case <-time.After(10 * time.Second):
+				t.Fatal("handlers did not start")
+			}
+		}
+		// Messages are waiting in the client, beyond those being handled.
+		eventually(t, 10*time.Second, func() bool { return e.ackPending(t) > limit },
+			func() string { return fmt.Sprintf("%d ack pending, want more than %d", e.ackPending(t), limit) })
+		r.cancel()
+		releaseAll()
+		if err := r.wait(t, 10*time.Second); err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+		if got := len(started); got != 0 {
+			t.Errorf("%d handlers started after the first %d", got, limit)
+		}
+		if got := s.count(); got != limit {
+			t.Errorf("first worker completed %d, want %d", got, limit)
+		}
+		e.publish(t, later) // m0..m9 again, with their keys: payloads repeat
+		h2 := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+			s.add(string(m.Payload), 0)
+			return nil, nil
+		})
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), h2, consumer.WithConcurrency(limit))
+		eventually(t, 10*time.Second, func() bool { return s.count() >= n+later },
+			func() string { return fmt.Sprintf("%d of %d handled: not redelivered promptly", s.count(), n+later) })
+		e.drained(t, "c", 10*time.Second)
+		for i := range n {
+			want := 1
+			if i < later {
+				want = 2 // published twice
+			}
+			if got := len(s.get(fmt.Sprintf("m%d", i))); got != want {
+				t.Errorf("m%d handled %d times, want %d", i, got, want)
+			}
+		}
+	})
+}
+
+// TestLoneMessageNotHeldBack: on an idle stream a message is handled long
+// before a pull request expires: the Source neither waits to fill a batch
+// nor for a fetch round to end.
+func TestLoneMessageNotHeldBack(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		got := make(chan time.Time, 4)
+		h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+			got <- time.Now()
+			return nil, nil
+		})
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{FetchMaxWait: 5 * time.Second}), h, consumer.WithConcurrency(64))
+		e.drained(t, "c", 10*time.Second) // bound, its pull request waiting
+		for i := range 3 {
+			at := time.Now()
+			e.publish(t, 1)
+			select {
+			case t1 := <-got:
+				if d := t1.Sub(at); d > 2*time.Second {
+					t.Errorf("message %d handled %s after its publish", i, d)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("message %d not handled", i)
+			}
+		}
+	})
+}
