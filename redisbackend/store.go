@@ -493,7 +493,7 @@ func noDuplicates(op string, n int, key func(int) string) error {
 // newTokens returns n claim tokens: 128 random bits each, in hex. They are
 // substrings of one string (one allocation for the batch, not one a key).
 func newTokens(n int) []string {
-	buf := make([]byte, 48*n) // 16n random bytes, then their 32n hex digits
+	buf := make([]byte, 48*n)    // 16n random bytes, then their 32n hex digits
 	_, _ = rand.Read(buf[:16*n]) // never fails (crypto/rand crashes the program instead)
 	hex.Encode(buf[16*n:], buf[:16*n])
 	all := string(buf[16*n:])
