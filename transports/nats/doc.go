@@ -22,9 +22,7 @@
 // is fed in batches of useful size. It shows each batch to the processor once
 // (consumer.Runner.Prepare, so the deduplication engine claims a whole batch
 // in one Redis round trip, SPEC §4.4) and runs each delivery on a pool of at
-// most Runner.Concurrency goroutines. (The Source used to Fetch each batch: a
-// request round trip before messages flow, and a subscription, a goroutine and
-// a timer per message each time.) On cancellation the subscription is drained:
+// most Runner.Concurrency goroutines. On cancellation the subscription is drained:
 // the server is told to stop sending, whatever it sent before is still
 // received, and every message received but not started is nakked for prompt
 // redelivery.
