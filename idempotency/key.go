@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,53 +167,55 @@ const FingerprintVersion = 1
 // Fingerprint returns "1:<hex sha256>" over the payload and then each named
 // header's name and values, in name order (SPEC §3.3). Every part is
 // length-prefixed, so no two different inputs hash the same text.
+//
+// The hash state and its scratch buffer are pooled: a hash allocated per
+// message, and each part converted for it, were five allocations a message.
 func Fingerprint(m *consumer.Message, headers []string) string {
-	var sum [sha256.Size]byte
-	if len(m.Payload) <= fpBufMax {
-		// The common case hashes one buffer assembled from the parts: a
-		// streaming hash allocated its state and each part it was given
-		// (five allocations a message, more with headers).
-		bp := fpBufs.Get().(*[]byte)
-		b := appendFPPart((*bp)[:0], m.Payload)
-		for _, name := range headers { // sorted by the option
-			b = appendFPPart(b, []byte(strings.ToLower(name)))
-			b = appendFPPart(b, []byte(m.Header.Get(name)))
-		}
-		sum = sha256.Sum256(b)
-		if cap(b) <= fpBufMax {
-			*bp = b
-			fpBufs.Put(bp)
-		}
-	} else {
-		h := sha256.New()
-		var n [20]byte
-		write := func(b []byte) {
-			h.Write(strconv.AppendInt(n[:0], int64(len(b)), 10))
-			h.Write([]byte{':'})
-			h.Write(b)
-		}
-		write(m.Payload)
-		for _, name := range headers {
-			write([]byte(strings.ToLower(name)))
-			write([]byte(m.Header.Get(name)))
-		}
-		h.Sum(sum[:0])
+	st := fpStates.Get().(*fpState)
+	st.h.Reset()
+	st.part(m.Payload, "")
+	for _, name := range headers { // sorted by the option
+		st.part(nil, strings.ToLower(name))
+		st.part(nil, m.Header.Get(name))
 	}
+	st.sum = st.h.Sum(st.sum[:0])
 	var out [24 + 2*sha256.Size]byte
 	b := strconv.AppendInt(out[:0], FingerprintVersion, 10)
 	b = append(b, ':')
-	return string(hex.AppendEncode(b, sum[:]))
+	fp := string(hex.AppendEncode(b, st.sum))
+	if cap(st.buf) <= fpBufMax {
+		fpStates.Put(st)
+	}
+	return fp
 }
 
-// fpBufMax bounds the payloads Fingerprint copies into a pooled buffer, and
-// the buffers the pool keeps.
+// fpState is Fingerprint's pooled hash and scratch space.
+type fpState struct {
+	h   hash.Hash
+	buf []byte // a part's "<len>:" prefix, and a string part itself
+	sum []byte
+}
+
+// fpBufMax bounds the scratch buffers the pool keeps.
 const fpBufMax = 64 << 10
 
-var fpBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+var fpStates = sync.Pool{New: func() any { return &fpState{h: sha256.New(), buf: make([]byte, 0, 256)} }}
 
-// appendFPPart appends "<len>:<part>" to b.
-func appendFPPart(b, part []byte) []byte {
-	b = strconv.AppendInt(b, int64(len(part)), 10)
-	b = append(b, ':')
-	return append(b, part...)
+// part hashes "<len>:<part>" for the bytes b, or for the string s when b is
+// nil (copied into the scratch buffer: a string converted to bytes for the
+// hash's Write would be copied to the heap).
+func (st *fpState) part(b []byte, s string) {
+	n := len(b)
+	if b == nil {
+		n = len(s)
+	}
+	st.buf = strconv.AppendInt(st.buf[:0], int64(n), 10)
+	st.buf = append(st.buf, ':')
+	if b == nil {
+		st.buf = append(st.buf, s...)
+		st.h.Write(st.buf)
+		return
+	}
+	st.h.Write(st.buf)
+	st.h.Write(b)
 }

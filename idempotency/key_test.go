@@ -66,8 +66,8 @@ func TestEffectiveKeyHashesLongKeys(t *testing.T) {
 
 // TestFingerprintVectors pins Fingerprint's output: stored records carry it,
 // so a change would make every redelivery of an older message a mismatch.
-// The first is sha256("12:{\"order\":42}"); the large payload takes the
-// streaming path, the others the pooled buffer.
+// The first is sha256("12:{\"order\":42}"); each runs twice, the second
+// time on a pooled hash state.
 func TestFingerprintVectors(t *testing.T) {
 	h := consumer.Header{}
 	h.Set("Tenant", "acme")
