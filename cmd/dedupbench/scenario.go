@@ -281,7 +281,7 @@ func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progr
 	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 30 * time.Second})
 	st := p.stages
 	noop := consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
-		st.markMessage(m, func(t *stageTimes, now int64) { t.hand = now })
+		st.mark(m, func(t *stageTimes, now int64) { t.hand = now })
 		return nil, nil
 	})
 	if err := w.Handle("bench", src, noop, consumer.WithConcurrency(b.o.concurrency), consumer.WithMiddleware(observe(mw, p))); err != nil {
@@ -347,13 +347,13 @@ func acked(o consumer.Outcome) bool {
 func (o *observed) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
 	st := o.p.stages
 	for _, d := range batch {
-		st.mark(d, func(t *stageTimes, now int64) { t.prep0 = now })
+		st.mark(d.Message(), func(t *stageTimes, now int64) { t.prep0 = now })
 	}
 	if o.prep != nil {
 		o.prep.PrepareBatch(ctx, batch)
 	}
 	for _, d := range batch {
-		st.mark(d, func(t *stageTimes, now int64) { t.prep1 = now })
+		st.mark(d.Message(), func(t *stageTimes, now int64) { t.prep1 = now })
 	}
 }
 
@@ -364,10 +364,10 @@ func (o *observed) Process(ctx context.Context, d consumer.Delivery) {
 		return
 	}
 	st := o.p.stages
-	st.mark(d, func(t *stageTimes, now int64) { t.proc0 = now })
+	st.mark(d.Message(), func(t *stageTimes, now int64) { t.proc0 = now })
 	ctx, obs := consumer.WithObservation(ctx)
 	o.inner.Process(ctx, d)
-	st.mark(d, func(t *stageTimes, now int64) { t.proc1 = now })
+	st.mark(d.Message(), func(t *stageTimes, now int64) { t.proc1 = now })
 	if acked(obs.Outcome) {
 		o.p.lat.addFromHeader(ts)
 	}

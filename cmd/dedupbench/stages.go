@@ -35,48 +35,29 @@ var stageNames = [...]string{"fetch", "claim", "queue", "adopt", "settle"}
 
 func newStageTrace() *stageTrace { return &stageTrace{m: make(map[string]*stageTimes)} }
 
-// at returns the times of the delivery stamped ts, or nil when it is not a
-// latency-phase message.
-func (s *stageTrace) at(ts string) *stageTimes {
-	if s == nil || ts == "" {
-		return nil
+// mark sets, with set, the time of a stage of m when m is a latency-phase
+// message.
+func (s *stageTrace) mark(m *consumer.Message, set func(*stageTimes, int64)) {
+	if s == nil {
+		return
 	}
+	ts := m.Header.Get(tsHeader)
+	if ts == "" {
+		return
+	}
+	now := time.Now().UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.m[ts]
 	if t == nil {
 		pub, err := strconv.ParseInt(ts, 10, 64)
 		if err != nil {
-			return nil
+			return
 		}
 		t = &stageTimes{pub: pub}
 		s.m[ts] = t
 	}
-	return t
-}
-
-func (s *stageTrace) mark(d consumer.Delivery, set func(*stageTimes, int64)) {
-	if s == nil {
-		return
-	}
-	if t := s.at(d.Message().Header.Get(tsHeader)); t != nil {
-		now := time.Now().UnixNano()
-		s.mu.Lock()
-		set(t, now)
-		s.mu.Unlock()
-	}
-}
-
-func (s *stageTrace) markMessage(m *consumer.Message, set func(*stageTimes, int64)) {
-	if s == nil {
-		return
-	}
-	if t := s.at(m.Header.Get(tsHeader)); t != nil {
-		now := time.Now().UnixNano()
-		s.mu.Lock()
-		set(t, now)
-		s.mu.Unlock()
-	}
+	set(t, now)
 }
 
 // quantiles returns p50 and p99 per stage in milliseconds, over the
