@@ -79,6 +79,13 @@ func (d *delivery) DeadLetter(_ context.Context, dl consumer.DeadLetter) error {
 	return nil
 }
 
+// start runs w until ctx ends; the channel receives Run's result.
+func start(ctx context.Context, w *consumer.Worker) <-chan error {
+	runErr := make(chan error, 1)
+	go func() { runErr <- w.Run(ctx) }()
+	return runErr
+}
+
 func wait(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {
@@ -106,8 +113,7 @@ func TestWorkerDirectAcksAndRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(ctx) }()
+	runErr := start(ctx, w)
 
 	ok, fail, perm, later := newDelivery("ok"), newDelivery("fail"), newDelivery("perm"), newDelivery("later")
 	for _, d := range []*delivery{ok, fail, perm, later} {
@@ -150,8 +156,7 @@ func TestWorkerShutdownDrainsThenCancels(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(ctx) }()
+	runErr := start(ctx, w)
 	d := newDelivery("slow")
 	src.in <- d
 	wait(t, started, "handler start")
@@ -209,8 +214,7 @@ func TestWorkerConcurrencyCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(ctx) }()
+	runErr := start(ctx, w)
 	var ds []*delivery
 	for range 10 {
 		d := newDelivery("x")
@@ -376,8 +380,7 @@ func TestWorkerContextValuesAndEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey("run"), "r"))
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(ctx) }()
+	runErr := start(ctx, w)
 	for _, p := range []string{"a", "b"} {
 		d := newDelivery(p)
 		src.in <- d
@@ -444,8 +447,7 @@ func TestWorkerSourceContextCancelReachesHandler(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- w.Run(ctx) }()
+	runErr := start(ctx, w)
 
 	part, revoke := context.WithCancelCause(context.Background())
 	for _, p := range []string{"a", "b"} {
