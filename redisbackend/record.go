@@ -41,6 +41,12 @@ func decodeRecord(key string, raw []byte) (*idempotency.Record, bool) {
 	if rec, ok := decodeFresh(key, raw); ok {
 		return rec, true
 	}
+	return decodeGeneral(key, raw)
+}
+
+// decodeGeneral is decodeRecord without the template fast path: the
+// encoding/json reading every record goes through when decodeFresh refuses it.
+func decodeGeneral(key string, raw []byte) (*idempotency.Record, bool) {
 	var w wireRecord
 	if err := json.Unmarshal(raw, &w); err != nil {
 		return nil, false

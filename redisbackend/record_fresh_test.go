@@ -5,13 +5,6 @@ import (
 	"testing"
 )
 
-// decodeGeneral is decodeRecord without the template fast path.
-func decodeGeneral(t *testing.T, raw string) (any, bool) {
-	t.Helper()
-	rec, ok := decodeRecord("k", append([]byte(raw), ' ')) // a trailing space defeats decodeFresh only
-	return rec, ok
-}
-
 // TestDecodeFreshAgreesWithJSON checks that the fast path reads a template
 // claim exactly as encoding/json does, and declines everything it cannot
 // read the same way.
@@ -39,7 +32,7 @@ func TestDecodeFreshAgreesWithJSON(t *testing.T) {
 		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"ok","result":"","meta":{"a":"b"}}`,
 		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3.5,"outcome":"ok","result":""}`,
 	} {
-		want, wantOK := decodeGeneral(t, raw)
+		want, wantOK := decodeGeneral("k", []byte(raw))
 		got, ok := decodeFresh("k", []byte(raw))
 		if !ok {
 			continue // declined: the general path decides

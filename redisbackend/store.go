@@ -149,22 +149,13 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 	for gi, g := range groups {
 		args := make([]any, 0, 1+4*len(g.idx))
 		args = append(args, s.graceMs)
-		// A batch's requests nearly always share their lease and
-		// fingerprint version: box each once, not once a key.
-		var fpv, lease any
-		var lastFPV int
-		var lastLease time.Duration
+		var lease msBox
 		for _, i := range g.idx {
 			r := &reqs[i]
-			if fpv == nil || r.FingerprintVersion != lastFPV {
-				fpv, lastFPV = r.FingerprintVersion, r.FingerprintVersion
-			}
-			if lease == nil || r.Lease != lastLease {
-				lease, lastLease = durMs(r.Lease), r.Lease
-			}
-			// Pointers: go-redis writes a *string as the string, and a
-			// pointer is not copied to the heap to fit in an interface.
-			args = append(args, &tokens[i], &r.Fingerprint, fpv, lease)
+			// Pointers: go-redis writes a *string or *int as its value,
+			// and a pointer is not copied to the heap to fit in an
+			// interface, as a string or an int is.
+			args = append(args, &tokens[i], &r.Fingerprint, &r.FingerprintVersion, lease.of(r.Lease))
 		}
 		calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
 	}
@@ -202,7 +193,7 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 	rec := &fresh
 	if !decodeFreshInto(rec, key, js) {
 		var ok bool
-		if rec, ok = decodeRecord(key, []byte(js)); !ok {
+		if rec, ok = decodeGeneral(key, []byte(js)); !ok {
 			return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
 		}
 	}
@@ -274,9 +265,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	for gi, g := range groups {
 		args := make([]any, 0, 1+5*len(g.idx))
 		args = append(args, s.channel)
-		var retention, outcome any // boxed once while completions share them
-		var lastRetention time.Duration
-		var lastOutcome string
+		var retention msBox
 		for _, i := range g.idx {
 			c := &cs[i]
 			meta := ""
@@ -287,13 +276,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 				}
 				meta = string(b)
 			}
-			if retention == nil || c.Retention != lastRetention {
-				retention, lastRetention = durMs(c.Retention), c.Retention
-			}
-			if outcome == nil || c.Outcome != lastOutcome {
-				outcome, lastOutcome = c.Outcome, c.Outcome
-			}
-			args = append(args, &c.Token, outcome, base64.StdEncoding.EncodeToString(c.Result), meta, retention)
+			args = append(args, &c.Token, &c.Outcome, base64.StdEncoding.EncodeToString(c.Result), meta, retention.of(c.Retention))
 		}
 		calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
 	}
@@ -510,6 +493,21 @@ func newTokens(n int) []string {
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:6])
+}
+
+// msBox is a duration in milliseconds as a script argument, boxed into an
+// interface once while consecutive keys of a batch share it (they nearly
+// always do), not once a key.
+type msBox struct {
+	d time.Duration
+	v any
+}
+
+func (b *msBox) of(d time.Duration) any {
+	if b.v == nil || d != b.d {
+		b.d, b.v = d, durMs(d)
+	}
+	return b.v
 }
 
 // durMs converts d to whole milliseconds, rounding up so a positive duration
