@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/gopool"
 )
 
 // procPool runs Runner.Process calls on long-lived goroutines for lanes that
@@ -21,13 +22,7 @@ import (
 // going back for the next). The member owns the pool and closes it when
 // Consume returns, after every lane returned.
 type procPool struct {
-	r    consumer.Runner
-	work chan *procCall
-	size int
-
-	mu sync.Mutex
-	n  int // goroutines started
-	wg sync.WaitGroup
+	pool *gopool.Pool[*procCall]
 }
 
 // procCall is one Process call, kept in its delivery (no allocation a
@@ -39,7 +34,10 @@ type procCall struct {
 }
 
 func newProcPool(r consumer.Runner, size int) *procPool {
-	return &procPool{r: r, work: make(chan *procCall), size: max(size, 1)}
+	return &procPool{pool: gopool.New(size, func(c *procCall) {
+		r.Process(c.ctx, c.d)
+		c.done.Done()
+	})}
 }
 
 // process runs Process(ctx, d) on a pooled goroutine and returns when it
@@ -48,39 +46,11 @@ func (pp *procPool) process(ctx context.Context, d *delivery) {
 	c := &d.call
 	c.ctx, c.d = ctx, d
 	c.done.Add(1)
-	select {
-	case pp.work <- c:
-	default:
-		pp.mu.Lock()
-		start := pp.n < pp.size
-		if start {
-			pp.n++
-		}
-		pp.mu.Unlock()
-		if start {
-			pp.wg.Go(func() { pp.loop(c) })
-		} else {
-			pp.work <- c
-		}
-	}
+	pp.pool.Run(c)
 	c.done.Wait()
 	c.ctx, c.d = nil, nil
 }
 
-func (pp *procPool) loop(c *procCall) {
-	for {
-		pp.r.Process(c.ctx, c.d)
-		c.done.Done()
-		var ok bool
-		if c, ok = <-pp.work; !ok {
-			return
-		}
-	}
-}
-
 // close ends the goroutines and waits for them. No call may be running or
 // made after it.
-func (pp *procPool) close() {
-	close(pp.work)
-	pp.wg.Wait()
-}
+func (pp *procPool) close() { pp.pool.Close() }

@@ -71,10 +71,7 @@ func TestProcPool(t *testing.T) {
 	if p := r.peak.Load(); p > 3 {
 		t.Fatalf("%d Process calls overlapped, want at most 3", p)
 	}
-	pp.mu.Lock()
-	n := pp.n
-	pp.mu.Unlock()
-	if n > 3 {
+	if n := pp.pool.Started(); n > 3 {
 		t.Fatalf("the pool started %d goroutines, want at most its size 3", n)
 	}
 	pp.close() // returns when its goroutines did

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/gopool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -117,8 +118,13 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	defer s.flush()
 	slots := make(chan struct{}, n) // a token per delivery being processed
 	workCtx := context.WithoutCancel(ctx)
-	p := newPool(workCtx, r, slots, n)
-	defer p.close() // every Process returned before the flush
+	// Deliveries run on long-lived goroutines, one per slot at most; a
+	// delivery holds its slot until Process returned.
+	p := gopool.New(n, func(d consumer.Delivery) {
+		defer func() { <-slots }()
+		r.Process(workCtx, d)
+	})
+	defer p.Close() // every Process returned before the flush
 	// A batch is claimed (Prepare: a round trip to the store) and handed to
 	// the pool by a goroutine of its own, so that receiving the next batch
 	// overlaps that claim instead of following it. Batches go one at a time
@@ -130,7 +136,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		for ds := range prepared {
 			r.Prepare(workCtx, ds)
 			for _, d := range ds {
-				p.run(d)
+				p.Run(d)
 			}
 		}
 	}()
@@ -435,66 +441,6 @@ func (s *Source) subscribeFailed(err error) error {
 
 func (s *Source) closedErr(err error) error {
 	return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed: %w", s.cfg.Stream, s.cfg.Consumer, err)
-}
-
-// pool runs deliveries on long-lived goroutines, at most one per slot. A
-// goroutine per delivery cost its start and the growth of its stack every
-// time (runtime.newstack was 8 % of the worker's CPU, docs/PERFORMANCE.md);
-// a pool's goroutines keep theirs. Goroutines are started when a delivery
-// finds none idle, so an idle or lightly loaded Source holds few, and they
-// all end when the pool is closed.
-type pool struct {
-	ctx   context.Context
-	r     consumer.Runner
-	slots chan struct{} // the Source's: a delivery holds one until Process returned
-	work  chan consumer.Delivery
-	size  int // at most this many goroutines
-	n     int // goroutines started; only the goroutine calling run touches it
-	wg    sync.WaitGroup
-}
-
-func newPool(ctx context.Context, r consumer.Runner, slots chan struct{}, size int) *pool {
-	return &pool{ctx: ctx, r: r, slots: slots, work: make(chan consumer.Delivery), size: size}
-}
-
-// run hands d, which holds a slot, to an idle goroutine, or starts one. It
-// never waits long: with every goroutine started and d holding a slot, at
-// most size-1 deliveries are in Process, so a goroutine is idle or about to
-// be (it released its slot and is going back for more work).
-func (p *pool) run(d consumer.Delivery) {
-	select {
-	case p.work <- d:
-		return
-	default:
-	}
-	if p.n < p.size {
-		p.n++
-		p.wg.Go(func() { p.loop(d) })
-		return
-	}
-	p.work <- d
-}
-
-func (p *pool) loop(d consumer.Delivery) {
-	for {
-		p.process(d)
-		var ok bool
-		if d, ok = <-p.work; !ok {
-			return
-		}
-	}
-}
-
-func (p *pool) process(d consumer.Delivery) {
-	defer func() { <-p.slots }()
-	p.r.Process(p.ctx, d)
-}
-
-// close ends the goroutines once they finished their deliveries, and waits
-// for them.
-func (p *pool) close() {
-	close(p.work)
-	p.wg.Wait()
 }
 
 // batchLinger is how long a small batch waits for slots in use to come free
