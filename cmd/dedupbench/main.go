@@ -187,6 +187,14 @@ type result struct {
 	// (fetch, claim, queue, adopt, settle; see stageTrace).
 	Stages       map[string][2]float64 `json:"latency_stages_ms,omitempty"`
 	CPUSecPer10k float64               `json:"cpu_sec_per_10k_msgs"`
+	// The whole machine over the throughput window (first to last settled
+	// message), from /proc/stat: how busy its CPUs were, the busy CPU time
+	// per message of every process (Redis and the brokers included), and
+	// the share the hypervisor took. A run near 100 % busy is bound by the
+	// machine's CPUs, not by the worker's pipeline.
+	MachineBusyPct     float64 `json:"machine_busy_pct,omitempty"`
+	MachineCPUPerMsgUs float64 `json:"machine_cpu_us_per_msg,omitempty"`
+	StealPct           float64 `json:"machine_steal_pct,omitempty"`
 	// Heap allocations of the whole process (embedded brokers included).
 	AllocsPerMsg     float64 `json:"allocs_per_msg"`
 	AllocBytesPerMsg float64 `json:"alloc_bytes_per_msg"`
@@ -397,16 +405,17 @@ func printRow(r result) {
 		log.Printf("%-5s dup=%2d%% %-11s FAILED: %s", r.Transport, r.DupPct, r.Mode, r.Err)
 		return
 	}
-	log.Printf("%-5s dup=%2d%% %-11s %8.0f msgs/s  trips/msg %.4f (claim %.4f complete %.4f other %.4f)  script cmds/msg %.2f  p50 %.2fms p99 %.2fms  cpu %.2fs/10k  allocs/msg %.0f (%.0f B)  rss %.0fMB  load %s",
+	log.Printf("%-5s dup=%2d%% %-11s %8.0f msgs/s  trips/msg %.4f (claim %.4f complete %.4f other %.4f)  script cmds/msg %.2f  p50 %.2fms p99 %.2fms  cpu %.2fs/10k  machine %.0f%% busy %.1fµs/msg steal %.1f%%  allocs/msg %.0f (%.0f B)  rss %.0fMB  load %s",
 		r.Transport, r.DupPct, r.Mode, r.MsgsPerSec, r.TripsPerMsg, r.ClaimCallsPerMsg, r.CompleteCallsPerMsg, r.OtherCallsPerMsg,
-		r.ScriptCmdsPerMsg, r.P50Ms, r.P99Ms, r.CPUSecPer10k, r.AllocsPerMsg, r.AllocBytesPerMsg, r.PeakRSSMB, r.LoadAfter)
+		r.ScriptCmdsPerMsg, r.P50Ms, r.P99Ms, r.CPUSecPer10k, r.MachineBusyPct, r.MachineCPUPerMsgUs, r.StealPct,
+		r.AllocsPerMsg, r.AllocBytesPerMsg, r.PeakRSSMB, r.LoadAfter)
 }
 
 func printTable(w *os.File, rep report) {
 	fmt.Fprintf(w, "dedupbench %s, %s, %d CPUs, %v messages per scenario, load average at end %s\n\n",
 		rep.Started.Format(time.RFC3339), rep.GoVersion, rep.CPUs, rep.Options["msgs"], rep.LoadAtEnd)
-	fmt.Fprintln(w, "| transport | dups | mode | msgs/s | Redis round trips/msg | top-level calls/msg | cmds in scripts/msg | Redis CPU µs/msg | latency p50 / p99 (at msgs/s) | CPU s/10k msgs | peak RSS MB (backlog / whole) | load avg (before → after) |")
-	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---|")
+	fmt.Fprintln(w, "| transport | dups | mode | msgs/s | Redis round trips/msg | top-level calls/msg | cmds in scripts/msg | Redis CPU µs/msg | latency p50 / p99 (at msgs/s) | CPU s/10k msgs | machine busy % (µs/msg) | peak RSS MB (backlog / whole) | load avg (before → after) |")
+	fmt.Fprintln(w, "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|")
 	for _, r := range rep.Results {
 		if r.Err != "" {
 			fmt.Fprintf(w, "| %s | %d%% | %s | failed: %s |||||||||\n", r.Transport, r.DupPct, r.Mode, r.Err)
@@ -416,9 +425,13 @@ func printTable(w *os.File, rep report) {
 		if r.LatencyN > 0 {
 			lat = fmt.Sprintf("%.2f / %.2f ms (%.0f)", r.P50Ms, r.P99Ms, r.LatencyRate)
 		}
-		fmt.Fprintf(w, "| %s | %d%% | %s | %.0f | %.4f | %.4f | %.2f | %.1f | %s | %.3f | %.0f / %.0f | %s → %s |\n",
+		machine := "–"
+		if r.MachineBusyPct > 0 {
+			machine = fmt.Sprintf("%.0f (%.1f)", r.MachineBusyPct, r.MachineCPUPerMsgUs)
+		}
+		fmt.Fprintf(w, "| %s | %d%% | %s | %.0f | %.4f | %.4f | %.2f | %.1f | %s | %.3f | %s | %.0f / %.0f | %s → %s |\n",
 			r.Transport, r.DupPct, r.Mode, r.MsgsPerSec, r.TripsPerMsg, r.CallsPerMsg, r.ScriptCmdsPerMsg,
-			r.RedisCPUPerMsgUs, lat, r.CPUSecPer10k, r.PeakRSSBacklogMB, r.PeakRSSMB, r.LoadBefore, r.LoadAfter)
+			r.RedisCPUPerMsgUs, lat, r.CPUSecPer10k, machine, r.PeakRSSBacklogMB, r.PeakRSSMB, r.LoadBefore, r.LoadAfter)
 	}
 	if len(rep.Ratios) > 0 {
 		fmt.Fprintln(w)

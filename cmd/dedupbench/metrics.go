@@ -99,6 +99,48 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// machineCPU is the first line of /proc/stat: the CPU time of every process
+// on the machine (Redis, the brokers, this process and anything else), in
+// clock ticks.
+type machineCPU struct {
+	busy, idle, steal uint64
+}
+
+// readMachineCPU returns the machine's CPU counters, or nil where
+// /proc/stat cannot be read.
+func readMachineCPU() *machineCPU {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return nil
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return nil
+	}
+	var v [8]uint64 // user nice system idle iowait irq softirq steal
+	for i := range v {
+		v[i], _ = strconv.ParseUint(f[i+1], 10, 64)
+	}
+	return &machineCPU{
+		busy:  v[0] + v[1] + v[2] + v[5] + v[6],
+		idle:  v[3] + v[4],
+		steal: v[7],
+	}
+}
+
+// since returns, between a and c, the share of the machine's CPU time that
+// was busy and that the hypervisor took (steal), in percent, and the busy
+// CPU time per message in µs.
+func (c machineCPU) since(a machineCPU, msgs int) (busyPct, usPerMsg, stealPct float64) {
+	busy, total := float64(c.busy-a.busy), float64(c.busy+c.idle+c.steal-a.busy-a.idle-a.steal)
+	if total <= 0 || msgs <= 0 {
+		return 0, 0, 0
+	}
+	const tick = 1e6 / 100 // µs; USER_HZ is 100 on Linux
+	return 100 * busy / total, busy * tick / float64(msgs), 100 * float64(c.steal-a.steal) / total
+}
+
 // resetPeakRSS resets VmHWM (Linux: "5" to /proc/self/clear_refs) so the
 // next peakRSS reads the peak of one scenario. It reports whether it could.
 func resetPeakRSS() bool {

@@ -61,32 +61,63 @@ type progress struct {
 	reach  atomic.Int64 // unix ns when n reached target
 	lat    latencies
 	stages *stageTrace // the worker's, when the scenario is dedupworker
+	// The machine's CPU counters when the first message settled and when
+	// n reached target: the throughput window, without a Kafka group's
+	// join or a worker's start.
+	cpuFirst, cpuReach atomic.Pointer[machineCPU]
+
+	mu     sync.Mutex
+	waitN  atomic.Int64  // the count waitFor waits for
+	waitCh chan struct{} // closed when n reaches waitN
 }
 
 func (p *progress) done(ts string) {
 	now := time.Now().UnixNano()
-	p.first.CompareAndSwap(0, now)
+	if p.first.CompareAndSwap(0, now) {
+		p.cpuFirst.Store(readMachineCPU())
+	}
 	if ts != "" {
 		p.lat.addFromHeader(ts)
 	}
-	if p.n.Add(1) == p.target.Load() {
+	n := p.n.Add(1)
+	if n == p.target.Load() {
 		p.reach.Store(now)
+		p.cpuReach.Store(readMachineCPU())
+	}
+	if n == p.waitN.Load() {
+		p.wake()
+	}
+}
+
+func (p *progress) wake() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.waitCh != nil {
+		close(p.waitCh)
+		p.waitCh = nil
 	}
 }
 
 // waitFor waits until n messages settled, or the deadline.
 func (p *progress) waitFor(ctx context.Context, n int64, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for p.n.Load() < n {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("only %d of %d messages settled within %s", p.n.Load(), n, within)
-		}
-		time.Sleep(200 * time.Microsecond)
+	ch := make(chan struct{})
+	p.mu.Lock()
+	p.waitCh = ch
+	p.waitN.Store(n)
+	p.mu.Unlock()
+	if p.n.Load() >= n { // reached before the channel was armed
+		p.wake()
 	}
-	return nil
+	t := time.NewTimer(within)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return fmt.Errorf("only %d of %d messages settled within %s", p.n.Load(), n, within)
+	}
 }
 
 func (b *bench) newStore(ns string) (*redisbackend.Store, error) {
@@ -216,6 +247,9 @@ func (b *bench) runBroker(ctx context.Context, t transport, mode string, dup int
 	}
 	r.MsgsPerSec = float64(len(keys)-1) / r.Seconds
 	m.end(ctx, &r, len(keys))
+	if a, b := p.cpuFirst.Load(), p.cpuReach.Load(); a != nil && b != nil {
+		r.MachineBusyPct, r.MachineCPUPerMsgUs, r.StealPct = b.since(*a, len(keys)-1)
+	}
 	if b.o.memProfile != "" {
 		// The heap as the last GC of the backlog left it: what a worker
 		// at full speed holds (the allocation profile at the end of the
@@ -466,7 +500,7 @@ func (b *bench) redisLimit(ctx context.Context, dup int) (r result) {
 	}
 	var next atomic.Int64
 	var errs atomic.Int64
-	start := time.Now()
+	start, cpu0 := time.Now(), readMachineCPU()
 	var wg sync.WaitGroup
 	for range b.o.flights {
 		wg.Go(func() {
@@ -514,6 +548,9 @@ func (b *bench) redisLimit(ctx context.Context, dup int) (r result) {
 	r.Seconds = time.Since(start).Seconds()
 	r.MsgsPerSec = float64(len(keys)) / r.Seconds
 	m.end(ctx, &r, len(keys))
+	if cpu1 := readMachineCPU(); cpu0 != nil && cpu1 != nil {
+		r.MachineBusyPct, r.MachineCPUPerMsgUs, r.StealPct = cpu1.since(*cpu0, len(keys))
+	}
 	if b.o.memProfile != "" {
 		// The heap as the last GC of the backlog left it: what a worker
 		// at full speed holds (the allocation profile at the end of the
