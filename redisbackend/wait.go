@@ -93,24 +93,42 @@ func (e *ctxError) Unwrap() error { return e.err }
 // connection is dead and is replaced.
 const subscriberHealth = 5 * time.Second
 
+// notifierIdle is how long the subscriber stays subscribed without waiters.
+// Waits are rare (only for keys in flight), and every completion is
+// published to every subscribed process: a worker that waited once should
+// not go on receiving them all for good.
+const notifierIdle = 30 * time.Second
+
+// errIdle ends receive when the notifier had no waiters for its idle period.
+var errIdle = errors.New("no waiters")
+
 // notifier is a Store's single Pub/Sub connection (SPEC §4.6), fanning the
 // keys published on the channel out to the waiters of each key. It starts
-// with the first watch, resubscribes when the connection fails, and stops at
-// close.
+// with the first watch, resubscribes when the connection fails, and stops
+// once it has had no waiters for idle, or at close; the next watch starts it
+// again.
+//
+// Starting and stopping are decided under mu: watch starts a run unless one
+// is started; a run stops only when, under mu, there are no waiters and have
+// been none for idle, and then clears started, so a watch either registers
+// before that decision (and the run keeps going) or starts a new run.
 type notifier struct {
 	client  redis.UniversalClient
 	channel string
 	log     *slog.Logger
+	idle    time.Duration // notifierIdle; positive; tests shorten it before the first watch
 
 	ctx    context.Context // ends at close: unblocks dials and reads
 	cancel context.CancelFunc
-	stop   chan struct{} // closed by close
-	done   chan struct{} // closed when run returns
+	stop   chan struct{}  // closed by close
+	runs   sync.WaitGroup // the run goroutines started; close waits for them
 
 	mu          sync.Mutex
 	waiters     map[string]map[chan struct{}]struct{}
-	started     bool
+	emptySince  time.Time // when waiters last became empty; zero while there are some
+	started     bool      // a run goroutine is running and has not decided to stop
 	closed      bool
+	done        chan struct{} // closed when the latest run returns (closed before any)
 	ready       chan struct{} // closed while subscribed; replaced when that ends
 	readyClosed bool
 	ps          *redis.PubSub
@@ -118,14 +136,17 @@ type notifier struct {
 
 func newNotifier(client redis.UniversalClient, channel string, log *slog.Logger) *notifier {
 	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	close(done)
 	return &notifier{
 		client:  client,
 		channel: channel,
 		log:     log,
+		idle:    notifierIdle,
 		ctx:     ctx,
 		cancel:  cancel,
 		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		done:    done,
 		waiters: make(map[string]map[chan struct{}]struct{}),
 		ready:   make(chan struct{}),
 	}
@@ -145,9 +166,12 @@ func (n *notifier) watch(rkey string) (wake chan struct{}, ready, stopped <-chan
 		n.waiters[rkey] = set
 	}
 	set[wake] = struct{}{}
+	n.emptySince = time.Time{}
 	if !n.started && !n.closed {
 		n.started = true
-		go n.run()
+		n.done = make(chan struct{})
+		n.runs.Add(1) // before closed is set, so before close's Wait
+		go n.run(n.done)
 	}
 	return wake, n.ready, n.stop
 }
@@ -159,10 +183,15 @@ func (n *notifier) unwatch(rkey string, wake chan struct{}) {
 	delete(set, wake)
 	if len(set) == 0 {
 		delete(n.waiters, rkey)
+		if len(n.waiters) == 0 {
+			n.emptySince = time.Now()
+		}
 	}
 }
 
-func (n *notifier) dispatch(rkey string) {
+// dispatch wakes the waiters of rkey; it reports whether the run should stop
+// for want of waiters (see idleStopLocked).
+func (n *notifier) dispatch(rkey string) (stop bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for wake := range n.waiters[rkey] {
@@ -171,6 +200,32 @@ func (n *notifier) dispatch(rkey string) {
 		default: // already woken, not yet read
 		}
 	}
+	return n.idleStopLocked()
+}
+
+// idleStop reports whether the run should stop for want of waiters.
+func (n *notifier) idleStop() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.idleStopLocked()
+}
+
+// idleStopLocked decides, with n.mu held, whether the run stops: when there
+// have been no waiters for n.idle. If so the notifier is left as before the
+// first watch (not started, not ready, no PubSub), so the next watch starts
+// a new run; the caller closes its PubSub and returns without touching the
+// notifier again.
+func (n *notifier) idleStopLocked() bool {
+	if len(n.waiters) > 0 || n.emptySince.IsZero() || time.Since(n.emptySince) < n.idle {
+		return false
+	}
+	n.started = false
+	n.ps = nil
+	if n.readyClosed {
+		n.ready = make(chan struct{})
+		n.readyClosed = false
+	}
+	return true
 }
 
 func (n *notifier) setReady(ready bool) {
@@ -186,7 +241,7 @@ func (n *notifier) setReady(ready bool) {
 	}
 }
 
-// close stops the subscriber and waits for it.
+// close stops the subscriber and waits for every run it started.
 func (n *notifier) close() {
 	n.mu.Lock()
 	if n.closed {
@@ -194,24 +249,36 @@ func (n *notifier) close() {
 		return
 	}
 	n.closed = true
-	started, ps := n.started, n.ps
+	ps := n.ps
 	close(n.stop)
 	n.cancel()
 	n.mu.Unlock()
 	if ps != nil {
 		_ = ps.Close() // unblocks a read in progress
 	}
-	if started {
-		<-n.done
-	}
+	n.runs.Wait()
 }
 
-// run keeps one subscription alive until close.
-func (n *notifier) run() {
-	defer close(n.done)
+// run keeps one subscription alive until close, or until it has had no
+// waiters for n.idle. done is closed when it returns.
+func (n *notifier) run(done chan struct{}) {
+	defer n.runs.Done()
+	defer close(done)
 	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
 	backoff := minBackoff
 	for {
+		n.mu.Lock()
+		if n.closed {
+			n.mu.Unlock()
+			return
+		}
+		if n.idleStopLocked() { // all waiters left before, or while backing off
+			n.mu.Unlock()
+			n.logIdle()
+			return
+		}
+		n.mu.Unlock()
+
 		ps := n.client.Subscribe(n.ctx, n.channel)
 		n.mu.Lock()
 		if n.closed {
@@ -223,6 +290,13 @@ func (n *notifier) run() {
 		n.mu.Unlock()
 
 		subscribed, err := n.receive(ps)
+		if errors.Is(err, errIdle) {
+			// idleStopLocked has reset the notifier; a new run may be
+			// subscribing already.
+			_ = ps.Close()
+			n.logIdle()
+			return
+		}
 		n.setReady(false)
 		n.mu.Lock()
 		n.ps = nil
@@ -248,35 +322,62 @@ func (n *notifier) run() {
 	}
 }
 
-// receive reads from ps until the connection fails or close; it reports
-// whether the subscription was confirmed first.
+func (n *notifier) logIdle() {
+	n.log.Debug("dedup: redis subscriber unsubscribed: no waiters", "channel", n.channel, "idle", n.idle)
+}
+
+// receive reads from ps until the connection fails, close, or the notifier
+// has had no waiters for n.idle (errIdle); it reports whether the
+// subscription was confirmed first.
 func (n *notifier) receive(ps *redis.PubSub) (subscribed bool, err error) {
-	pinged := false
+	// Wake at least every tick to notice idleness on a silent channel; on a
+	// busy one each message checks. Health is by the clock: a ping after
+	// subscriberHealth of silence, dead after as long again unanswered.
+	tick := min(subscriberHealth, n.idle)
+	heard := time.Now()
+	var pinged time.Time
 	for {
-		msg, err := ps.ReceiveTimeout(n.ctx, subscriberHealth)
+		msg, err := ps.ReceiveTimeout(n.ctx, tick)
 		if err != nil {
 			if n.ctx.Err() != nil {
 				return subscribed, n.ctx.Err()
 			}
-			if isTimeout(err) && !pinged {
-				// Silent for a while: prove the connection still answers.
-				if err := ps.Ping(n.ctx); err != nil {
-					return subscribed, err
-				}
-				pinged = true
-				continue
+			if !isTimeout(err) {
+				return subscribed, err
 			}
-			return subscribed, err
+			if n.idleStop() {
+				return subscribed, errIdle
+			}
+			switch {
+			case pinged.IsZero():
+				if time.Since(heard) >= subscriberHealth {
+					// Silent for a while: prove the connection still answers.
+					if err := ps.Ping(n.ctx); err != nil {
+						return subscribed, err
+					}
+					pinged = time.Now()
+				}
+			case time.Since(pinged) >= subscriberHealth:
+				return subscribed, err // the ping went unanswered
+			}
+			continue
 		}
-		pinged = false
+		heard, pinged = time.Now(), time.Time{}
+		stop := false
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" && m.Channel == n.channel {
 				subscribed = true
 				n.setReady(true)
 			}
+			stop = n.idleStop()
 		case *redis.Message:
-			n.dispatch(m.Payload)
+			stop = n.dispatch(m.Payload)
+		default:
+			stop = n.idleStop()
+		}
+		if stop {
+			return subscribed, errIdle
 		}
 	}
 }
