@@ -23,8 +23,10 @@
 // COMPLETED and reports false, as the Store contract says (see the note on
 // Complete).
 //
-// Wait follows SPEC §4.6: one Pub/Sub connection per Store, started by the
-// first Wait, resubscribed when it dies, stopped by Close, fanning the
+// Wait follows SPEC §4.6: one Pub/Sub connection per Store, started by a
+// Wait, resubscribed when it dies, stopped by Close or after 30s without
+// waiters (every completion is published to every subscribed process, and
+// waits are rare; the next Wait subscribes again), fanning the
 // notifications of channel "<namespace>:dedup:done" out to the waiters of
 // each key. A waiter subscribes before it reads, then sleeps until a
 // notification or a backed-off re-read (PollFloor doubling to PollCap):
