@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	kafkago "github.com/segmentio/kafka-go"
 
@@ -24,7 +25,7 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 	file := fs.String("c", "", "the config `file` (required)")
 	printCfg := fs.Bool("print", false, "print the config with defaults filled in (secrets redacted)")
 	strict := fs.Bool("strict", false, "treat warnings as errors (exit 2)")
-	online := fs.Bool("online", false, "also connect to Redis and the brokers and check the deduplication horizon against them")
+	online := fs.Bool("online", false, "also connect to Redis and the brokers: check the deduplication horizon against the source's retention, and that each dead_letter and forward destination connects and exists (a JetStream stream captures the NATS subject, the Kafka topic exists)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -40,7 +41,10 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 	if *online {
 		ws, err := onlineChecks(cfg)
 		if err != nil {
-			return err
+			// A server the config names that does not answer, or a
+			// stream it names that does not exist, is the config's to
+			// fix: exit 2, as for any config error (SPEC §9.1).
+			return usageError{err}
 		}
 		warnings = append(warnings, ws...)
 	}
@@ -89,11 +93,26 @@ func horizonWarnings(cfg *config.Config) []string {
 	return ws
 }
 
-// onlineChecks connects to Redis and each handler's broker exactly as run
+// onlineChecks connects to Redis and each handler's brokers exactly as run
 // does (the internal/app constructors: credentials, TLS, timeouts) and
 // compares each handler's retention with how long its broker keeps
-// messages (JetStream max_age, Kafka retention.ms). Every call has a
-// deadline; errors name the config field and show no secret.
+// messages (JetStream max_age, Kafka retention.ms). It also checks where
+// each handler's dead letters and forwarded messages go:
+//
+//   - dead_letter: on the source's connection, as the transport publishes
+//     them (the config keeps dead letters on the source's server or
+//     cluster). A NATS subject that no JetStream stream captures is a
+//     warning: dead letters are then published on core NATS and lost
+//     unless a subscriber listens. A Kafka topic that does not exist is a
+//     warning: writes fail unless the brokers auto-create topics.
+//   - action.forward: its own connection (URL or brokers and credentials,
+//     defaulted from the source) must connect, else an error. A NATS
+//     subject that no stream captures is a warning (the JetStream publish
+//     fails, so every message is retried, then dead-lettered); a missing
+//     Kafka topic is the same warning as for dead letters.
+//
+// Every call has a deadline; errors name the config field and show no
+// secret.
 func onlineChecks(cfg *config.Config) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -126,17 +145,27 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 				return nil, fmt.Errorf("handlers[%d].source.nats: %w", i, err)
 			}
 			st, err := js.Stream(ctx, n.Stream)
-			nc.Close()
 			if err != nil {
+				nc.Close()
 				return nil, fmt.Errorf("handlers[%d].source.nats.stream %q: %w", i, n.Stream, err)
 			}
 			keep, what = st.CachedInfo().Config.MaxAge, "stream "+n.Stream+" max_age"
+			// The source publishes dead letters on its own connection.
+			if dl := h.DeadLetter; dl != nil && dl.NATS != nil {
+				w, err := natsSubjectCheck(ctx, js, i, h.Name, "dead_letter", dl.NATS.Subject)
+				if err != nil {
+					nc.Close()
+					return nil, err
+				}
+				ws = appendNonEmpty(ws, w)
+			}
+			nc.Close()
 		case h.Source.Kafka != nil:
 			k := h.Source.Kafka
 			field := fmt.Sprintf("handlers[%d].source.kafka", i)
 			// kafka.Client reports a refused handshake as "Broker Not
 			// Available": dial first, as the source does, to say why.
-			if err := dialKafka(ctx, field, k); err != nil {
+			if err := dialKafka(ctx, field, k.Brokers, k.SASL, k.TLS); err != nil {
 				return nil, err
 			}
 			tr, err := app.KafkaTransport(field, k.SASL, k.TLS)
@@ -147,10 +176,21 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 			resp, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
 				ResourceType: kafkago.ResourceTypeTopic, ResourceName: k.Topic, ConfigNames: []string{"retention.ms"},
 			}}})
-			tr.CloseIdleConnections()
 			if err != nil {
+				tr.CloseIdleConnections()
 				return nil, fmt.Errorf("%s.brokers: %w", field, err)
 			}
+			// The source writes dead letters with its own dialer to its
+			// own brokers.
+			if dl := h.DeadLetter; dl != nil && dl.Kafka != nil {
+				w, err := kafkaTopicCheck(ctx, c, i, h.Name, "dead_letter", dl.Kafka.Topic)
+				if err != nil {
+					tr.CloseIdleConnections()
+					return nil, err
+				}
+				ws = appendNonEmpty(ws, w)
+			}
+			tr.CloseIdleConnections()
 			for _, r := range resp.Resources {
 				if r.Error != nil {
 					return nil, fmt.Errorf("%s.topic %q: %w", field, k.Topic, r.Error)
@@ -172,6 +212,13 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 		} else if h.Retention.D() < keep {
 			ws = append(ws, fmt.Sprintf("handlers[%d] (%s): retention %s is shorter than %s %s: a replay of older messages runs them again", i, h.Name, h.Retention, what, config.Duration(keep)))
 		}
+		if f := h.Action.Forward; f != nil {
+			w, err := forwardCheck(ctx, i, h.Name, f)
+			if err != nil {
+				return nil, err
+			}
+			ws = appendNonEmpty(ws, w)
+		}
 	}
 	if len(ws) == 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return nil, ctx.Err()
@@ -179,17 +226,103 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 	return ws, nil
 }
 
-// dialKafka connects to some broker of k with the source's dialer (TLS and
-// the SASL handshake), within 10s: nil as soon as one accepts.
-func dialKafka(ctx context.Context, field string, k *config.KafkaSource) error {
-	d, err := app.KafkaDialer(field, k.SASL, k.TLS)
+// forwardCheck connects to a forward destination as the action does (its
+// own URL or brokers and credentials) and reports a subject no stream
+// captures or a missing topic.
+func forwardCheck(ctx context.Context, i int, handler string, f *config.Forward) (string, error) {
+	switch {
+	case f.NATS != nil:
+		n := f.NATS
+		nc, err := app.DialNATS(ctx, fmt.Sprintf("handlers[%d].action.forward.nats", i), n.URL, n.NATSAuth)
+		if err != nil {
+			return "", err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return "", fmt.Errorf("handlers[%d].action.forward.nats: %w", i, err)
+		}
+		return natsSubjectCheck(ctx, js, i, handler, "action.forward", n.Subject)
+	case f.Kafka != nil:
+		k := f.Kafka
+		field := fmt.Sprintf("handlers[%d].action.forward.kafka", i)
+		if err := dialKafka(ctx, field, k.Brokers, k.SASL, k.TLS); err != nil {
+			return "", err
+		}
+		tr, err := app.KafkaTransport(field, k.SASL, k.TLS)
+		if err != nil {
+			return "", err
+		}
+		defer tr.CloseIdleConnections()
+		c := &kafkago.Client{Addr: kafkago.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: tr}
+		return kafkaTopicCheck(ctx, c, i, handler, "action.forward", k.Topic)
+	}
+	return "", nil
+}
+
+// natsSubjectCheck asks JetStream which stream captures subject, as the
+// dead-letter publisher does (transports/nats resolveDeadLetter): none, or
+// no JetStream at all, is a warning. out is "dead_letter" or
+// "action.forward".
+func natsSubjectCheck(ctx context.Context, js jetstream.JetStream, i int, handler, out, subject string) (string, error) {
+	_, err := js.StreamNameBySubject(ctx, subject)
+	switch {
+	case err == nil:
+		return "", nil
+	case errors.Is(err, jetstream.ErrStreamNotFound),
+		errors.Is(err, nats.ErrNoResponders),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		why := "dead letters are published on core NATS and lost unless a subscriber is listening"
+		if out == "action.forward" {
+			// actions.ForwardNATS publishes through JetStream: without a
+			// stream no one acknowledges the publish.
+			why = "forwarded messages are published through JetStream and no stream acknowledges them: every forward fails, is retried, then dead-lettered"
+		}
+		return fmt.Sprintf("handlers[%d] (%s): %s.nats.subject %q is not captured by any JetStream stream: %s", i, handler, out, subject, why), nil
+	default:
+		return "", fmt.Errorf("handlers[%d].%s.nats.subject %q: looking up the stream that captures it: %w", i, out, subject, err)
+	}
+}
+
+// kafkaTopicCheck asks the cluster's metadata for topic (without asking
+// the broker to create it): a missing topic is a warning.
+func kafkaTopicCheck(ctx context.Context, c *kafkago.Client, i int, handler, out, topic string) (string, error) {
+	field := fmt.Sprintf("handlers[%d].%s.kafka", i, out)
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return "", fmt.Errorf("%s.brokers: %w", field, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != topic || t.Error == nil {
+			continue
+		}
+		if errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
+			return fmt.Sprintf("handlers[%d] (%s): %s.kafka.topic %q does not exist: writes fail unless the brokers auto-create topics", i, handler, out, topic), nil
+		}
+		return "", fmt.Errorf("%s.topic %q: %w", field, topic, t.Error)
+	}
+	return "", nil
+}
+
+func appendNonEmpty(ws []string, w string) []string {
+	if w == "" {
+		return ws
+	}
+	return append(ws, w)
+}
+
+// dialKafka connects to some broker of brokers with a source's dialer (TLS
+// and the SASL handshake), within 10s: nil as soon as one accepts.
+func dialKafka(ctx context.Context, field string, brokers []string, s *config.SASL, t *config.TLS) error {
+	d, err := app.KafkaDialer(field, s, t)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var errs []error
-	for _, b := range k.Brokers {
+	for _, b := range brokers {
 		c, err := d.DialContext(ctx, "tcp", b)
 		if err == nil {
 			return c.Close()
