@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -481,6 +482,13 @@ func (h *Handler) validate(p string, fail failFunc) error {
 			return fail(dp+".kafka.brokers", "the dead-letter topic must be on the source's cluster; leave brokers out")
 		case dl.NATS != nil && dl.NATS.URL != h.Source.NATS.URL:
 			return fail(dp+".nats.url", "the dead-letter subject must be on the source's server; leave url out")
+		// ... and with the source's credentials: others would be ignored.
+		case dl.Kafka != nil && dl.Kafka.SASL != nil && !reflect.DeepEqual(dl.Kafka.SASL, h.Source.Kafka.SASL):
+			return fail(dp+".kafka.sasl", "dead letters are published with the source's credentials; leave sasl out")
+		case dl.Kafka != nil && dl.Kafka.TLS != nil && !reflect.DeepEqual(dl.Kafka.TLS, h.Source.Kafka.TLS):
+			return fail(dp+".kafka.tls", "dead letters are published on the source's connection; leave tls out")
+		case dl.NATS != nil && dl.NATS.NATSAuth != (NATSAuth{}) && !reflect.DeepEqual(dl.NATS.NATSAuth, h.Source.NATS.NATSAuth):
+			return fail(dp+".nats", "dead letters are published with the source's credentials; leave user, password, token, creds_file and tls out")
 		}
 	}
 	return nil

@@ -68,6 +68,9 @@ func TestParseErrorsNameFieldAndLine(t *testing.T) {
 		{"bad key source", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    key: [uuid]\n    action: {exec: {command: [x]}}\n", "handlers[0].key[0]", 4, "want header"},
 		{"negative max_ack_pending", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S, max_ack_pending: -1}}\n    action: {exec: {command: [x]}}\n", "handlers[0].source.nats.max_ack_pending", 3, "must not be negative"},
 		{"no handlers", "redis: {namespace: x}\n", "handlers", 0, "at least one"},
+		{"dead-letter credentials (kafka)", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t}}\n    action: {exec: {command: [x]}}\n    dead_letter: {kafka: {topic: t.dlq, sasl: {mechanism: plain, username: u, password: p}}}\n", "handlers[0].dead_letter.kafka.sasl", 5, "source's credentials"},
+		{"dead-letter tls (kafka)", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t}}\n    action: {exec: {command: [x]}}\n    dead_letter: {kafka: {topic: t.dlq, tls: {ca_file: ca.pem}}}\n", "handlers[0].dead_letter.kafka.tls", 5, "source's connection"},
+		{"dead-letter credentials (nats)", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S, user: a, password: b}}\n    action: {exec: {command: [x]}}\n    dead_letter: {nats: {subject: d, user: c, password: d}}\n", "handlers[0].dead_letter.nats", 5, "source's credentials"},
 		{"loop", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t}}\n    action: {forward: {kafka: {topic: t}}}\n", "handlers[0].action.forward.kafka.topic", 4, "loop"},
 	}
 	for _, c := range cases {
@@ -81,6 +84,20 @@ func TestParseErrorsNameFieldAndLine(t *testing.T) {
 				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
 			}
 		})
+	}
+}
+
+// A dead-letter destination that names the source's brokers or URL, or
+// repeats its credentials, is the source's connection: accepted.
+func TestDeadLetterOnTheSourceConnection(t *testing.T) {
+	for _, y := range []string{
+		"handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t, sasl: {mechanism: plain, username: u, password: p}}}\n    action: {exec: {command: [x]}}\n    dead_letter: {kafka: {brokers: [b:1], topic: t.dlq}}\n",
+		"handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t, sasl: {mechanism: plain, username: u, password: p}}}\n    action: {exec: {command: [x]}}\n    dead_letter: {kafka: {topic: t.dlq, sasl: {mechanism: plain, username: u, password: p}}}\n",
+		"handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S, user: a, password: b}}\n    action: {exec: {command: [x]}}\n    dead_letter: {nats: {url: nats://x, subject: d}}\n",
+	} {
+		if _, err := Parse([]byte(y), env(nil)); err != nil {
+			t.Errorf("%v\n%s", err, y)
+		}
 	}
 }
 
