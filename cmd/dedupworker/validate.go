@@ -41,10 +41,10 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 	if *online {
 		ws, err := onlineChecks(cfg)
 		if err != nil {
-			// A server the config names that does not answer, or a
-			// stream it names that does not exist, is the config's to
-			// fix: exit 2, as for any config error (SPEC §9.1).
-			return usageError{err}
+			// A server that does not answer or refuses the credentials
+			// is a runtime failure (exit 1, SPEC §9.1), as in run: the
+			// file itself parsed and validated.
+			return err
 		}
 		warnings = append(warnings, ws...)
 	}

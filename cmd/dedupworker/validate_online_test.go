@@ -216,8 +216,8 @@ handlers:
 			began := time.Now()
 			code, _, stderr := runCmd(t, "validate", "-c", path, "--online")
 			took := time.Since(began)
-			if code != exitUsage || !strings.Contains(stderr, tc.field) {
-				t.Fatalf("unreachable forward destination: exit %d, stderr %q; want 2 naming %s", code, stderr, tc.field)
+			if code != exitRuntime || !strings.Contains(stderr, tc.field) {
+				t.Fatalf("unreachable forward destination: exit %d, stderr %q; want 1 naming %s", code, stderr, tc.field)
 			}
 			if strings.Contains(stderr, "s3cret") {
 				t.Fatalf("the error shows the password: %q", stderr)
