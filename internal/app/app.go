@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -331,8 +333,21 @@ type natsConns struct {
 	conns map[string]jetstream.JetStream
 }
 
+// natsConnKey identifies a connection by its URL and every field that says
+// who connects: a forward that names another password, token or client
+// certificate than its source gets a connection of its own, not the
+// source's. (The key lives only in memory, like the credentials.)
+func natsConnKey(url string, auth config.NATSAuth) string {
+	var tls config.TLS
+	if auth.TLS != nil {
+		tls = *auth.TLS
+	}
+	return strings.Join([]string{url, auth.User, string(auth.Password), string(auth.Token), auth.CredsFile,
+		tls.CAFile, tls.CertFile, tls.KeyFile, tls.ServerName, strconv.FormatBool(tls.InsecureSkipVerify)}, "\x00")
+}
+
 func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetStream, error) {
-	id := url + "\x00" + auth.User + "\x00" + auth.CredsFile
+	id := natsConnKey(url, auth)
 	if js, ok := c.conns[id]; ok {
 		return js, nil
 	}

@@ -74,3 +74,44 @@ func TestDialNATSStopsWithItsContext(t *testing.T) {
 		t.Errorf("DialNATS with a cancelled context: %v", err)
 	}
 }
+
+// A forward whose credentials differ from its source's in any field must
+// not share the source's connection; the same credentials must.
+func TestNATSConnKeyCoversEveryCredential(t *testing.T) {
+	const url = "nats://127.0.0.1:4222"
+	base := config.NATSAuth{User: "u", Password: "p", TLS: &config.TLS{CAFile: "ca.pem", CertFile: "a.pem", KeyFile: "a.key"}}
+	same := base
+	same.TLS = &config.TLS{CAFile: "ca.pem", CertFile: "a.pem", KeyFile: "a.key"} // equal, another pointer
+	if natsConnKey(url, base) != natsConnKey(url, same) {
+		t.Fatal("equal credentials got different connections")
+	}
+	for name, change := range map[string]func(*config.NATSAuth){
+		"url":         nil,
+		"user":        func(a *config.NATSAuth) { a.User = "v" },
+		"password":    func(a *config.NATSAuth) { a.Password = "q" },
+		"token":       func(a *config.NATSAuth) { a.Token = "t" },
+		"creds_file":  func(a *config.NATSAuth) { a.CredsFile = "x.creds" },
+		"no tls":      func(a *config.NATSAuth) { a.TLS = nil },
+		"client cert": func(a *config.NATSAuth) { a.TLS = &config.TLS{CAFile: "ca.pem", CertFile: "b.pem", KeyFile: "a.key"} },
+		"client key":  func(a *config.NATSAuth) { a.TLS = &config.TLS{CAFile: "ca.pem", CertFile: "a.pem", KeyFile: "b.key"} },
+		"ca": func(a *config.NATSAuth) {
+			a.TLS = &config.TLS{CAFile: "other.pem", CertFile: "a.pem", KeyFile: "a.key"}
+		},
+		"server name": func(a *config.NATSAuth) {
+			a.TLS = &config.TLS{CAFile: "ca.pem", CertFile: "a.pem", KeyFile: "a.key", ServerName: "n"}
+		},
+		"insecure": func(a *config.NATSAuth) {
+			a.TLS = &config.TLS{CAFile: "ca.pem", CertFile: "a.pem", KeyFile: "a.key", InsecureSkipVerify: true}
+		},
+	} {
+		other, u := base, url
+		if change == nil {
+			u = "nats://127.0.0.1:4223"
+		} else {
+			change(&other)
+		}
+		if natsConnKey(url, base) == natsConnKey(u, other) {
+			t.Errorf("%s differs but the connection would be shared", name)
+		}
+	}
+}
