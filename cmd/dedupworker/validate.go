@@ -132,80 +132,15 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 		h := &cfg.Handlers[i]
 		var keep time.Duration
 		var what string
+		var err error
 		switch {
 		case h.Source.NATS != nil:
-			n := h.Source.NATS
-			nc, err := app.DialNATS(ctx, fmt.Sprintf("handlers[%d].source.nats", i), n.URL, n.NATSAuth)
-			if err != nil {
-				return nil, err
-			}
-			js, err := jetstream.New(nc)
-			if err != nil {
-				nc.Close()
-				return nil, fmt.Errorf("handlers[%d].source.nats: %w", i, err)
-			}
-			st, err := js.Stream(ctx, n.Stream)
-			if err != nil {
-				nc.Close()
-				return nil, fmt.Errorf("handlers[%d].source.nats.stream %q: %w", i, n.Stream, err)
-			}
-			keep, what = st.CachedInfo().Config.MaxAge, "stream "+n.Stream+" max_age"
-			// The source publishes dead letters on its own connection.
-			if dl := h.DeadLetter; dl != nil && dl.NATS != nil {
-				w, err := natsSubjectCheck(ctx, js, i, h.Name, "dead_letter", dl.NATS.Subject)
-				if err != nil {
-					nc.Close()
-					return nil, err
-				}
-				ws = appendNonEmpty(ws, w)
-			}
-			nc.Close()
+			keep, what, ws, err = natsSourceChecks(ctx, i, h, ws)
 		case h.Source.Kafka != nil:
-			k := h.Source.Kafka
-			field := fmt.Sprintf("handlers[%d].source.kafka", i)
-			// kafka.Client reports a refused handshake as "Broker Not
-			// Available": dial first, as the source does, to say why.
-			if err := dialKafka(ctx, field, k.Brokers, k.SASL, k.TLS); err != nil {
-				return nil, err
-			}
-			tr, err := app.KafkaTransport(field, k.SASL, k.TLS)
-			if err != nil {
-				return nil, err
-			}
-			c := &kafkago.Client{Addr: kafkago.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: tr}
-			resp, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
-				ResourceType: kafkago.ResourceTypeTopic, ResourceName: k.Topic, ConfigNames: []string{"retention.ms"},
-			}}})
-			if err != nil {
-				tr.CloseIdleConnections()
-				return nil, fmt.Errorf("%s.brokers: %w", field, err)
-			}
-			// The source writes dead letters with its own dialer to its
-			// own brokers.
-			if dl := h.DeadLetter; dl != nil && dl.Kafka != nil {
-				w, err := kafkaTopicCheck(ctx, c, i, h.Name, "dead_letter", dl.Kafka.Topic)
-				if err != nil {
-					tr.CloseIdleConnections()
-					return nil, err
-				}
-				ws = appendNonEmpty(ws, w)
-			}
-			tr.CloseIdleConnections()
-			for _, r := range resp.Resources {
-				if r.Error != nil {
-					return nil, fmt.Errorf("%s.topic %q: %w", field, k.Topic, r.Error)
-				}
-				for _, e := range r.ConfigEntries {
-					if ms, err := strconv.ParseInt(e.ConfigValue, 10, 64); e.ConfigName == "retention.ms" && err == nil {
-						if ms < 0 {
-							keep = 0
-						} else {
-							keep = time.Duration(ms) * time.Millisecond
-						}
-					}
-				}
-			}
-			what = "topic " + k.Topic + " retention.ms"
+			keep, what, ws, err = kafkaSourceChecks(ctx, i, h, ws)
+		}
+		if err != nil {
+			return nil, err
 		}
 		if keep == 0 {
 			ws = append(ws, fmt.Sprintf("handlers[%d] (%s): %s is unlimited: a replay from the start sees messages older than retention %s, which run again", i, h.Name, what, h.Retention))
@@ -226,38 +161,117 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 	return ws, nil
 }
 
+// natsSourceChecks reads how long h's stream keeps messages and checks its
+// dead-letter subject on the source's connection, where the transport
+// publishes dead letters.
+func natsSourceChecks(ctx context.Context, i int, h *config.Handler, ws []string) (keep time.Duration, what string, _ []string, _ error) {
+	n := h.Source.NATS
+	js, done, err := openJetStream(ctx, fmt.Sprintf("handlers[%d].source.nats", i), n.URL, n.NATSAuth)
+	if err != nil {
+		return 0, "", ws, err
+	}
+	defer done()
+	st, err := js.Stream(ctx, n.Stream)
+	if err != nil {
+		return 0, "", ws, fmt.Errorf("handlers[%d].source.nats.stream %q: %w", i, n.Stream, err)
+	}
+	if dl := h.DeadLetter; dl != nil && dl.NATS != nil {
+		w, err := natsSubjectCheck(ctx, js, i, h.Name, "dead_letter", dl.NATS.Subject)
+		if err != nil {
+			return 0, "", ws, err
+		}
+		ws = appendNonEmpty(ws, w)
+	}
+	return st.CachedInfo().Config.MaxAge, "stream " + n.Stream + " max_age", ws, nil
+}
+
+// kafkaSourceChecks reads h's topic's retention.ms and checks its
+// dead-letter topic with the source's dialer, which writes dead letters.
+func kafkaSourceChecks(ctx context.Context, i int, h *config.Handler, ws []string) (keep time.Duration, what string, _ []string, _ error) {
+	k := h.Source.Kafka
+	field := fmt.Sprintf("handlers[%d].source.kafka", i)
+	c, done, err := openKafka(ctx, field, k.Brokers, k.SASL, k.TLS)
+	if err != nil {
+		return 0, "", ws, err
+	}
+	defer done()
+	resp, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: k.Topic, ConfigNames: []string{"retention.ms"},
+	}}})
+	if err != nil {
+		return 0, "", ws, fmt.Errorf("%s.brokers: %w", field, err)
+	}
+	if dl := h.DeadLetter; dl != nil && dl.Kafka != nil {
+		w, err := kafkaTopicCheck(ctx, c, i, h.Name, "dead_letter", dl.Kafka.Topic)
+		if err != nil {
+			return 0, "", ws, err
+		}
+		ws = appendNonEmpty(ws, w)
+	}
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			return 0, "", ws, fmt.Errorf("%s.topic %q: %w", field, k.Topic, r.Error)
+		}
+		for _, e := range r.ConfigEntries {
+			if ms, err := strconv.ParseInt(e.ConfigValue, 10, 64); e.ConfigName == "retention.ms" && err == nil {
+				keep = time.Duration(max(ms, 0)) * time.Millisecond // -1: unlimited, as 0
+			}
+		}
+	}
+	return keep, "topic " + k.Topic + " retention.ms", ws, nil
+}
+
 // forwardCheck connects to a forward destination as the action does (its
 // own URL or brokers and credentials) and reports a subject no stream
 // captures or a missing topic.
 func forwardCheck(ctx context.Context, i int, handler string, f *config.Forward) (string, error) {
 	switch {
 	case f.NATS != nil:
-		n := f.NATS
-		nc, err := app.DialNATS(ctx, fmt.Sprintf("handlers[%d].action.forward.nats", i), n.URL, n.NATSAuth)
+		js, done, err := openJetStream(ctx, fmt.Sprintf("handlers[%d].action.forward.nats", i), f.NATS.URL, f.NATS.NATSAuth)
 		if err != nil {
 			return "", err
 		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return "", fmt.Errorf("handlers[%d].action.forward.nats: %w", i, err)
-		}
-		return natsSubjectCheck(ctx, js, i, handler, "action.forward", n.Subject)
+		defer done()
+		return natsSubjectCheck(ctx, js, i, handler, "action.forward", f.NATS.Subject)
 	case f.Kafka != nil:
 		k := f.Kafka
-		field := fmt.Sprintf("handlers[%d].action.forward.kafka", i)
-		if err := dialKafka(ctx, field, k.Brokers, k.SASL, k.TLS); err != nil {
-			return "", err
-		}
-		tr, err := app.KafkaTransport(field, k.SASL, k.TLS)
+		c, done, err := openKafka(ctx, fmt.Sprintf("handlers[%d].action.forward.kafka", i), k.Brokers, k.SASL, k.TLS)
 		if err != nil {
 			return "", err
 		}
-		defer tr.CloseIdleConnections()
-		c := &kafkago.Client{Addr: kafkago.TCP(k.Brokers...), Timeout: 10 * time.Second, Transport: tr}
+		defer done()
 		return kafkaTopicCheck(ctx, c, i, handler, "action.forward", k.Topic)
 	}
 	return "", nil
+}
+
+// openJetStream connects as run does; done closes the connection.
+func openJetStream(ctx context.Context, field, url string, auth config.NATSAuth) (js jetstream.JetStream, done func(), err error) {
+	nc, err := app.DialNATS(ctx, field, url, auth)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err = jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("%s: %w", field, err)
+	}
+	return js, nc.Close, nil
+}
+
+// openKafka dials one of brokers with run's dialer first (kafka.Client
+// reports a refused handshake as "Broker Not Available"; the dial says
+// why), then returns a client over the same TLS and SASL; done closes its
+// connections.
+func openKafka(ctx context.Context, field string, brokers []string, s *config.SASL, t *config.TLS) (c *kafkago.Client, done func(), err error) {
+	if err := dialKafka(ctx, field, brokers, s, t); err != nil {
+		return nil, nil, err
+	}
+	tr, err := app.KafkaTransport(field, s, t)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}, tr.CloseIdleConnections, nil
 }
 
 // natsSubjectCheck asks JetStream which stream captures subject, as the
