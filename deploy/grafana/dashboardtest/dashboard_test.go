@@ -264,7 +264,7 @@ handlers:
 `, redisURL, "dashtest-"+id, addr, handler, natsURL, stream, subject), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out := &deploytest.SyncBuffer{}
+	out := &testenv.SyncBuffer{}
 	cmd := exec.Command(binPath, "run", "-c", cfg)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
