@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,26 +13,78 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// Kafka returns the addresses of Kafka brokers for a test: $KAFKA_BROKERS
-// (comma-separated) when set, which must answer (else the test is skipped,
-// or failed under DEDUP_REQUIRE_SERVICES=1); otherwise an in-process kfake
-// cluster started for the test (see KafkaCluster). Create topics with
-// CreateKafkaTopic: a real cluster has none of the test's topics.
+// The local Kafka that .ci/kafka.sh starts (SPEC §10).
+var (
+	localKafka        = []string{"127.0.0.1:9092"}
+	localKafkaCluster = []string{"127.0.0.1:19092", "127.0.0.1:19093", "127.0.0.1:19094"}
+)
+
+type found struct {
+	once  sync.Once
+	addrs []string
+	why   string
+}
+
+var kafkaSingle, kafkaCluster found
+
+// findKafka resolves env (comma-separated) or, when it is unset, the local
+// default; why is non-empty when nothing answers.
+func (f *found) find(env string, local []string, hint string) ([]string, string) {
+	f.once.Do(func() {
+		if v := os.Getenv(env); v != "" {
+			f.addrs = splitAddrs(v)
+			if why := probeKafka(f.addrs); why != "" {
+				f.why = env + " is set but " + why
+			}
+			return
+		}
+		f.addrs = local
+		if why := probeKafka(local); why != "" {
+			f.why = env + " is not set and " + why + "; " + hint
+		}
+	})
+	return append([]string(nil), f.addrs...), f.why
+}
+
+func splitAddrs(v string) []string {
+	var out []string
+	for a := range strings.SplitSeq(v, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Kafka returns the addresses of a real Apache Kafka for a test:
+// $KAFKA_BROKERS (comma-separated) when set, else 127.0.0.1:9092 (the single
+// KRaft node of .ci/kafka.sh) when it answers. Without one, the test runs on
+// an in-process kfake broker instead, except under DEDUP_REQUIRE_SERVICES=1,
+// where a missing Kafka fails the test. Topics are made with
+// CreateKafkaTopic; the broker creates none by itself.
 func Kafka(t testing.TB) []string {
 	t.Helper()
-	if env := os.Getenv("KAFKA_BROKERS"); env != "" {
-		var brokers []string
-		for b := range strings.SplitSeq(env, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				brokers = append(brokers, b)
-			}
-		}
-		if why := probeKafka(brokers); why != "" {
-			Unavailable(t, "kafka", why)
-		}
+	brokers, why := kafkaSingle.find("KAFKA_BROKERS", localKafka, "run .ci/kafka.sh start")
+	if why == "" {
 		return brokers
 	}
-	_, brokers := KafkaCluster(t)
+	if os.Getenv("DEDUP_REQUIRE_SERVICES") == "1" {
+		Unavailable(t, "kafka", why)
+	}
+	t.Logf("testenv: no real Kafka (%s): using in-process kfake", why)
+	_, brokers = KFake(t)
+	return brokers
+}
+
+// RealKafka is Kafka for a test that only means something on Apache Kafka
+// (broker-side security, a cut through the advertised listener): without
+// one it is skipped, or failed under DEDUP_REQUIRE_SERVICES=1.
+func RealKafka(t testing.TB) []string {
+	t.Helper()
+	brokers, why := kafkaSingle.find("KAFKA_BROKERS", localKafka, "run .ci/kafka.sh start")
+	if why != "" {
+		Unavailable(t, "kafka", why)
+	}
 	return brokers
 }
 
@@ -54,16 +107,16 @@ func probeKafka(brokers []string) string {
 		}
 		errs = append(errs, err)
 	}
-	return "KAFKA_BROKERS=" + strings.Join(brokers, ",") + ": " + errors.Join(errs...).Error()
+	return "nothing answers on " + strings.Join(brokers, ",") + ": " + errors.Join(errs...).Error()
 }
 
-// KafkaCluster starts an in-process Kafka-protocol broker (franz-go's kfake)
-// on loopback for the test and closes it when the test ends. Defaults: one
-// broker on a random port and a group minimum session timeout of 100ms, so
-// tests can use short session timeouts (kfake's own minimum is 6s). opts
-// come after the defaults and override them; seed topics with
-// kfake.SeedTopics(partitions, names...).
-func KafkaCluster(t testing.TB, opts ...kfake.Opt) (*kfake.Cluster, []string) {
+// KFake starts an in-process Kafka-protocol broker (franz-go's kfake) on
+// loopback for the test and closes it when the test ends: for fast unit
+// tests of the protocol handling, never as a stand-in for the group
+// coordinator's behaviour. Defaults: one broker on a random port and a group
+// minimum session timeout of 100ms (kfake's own is 6s). opts come after the
+// defaults and override them; seed topics with kfake.SeedTopics.
+func KFake(t testing.TB, opts ...kfake.Opt) (*kfake.Cluster, []string) {
 	t.Helper()
 	all := append([]kfake.Opt{
 		kfake.NumBrokers(1),
@@ -77,16 +130,22 @@ func KafkaCluster(t testing.TB, opts ...kfake.Opt) (*kfake.Cluster, []string) {
 	return c, c.ListenAddrs()
 }
 
-// CreateKafkaTopic creates topic with the given number of partitions (a
-// replication factor of 1) and waits until every partition has a leader. An
+// CreateKafkaTopic creates topic with the given number of partitions and a
+// replication factor of 1, and waits until every partition has a leader. An
 // existing topic is an error: tests use fresh names.
 func CreateKafkaTopic(t testing.TB, brokers []string, topic string, partitions int) {
+	t.Helper()
+	CreateKafkaTopicRF(t, brokers, topic, partitions, 1)
+}
+
+// CreateKafkaTopicRF is CreateKafkaTopic with a replication factor.
+func CreateKafkaTopicRF(t testing.TB, brokers []string, topic string, partitions, rf int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{
-		Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}},
+		Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: rf}},
 	})
 	if err != nil {
 		t.Fatalf("testenv: creating topic %q: %v", topic, err)
@@ -94,6 +153,16 @@ func CreateKafkaTopic(t testing.TB, brokers []string, topic string, partitions i
 	if err := resp.Errors[topic]; err != nil {
 		t.Fatalf("testenv: creating topic %q: %v", topic, err)
 	}
+	WaitKafkaLeaders(t, brokers, topic, partitions)
+}
+
+// WaitKafkaLeaders waits up to 30s until every one of the topic's
+// partitions has a leader.
+func WaitKafkaLeaders(t testing.TB, brokers []string, topic string, partitions int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
 	for {
 		md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions {

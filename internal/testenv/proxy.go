@@ -28,6 +28,36 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return startProxy(t, ln, target)
+}
+
+// NewProxyOn is NewProxy on a fixed address, for a broker that advertises
+// it. While another test (of this or another package) holds the address,
+// it waits, up to 5 minutes: such tests take turns.
+func NewProxyOn(t testing.TB, addr, target string) *Proxy {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			return startProxy(t, ln, target)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("testenv: proxy on %s: %v", addr, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func dialTCP(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+func startProxy(t testing.TB, ln net.Listener, target string) *Proxy {
 	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Go(p.accept)
 	t.Cleanup(func() {

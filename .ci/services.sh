@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Starts every service the tests use, on loopback, idempotently (a service
+# that answers is left alone), and installs from Debian what is missing when
+# run as root. The README's test command (.ci/test.sh) and .ci/run use it.
+#
+#   127.0.0.1:6379              redis-server (Debian)
+#   127.0.0.1:7000-7002         a 3-master Redis Cluster       (.ci/redis-cluster.sh)
+#   127.0.0.1:6390,6391         a Redis primary and replica,
+#   127.0.0.1:26390-26392       watched by three redis-sentinel (.ci/redis-sentinel.sh)
+#   127.0.0.1:4222              nats-server with JetStream (Debian)
+#   127.0.0.1:9092              Apache Kafka 3.9.2, one KRaft node (.ci/kafka.sh)
+#   127.0.0.1:19092-19094       Apache Kafka 3.9.2, three KRaft nodes
+#   kcat                        a librdkafka client (Debian)
+#
+# Each service's files live under ${TMPDIR:-/tmp}. `.ci/services.sh stop`
+# stops what the scripts started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[services] %s\n' "$*" >&2; }
+answers() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+if [ "${1:-start}" = stop ]; then
+	bash .ci/kafka.sh stop all
+	bash .ci/redis-sentinel.sh stop
+	bash .ci/redis-cluster.sh stop
+	exit 0
+fi
+
+# What each command comes from in Debian.
+declare -A pkg=(
+	[redis-server]=redis-server [redis-cli]=redis-tools [redis-sentinel]=redis-sentinel
+	[nats-server]=nats-server [kcat]=kcat [openssl]=openssl [java]=openjdk-17-jre-headless
+	[mvn]=maven
+)
+missing=()
+for cmd in "${!pkg[@]}"; do
+	command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg[$cmd]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		log "missing commands; as root, run: apt-get install ${missing[*]}"
+		exit 1
+	fi
+	log "installing from Debian: ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Debian packages enable units that a machine without systemd never
+# starts; these services run on their own ports, started here.
+if ! answers 6379; then
+	log "starting redis-server on 127.0.0.1:6379"
+	redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+		--logfile "${TMPDIR:-/tmp}/dedup-redis-6379.log"
+fi
+
+if ! answers 4222; then
+	log "starting nats-server with JetStream on 127.0.0.1:4222"
+	sd="${TMPDIR:-/tmp}/dedup-nats"
+	mkdir -p "$sd"
+	setsid nohup nats-server -a 127.0.0.1 -p 4222 -js -sd "$sd" >"$sd/nats.log" 2>&1 </dev/null &
+fi
+
+bash .ci/redis-cluster.sh start
+bash .ci/redis-sentinel.sh start
+bash .ci/kafka.sh start all
+
+for _ in $(seq 1 100); do
+	answers 6379 && answers 4222 && break
+	sleep 0.1
+done
+answers 6379 || { log "redis-server did not start on 6379"; exit 1; }
+answers 4222 || { log "nats-server did not start on 4222"; cat "${TMPDIR:-/tmp}/dedup-nats/nats.log" >&2; exit 1; }
+log "all services up"
