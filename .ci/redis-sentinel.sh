@@ -37,7 +37,7 @@ healthy() {
 	for p in "${NODES[@]}"; do cli "$p" ping 2>/dev/null | grep -q PONG || return 1; done
 	# The primary has its replica.
 	addr=$(cli "${SENTINELS[0]}" sentinel get-master-addr-by-name "$MASTER" | tail -1)
-	cli "$addr" info replication | tr -d '\r' | grep -q '^connected_slaves:1$'
+	cli "$addr" info replication | tr -d '\r' | grep -q ',state=online,'
 }
 
 ours() { # dir: the pid file's process is still a redis server of ours
@@ -69,7 +69,7 @@ node_script() {
 #!/usr/bin/env bash
 # Starts this Redis data node; Sentinel tells it which node to follow.
 exec "$REDIS_SERVER" --port $port --bind 127.0.0.1 --protected-mode no --save '' --appendonly no \\
-	--dir "$d" --daemonize yes --pidfile "$d/redis.pid" --logfile "$d/redis.log" $repl
+	--repl-diskless-sync-delay 0 --dir "$d" --daemonize yes --pidfile "$d/redis.pid" --logfile "$d/redis.log" $repl
 EOF
 	chmod +x "$d/start.sh"
 }

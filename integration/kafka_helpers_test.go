@@ -28,12 +28,12 @@ import (
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
-// kafkaEachBroker runs f against the in-process Kafka-protocol broker
-// (kfake, or $KAFKA_BROKERS) and against real Kafka in a container when a
+// kafkaEachBroker runs f against real Apache Kafka (testenv.Kafka: the
+// local KRaft node or $KAFKA_BROKERS) and against Kafka in a container when a
 // Docker daemon answers (skipped with the reason otherwise), in parallel.
 func kafkaEachBroker(t *testing.T, f func(t *testing.T, h *kafkaHarness)) {
 	t.Helper()
-	t.Run("kfake", func(t *testing.T) {
+	t.Run("kafka", func(t *testing.T) {
 		t.Parallel()
 		f(t, newKafkaHarness(t, testenv.Kafka(t)))
 	})

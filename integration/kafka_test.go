@@ -1,9 +1,9 @@
 package integration_test
 
 // Integration tests of issue 4 (SPEC §5–§8 over Kafka): the deduplication
-// engine on real Redis behind the Kafka consumer-group Source, on the
-// in-process Kafka-protocol broker (kfake) and, when a Docker daemon
-// answers, on real Kafka through testcontainers.
+// engine on real Redis behind the Kafka consumer-group Source, on real
+// Apache Kafka (the local KRaft node of .ci/kafka.sh, or $KAFKA_BROKERS)
+// and, when a Docker daemon answers, on Kafka through testcontainers.
 
 import (
 	"bufio"

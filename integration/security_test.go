@@ -30,7 +30,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/scram"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/idempotency/storetest"
@@ -510,19 +509,22 @@ handlers:
 	secNoSecrets(t, "the log of a failed start", pb.out.String(), "Wrong-Guess-99", natsPW)
 }
 
-// The binary consumes from a Kafka-protocol broker that requires
-// SASL/SCRAM-SHA-256 (kfake), with the password from the environment, and
+// The binary consumes from a real Kafka SASL_PLAINTEXT listener that
+// requires SASL/SCRAM-SHA-256, with the password from the environment, and
 // never shows it; a wrong password fails the run with exit 1.
 func TestSecurityBinaryKafkaSCRAM(t *testing.T) {
 	t.Parallel()
-	const user, pw = "scram-user", "kafka-Secret-1234"
-	_, brokers := testenv.KafkaCluster(t, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", user, pw), kfake.SeedTopics(2, "sec-in"))
+	sec := testenv.RealKafkaSecurity(t)
+	user, pw := sec.Users["SCRAM-SHA-256"][0], sec.Users["SCRAM-SHA-256"][1]
+	brokers := sec.SASL
+	topic := "sec-in-" + natsRandID()
+	testenv.CreateKafkaTopic(t, testenv.RealKafka(t), topic, 2)
 	mech, err := scram.Mechanism(scram.SHA256, user, pw)
 	if err != nil {
 		t.Fatal(err)
 	}
 	keys := natsPlanWithDuplicates(20, 10)
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "sec-in", BatchTimeout: time.Millisecond,
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, BatchTimeout: time.Millisecond,
 		Transport: &kafkago.Transport{SASL: mech}}
 	var msgs []kafkago.Message
 	for _, k := range keys {
@@ -543,10 +545,10 @@ http: {addr: "127.0.0.1:0"}
 handlers:
   - name: sec
     source:
-      kafka: {brokers: [%s], topic: sec-in, session_timeout: 2s, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}}
+      kafka: {brokers: [%s], topic: %s, session_timeout: 2s, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}}
     action:
       exec: {command: [/bin/sh, -c, 'cat >/dev/null; echo "$DEDUP_KEY" >> %s']}
-`, testenv.Redis(t), natsRandID(), strings.Join(brokers, ", "), user, ledger), 0o600); err != nil {
+`, testenv.Redis(t), natsRandID(), strings.Join(brokers, ", "), topic, user, ledger), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
@@ -728,16 +730,19 @@ handlers:
 	}
 }
 
-// validate --online asks a Kafka-protocol broker that requires TLS and
-// SASL/SCRAM-SHA-256 for the topic's retention.ms (DescribeConfigs) with
+// validate --online asks a real Kafka SASL_SSL listener (TLS and
+// SASL/SCRAM-SHA-256) for the topic's retention.ms (DescribeConfigs) with
 // the sasl and tls settings run uses; with a wrong password or CA it fails
 // naming the field, and never shows the password.
 func TestSecurityValidateOnlineKafkaSCRAMOverTLS(t *testing.T) {
 	t.Parallel()
-	const user, pw, wrongPW = "scram-user", "kafka-Valid-1618", "Wrong-Guess-66"
-	ca, otherCA := testenv.NewTestCA(t), testenv.NewTestCA(t)
-	_, brokers := testenv.KafkaCluster(t, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-256", user, pw),
-		kfake.TLS(&tls.Config{Certificates: []tls.Certificate{ca.Server}, MinVersion: tls.VersionTLS12}), kfake.SeedTopics(1, "secv-in"))
+	const wrongPW = "Wrong-Guess-66"
+	sec := testenv.RealKafkaSecurity(t)
+	user, pw := sec.Users["SCRAM-SHA-256"][0], sec.Users["SCRAM-SHA-256"][1]
+	otherCA := testenv.NewTestCA(t)
+	brokers := sec.SASLTLS
+	topic := "secv-in-" + natsRandID()
+	testenv.CreateKafkaTopic(t, testenv.RealKafka(t), topic, 1)
 	dir := t.TempDir()
 	redisURL := testenv.Redis(t)
 	write := func(name, caFile string) string {
@@ -747,16 +752,16 @@ redis: {url: %q, namespace: secvk-%s}
 handlers:
   - name: v
     source:
-      kafka: {brokers: [%s], topic: secv-in, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}, tls: {ca_file: %s}}
+      kafka: {brokers: [%s], topic: %s, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}, tls: {ca_file: %s}}
     retention: 1h
     action:
       exec: {command: [/bin/true]}
-`, redisURL, natsRandID(), strings.Join(brokers, ", "), user, caFile), 0o600); err != nil {
+`, redisURL, natsRandID(), strings.Join(brokers, ", "), topic, user, caFile), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	good, otherCAcfg := write("good", ca.CAFile), write("other-ca", otherCA.CAFile)
+	good, otherCAcfg := write("good", sec.CAFile), write("other-ca", otherCA.CAFile)
 
 	code, out := secValidateOnline(t, []string{"KAFKA_PW=" + pw}, good)
 	if code != 0 || !strings.Contains(out, "ok (1 handlers)") {
@@ -764,7 +769,7 @@ handlers:
 	}
 	// DescribeConfigs answered: the horizon warning names the topic's
 	// retention.ms (set or unlimited).
-	if !strings.Contains(out, "topic secv-in retention.ms") {
+	if !strings.Contains(out, "topic "+topic+" retention.ms") {
 		t.Errorf("no warning naming the topic's retention.ms:\n%s", out)
 	}
 	secNoSecrets(t, "validate --online", out, pw)

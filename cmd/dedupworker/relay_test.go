@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -195,7 +194,9 @@ func TestKafkaRelayDeliversEveryKeyAcrossKill9(t *testing.T) {
 	t.Parallel()
 	id := randID()
 	in, out := "in-"+id, "out-"+id
-	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(4, in), kfake.SeedTopics(1, out))
+	brokers := testenv.Kafka(t)
+	testenv.CreateKafkaTopic(t, brokers, in, 4)
+	testenv.CreateKafkaTopic(t, brokers, out, 1)
 	const unique = 3000
 	keys := dupPlan("k", unique)
 	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: in, Balancer: &kafkago.RoundRobin{}, BatchTimeout: 5 * time.Millisecond}

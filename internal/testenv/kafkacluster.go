@@ -63,6 +63,22 @@ func (k *KafkaNodes) CutProxies(t testing.TB) []*Proxy {
 	return ps
 }
 
+// LockFaults makes the test the only one, across test binaries, that kills
+// nodes of the cluster until it ends: two killed nodes of three would lose
+// the KRaft quorum. It waits for the lock.
+func (k *KafkaNodes) LockFaults(t testing.TB) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(k.dir, "faults.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatalf("testenv: kafka fault lock: %v", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatalf("testenv: kafka fault lock: %v", err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
+}
+
 func (k *KafkaNodes) nodeDir(id int) string { return filepath.Join(k.dir, "node"+strconv.Itoa(id)) }
 
 // Pid is node id's (1-3) process id.

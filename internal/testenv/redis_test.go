@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
@@ -31,5 +33,48 @@ func TestRedisClusterIsHealthy(t *testing.T) {
 		if err := c.Set(ctx, "testenv:"+k, "1", time.Minute).Err(); err != nil {
 			t.Fatalf("set %s: %v", k, err)
 		}
+	}
+}
+
+// TestStartSentinelFailsOver: killing the private deployment's primary makes
+// the Sentinels promote the replica, with the writes it acknowledged; the
+// old primary comes back as a replica.
+func TestStartSentinelFailsOver(t *testing.T) {
+	s := testenv.StartSentinel(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := s.Client(t)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Do(ctx, "WAIT", 1, 2000).Int(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v; want 1 replica", n, err)
+	}
+	old := s.KillPrimary(t)
+	now, err := s.WaitFailover(old, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := redis.NewClient(&redis.Options{Addr: now})
+	defer direct.Close()
+	if got, err := direct.Get(ctx, "k").Result(); err != nil || got != "v" {
+		t.Fatalf("the promoted replica %s: GET k = %q, %v; want \"v\"", now, got, err)
+	}
+	if err := s.RestartNode(old); err != nil {
+		t.Fatal(err)
+	}
+	s.WaitHealthy(t, 30*time.Second)
+	got, err := c.Get(ctx, "k").Result()
+	if err != nil || got != "v" {
+		for _, a := range s.Data {
+			rc := redis.NewClient(&redis.Options{Addr: a})
+			info, _ := rc.Info(ctx, "replication").Result()
+			v, _ := rc.Get(ctx, "k").Result()
+			rc.Close()
+			t.Logf("%s: k=%q %s", a, v, info)
+		}
+		p, _ := s.Primary(ctx)
+		t.Logf("sentinel says primary %s", p)
+		t.Fatalf("after the failover to %s: GET k = %q, %v; want \"v\"", now, got, err)
 	}
 }

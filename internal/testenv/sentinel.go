@@ -41,6 +41,12 @@ type Sentinel struct {
 	// Data are the data nodes, primary and replica, in no set order.
 	Data []string
 	dir  string
+
+	// private deployments (StartSentinel) only: the processes and how to
+	// start each data node again.
+	mu    sync.Mutex
+	procs map[string]*exec.Cmd
+	args  map[string][]string
 }
 
 // RedisSentinel returns the Sentinel deployment: $REDIS_SENTINEL_ADDRS
@@ -94,8 +100,62 @@ func (s *Sentinel) Primary(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("no sentinel names a primary for %q: %v", s.Master, last)
 }
 
-// healthy: the Sentinels agree on a primary that answers and has a
-// connected replica.
+// WaitFailover waits up to d until every Sentinel names the same primary,
+// other than old, and that node says it is a primary; it returns its
+// address. Start the old primary again only after this: a node without
+// persistence that comes back while a Sentinel still names it the primary
+// is made the primary again, empty, and the promoted replica resyncs from
+// it and loses every write (seen with Redis 7.0 and down-after 1s).
+func (s *Sentinel) WaitFailover(old string, d time.Duration) (string, error) {
+	deadline := time.Now().Add(d)
+	for {
+		p, err := s.agreedPrimary()
+		if err == nil && p != old {
+			return p, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("testenv: no agreed primary other than %s within %v (last: %q, %v)", old, d, p, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// agreedPrimary is the primary every Sentinel names, when they agree and
+// the node says it is a primary.
+func (s *Sentinel) agreedPrimary() (string, error) {
+	var agreed string
+	for _, a := range s.Addrs {
+		c := redis.NewSentinelClient(&redis.Options{Addr: a, DialTimeout: redisProbe, MaxRetries: -1})
+		ctx, cancel := context.WithTimeout(context.Background(), redisProbe)
+		hp, err := c.GetMasterAddrByName(ctx, s.Master).Result()
+		cancel()
+		_ = c.Close()
+		if err != nil || len(hp) != 2 {
+			return "", fmt.Errorf("sentinel %s: %v", a, err)
+		}
+		p := net.JoinHostPort(hp[0], hp[1])
+		if agreed != "" && p != agreed {
+			return "", fmt.Errorf("sentinels disagree: %s and %s", agreed, p)
+		}
+		agreed = p
+	}
+	c := redis.NewClient(&redis.Options{Addr: agreed, DialTimeout: redisProbe, MaxRetries: -1})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), redisProbe)
+	defer cancel()
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return agreed, err
+	}
+	if !strings.Contains(info, "role:master") {
+		return agreed, fmt.Errorf("%s is not a primary yet", agreed)
+	}
+	return agreed, nil
+}
+
+// healthy: the Sentinels agree on a primary that answers and has a replica
+// in sync (state=online: a replica still loading the primary's snapshot
+// acknowledges no WAIT).
 func (s *Sentinel) healthy(ctx context.Context) error {
 	p, err := s.Primary(ctx)
 	if err != nil {
@@ -112,8 +172,8 @@ func (s *Sentinel) healthy(ctx context.Context) error {
 	if !strings.Contains(info, "role:master") {
 		return fmt.Errorf("%s is named primary but is not one", p)
 	}
-	if !strings.Contains(info, "connected_slaves:") || strings.Contains(info, "connected_slaves:0") {
-		return fmt.Errorf("primary %s has no connected replica", p)
+	if !strings.Contains(info, ",state=online,") {
+		return fmt.Errorf("primary %s has no replica in sync", p)
 	}
 	return nil
 }
@@ -136,8 +196,9 @@ func (s *Sentinel) WaitHealthy(t testing.TB, d time.Duration) {
 }
 
 // KillPrimary kills the current primary with SIGKILL (the data nodes must
-// be the local ones, whose pids .ci/redis-sentinel.sh records) and returns
-// its address; RestartNode brings it back, as a replica.
+// be private, or the local ones whose pids .ci/redis-sentinel.sh records)
+// and returns its address; after WaitFailover, RestartNode brings it back
+// as a replica.
 func (s *Sentinel) KillPrimary(t testing.TB) string {
 	t.Helper()
 	p, err := s.Primary(context.Background())
@@ -151,6 +212,18 @@ func (s *Sentinel) KillPrimary(t testing.TB) string {
 }
 
 func (s *Sentinel) kill(addr string) error {
+	if s.procs != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		cmd := s.procs[addr]
+		if cmd == nil {
+			return fmt.Errorf("testenv: redis %s is not running", addr)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		delete(s.procs, addr)
+		return nil
+	}
 	_, port, _ := net.SplitHostPort(addr)
 	b, err := os.ReadFile(filepath.Join(s.dir, port, "redis.pid"))
 	if err != nil {
@@ -175,6 +248,14 @@ func (s *Sentinel) kill(addr string) error {
 // RestartNode starts the data node at addr again; the Sentinels make it a
 // replica of the current primary.
 func (s *Sentinel) RestartNode(addr string) error {
+	if s.procs != nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.procs[addr] != nil {
+			return nil
+		}
+		return s.spawn(addr)
+	}
 	_, port, _ := net.SplitHostPort(addr)
 	out, err := exec.Command("bash", filepath.Join(s.dir, port, "start.sh")).CombinedOutput()
 	if err != nil {
@@ -189,4 +270,111 @@ func (s *Sentinel) Client(t testing.TB) *redis.Client {
 	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.Master, SentinelAddrs: s.Addrs})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// StartSentinel starts a private Sentinel deployment for a test that kills
+// its nodes (the shared one of .ci/redis-sentinel.sh serves the tests that
+// do not): a primary and a replica without persistence and three Sentinels
+// (quorum 2, down-after 1s), on free loopback ports, all stopped when the
+// test ends. Without the redis-server and redis-sentinel binaries the test
+// is skipped, or failed under DEDUP_REQUIRE_SERVICES=1.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	server, err := exec.LookPath("redis-server")
+	if err != nil {
+		Unavailable(t, "redis-server binary", err.Error())
+	}
+	sentinel, err := exec.LookPath("redis-sentinel")
+	if err != nil {
+		Unavailable(t, "redis-sentinel binary", err.Error())
+	}
+	dir := t.TempDir()
+	s := &Sentinel{Master: "dedup-private", dir: dir, procs: map[string]*exec.Cmd{}, args: map[string][]string{}}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, c := range s.procs {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+		s.procs = map[string]*exec.Cmd{}
+	})
+	ports := freePorts(t, 5)
+	for i, p := range ports[:2] {
+		addr := "127.0.0.1:" + strconv.Itoa(p)
+		args := []string{server, "--port", strconv.Itoa(p), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--repl-diskless-sync-delay", "0", "--dir", dir, "--dbfilename", "dump-" + strconv.Itoa(p) + ".rdb"}
+		if i == 1 {
+			args = append(args, "--replicaof", "127.0.0.1", strconv.Itoa(ports[0]))
+		}
+		s.args[addr] = args
+		s.Data = append(s.Data, addr)
+	}
+	for _, p := range ports[2:] {
+		addr := "127.0.0.1:" + strconv.Itoa(p)
+		conf := filepath.Join(dir, "sentinel-"+strconv.Itoa(p)+".conf")
+		body := fmt.Sprintf("port %d\nbind 127.0.0.1\nprotected-mode no\ndir %s\nsentinel resolve-hostnames no\n"+
+			"sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s 1000\n"+
+			"sentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
+			p, dir, s.Master, ports[0], s.Master, s.Master, s.Master)
+		if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s.args[addr] = []string{sentinel, conf}
+		s.Addrs = append(s.Addrs, addr)
+	}
+	s.mu.Lock()
+	for _, addr := range append(append([]string(nil), s.Data...), s.Addrs...) {
+		if err := s.spawn(addr); err != nil {
+			s.mu.Unlock()
+			t.Fatal(err)
+		}
+	}
+	s.mu.Unlock()
+	s.WaitHealthy(t, 30*time.Second)
+	return s
+}
+
+// spawn starts the process of addr; s.mu is held.
+func (s *Sentinel) spawn(addr string) error {
+	args := s.args[addr]
+	cmd := exec.Command(args[0], args[1:]...)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("testenv: starting %s: %v", args[0], err)
+	}
+	s.procs[addr] = cmd
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testenv: %s on %s does not answer: %v", args[0], addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// freePorts returns n distinct free loopback ports.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
 }

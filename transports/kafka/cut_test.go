@@ -3,8 +3,10 @@ package kafka_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -13,32 +15,28 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
-// TestRecoversFromCutsAndRebalances: a three-member group whose broker
-// connections are cut again and again while members leave and join (the
-// chaos driver's kafka-cut, kill and term), with a session timeout of 2s as
-// in the chaos run. Afterwards the group must settle and every message,
-// those produced before and after the faults, must be handled.
-//
-// kfake holds a JoinGroup until every member of the group has rejoined, or
-// until the rebalance timeout passes with no join, leave or expiry in
-// between (each one restarts it); a member whose JoinGroup reply could not
-// be delivered (its connection was cut) stays in the group without a
-// session timer. Members that give up a JoinGroup and join again as new
-// members leave more such ghosts and restart the barrier's timer: the group
-// never formed again (see group.go).
+// TestRecoversFromCutsAndRebalances: a three-member group on real Kafka
+// whose broker connections are cut again and again (through a proxy on the
+// broker's advertised CUT listener) while members leave and join and one
+// dies with its JoinGroup held (the chaos driver's kafka-cut, kill and
+// term), with a session timeout of 2s as in the chaos run. Afterwards the
+// group must settle and every message, those produced before and after the
+// faults, must be handled. KAFKA_TEST_NO_KEEPER=1 runs it without the
+// source's group keeper (see group.go), to measure what the keeper is for.
 func TestRecoversFromCutsAndRebalances(t *testing.T) {
-	t.Parallel()
-	const topic, parts = "cuts", 3
-	cut := &testenv.CutListener{}
-	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(parts, topic), kfake.ListenFn(cut.Listen))
-	e := &env{t: t, brokers: brokers, topic: topic, group: "cuts-g", parts: parts}
+	const parts = 3
+	bootstrap, cut := testenv.KafkaCut(t)
+	brokers := testenv.RealKafka(t)
+	topic := fmt.Sprintf("cuts-%d", time.Now().UnixNano())
+	testenv.CreateKafkaTopic(t, brokers, topic, parts)
+	e := &env{t: t, brokers: []string{bootstrap}, topic: topic, group: topic + "-g", parts: parts}
+	noKeeper := os.Getenv("KAFKA_TEST_NO_KEEPER") == "1"
 
 	var mu sync.Mutex
 	seen := map[[2]int64]bool{}
@@ -74,7 +72,11 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 		c.NetworkTimeout = time.Second
 	}
 	start := func() *running {
-		return run(t, worker(t, "cuts", e.source(cfg), h, consumer.WithConcurrency(4)))
+		src := e.source(cfg)
+		if noKeeper {
+			kafka.DisableKeeper(src)
+		}
+		return run(t, worker(t, "cuts", src, h, consumer.WithConcurrency(4)))
 	}
 
 	produce := func(from, n int) {
@@ -167,8 +169,9 @@ func (h joinTimeouts) WithGroup(name string) slog.Handler {
 // killWhileJoining starts a kafka-go group member that dies (as with kill -9:
 // its connections close, it never dials again, it never leaves) once the
 // coordinator holds its JoinGroup, while the group waits for the members
-// to rejoin. kfake keeps such a member in the group without a session timer:
-// the next rebalance can only complete when its rebalance timeout passes.
+// to rejoin. The coordinator keeps such a member until its session times out
+// (Kafka) or, on a coordinator that gives an undelivered JoinGroup reply no
+// session timer, until the rebalance timeout passes.
 func killWhileJoining(t *testing.T, brokers []string, group, topic string, members int) {
 	t.Helper()
 	var (

@@ -14,3 +14,7 @@ func (t *Tracker) Advance(n int64)   { t.advance(n) }
 func (t *Tracker) Watermark() int64  { return t.watermark() }
 func (t *Tracker) Pending() int      { return t.pending() }
 func NewTracker(next int64) *Tracker { return &Tracker{next: next} }
+
+// DisableKeeper turns off s's group keeper (group.go), to measure what the
+// keeper is for.
+func DisableKeeper(s *Source) { s.noKeeper.Store(true) }

@@ -150,6 +150,9 @@ func newKeeper(c *groupClient) *keeper {
 // keep heartbeats member in generation from now on, instead of what it
 // kept before.
 func (k *keeper) keep(member string, generation int32) {
+	if k.c.s.noKeeper.Load() {
+		return
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.stopCur()

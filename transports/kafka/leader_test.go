@@ -2,23 +2,27 @@ package kafka_test
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
+	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
-// TestLeaderMove: when a partition's leader moves to another broker, the
-// fetcher reconnects to the new leader and continues from where it was:
-// nothing skipped, nothing repeated, the commit reaches the end.
+// TestLeaderMove: when a partition's leader dies (kill -9 of a broker of the
+// real 3-node cluster, replication factor 3), the fetcher reconnects to the
+// new leader and continues from where it was: nothing skipped, nothing
+// repeated, the commit reaches the end. The killed broker is started again
+// before the test ends.
 func TestLeaderMove(t *testing.T) {
-	t.Parallel()
-	c, brokers := testenv.KafkaCluster(t, kfake.NumBrokers(3), kfake.SeedTopics(1, "moving"))
-	e := &env{t: t, brokers: brokers, topic: "moving", group: "moving-g", parts: 1}
+	nodes := testenv.KafkaCluster(t)
+	topic := fmt.Sprintf("moving-%d", time.Now().UnixNano())
+	testenv.CreateKafkaTopicRF(t, nodes.Brokers, topic, 1, 3)
+	e := &env{t: t, brokers: nodes.Brokers, topic: topic, group: topic + "-g", parts: 1}
 	batch := func(from int) []msg {
 		var ms []msg
 		for i := from; i < from+50; i++ {
@@ -35,16 +39,17 @@ func TestLeaderMove(t *testing.T) {
 	})
 	r := run(t, worker(t, "move", e.source(nil), h))
 	eventually(t, 30*time.Second, "the first 50 handled", func() bool { return rec.distinct() == 50 })
+	eventually(t, 30*time.Second, "the commit at offset 50", func() bool { return e.committed()[0] == 50 })
 
-	leader := c.LeaderFor("moving", 0)
-	if err := c.MoveTopicPartition("moving", 0, (leader+1)%3); err != nil {
-		t.Fatal(err)
-	}
-	if now := c.LeaderFor("moving", 0); now == leader {
-		t.Fatalf("leader did not move from %d", leader)
-	}
+	leader := partitionLeader(t, nodes.Brokers, topic)
+	nodes.Kill(t, leader)
+	t.Cleanup(func() { nodes.Start(t, leader) })
+	eventually(t, 30*time.Second, "a new leader", func() bool {
+		l := partitionLeaderOf(nodes.Brokers, topic)
+		return l > 0 && l != leader
+	})
 	e.produce(e.topic, batch(50))
-	eventually(t, 30*time.Second, "the commit at offset 100", func() bool { return e.committed()[0] == 100 })
+	eventually(t, 60*time.Second, "the commit at offset 100", func() bool { return e.committed()[0] == 100 })
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
 	}
@@ -56,4 +61,25 @@ func TestLeaderMove(t *testing.T) {
 			t.Fatalf("message #%d had offset %d", i, o)
 		}
 	}
+}
+
+// partitionLeader is the node id leading partition 0 of topic.
+func partitionLeader(t *testing.T, brokers []string, topic string) int {
+	t.Helper()
+	l := partitionLeaderOf(brokers, topic)
+	if l <= 0 {
+		t.Fatalf("no leader for %s/0", topic)
+	}
+	return l
+}
+
+func partitionLeaderOf(brokers []string, topic string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 3 * time.Second}
+	md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(md.Topics) != 1 || len(md.Topics[0].Partitions) != 1 || md.Topics[0].Partitions[0].Error != nil {
+		return 0
+	}
+	return md.Topics[0].Partitions[0].Leader.ID
 }

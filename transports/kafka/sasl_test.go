@@ -9,37 +9,36 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
-// TestSASL consumes from a broker that requires SASL, with PLAIN and SCRAM,
-// and fails Run with the cause when the password is wrong.
+// TestSASL consumes from a real broker's SASL_PLAINTEXT listener, with
+// PLAIN and SCRAM, and fails Run with the cause when the password is wrong.
 func TestSASL(t *testing.T) {
 	t.Parallel()
-	_, brokers := testenv.KafkaCluster(t, kfake.EnableSASL(),
-		kfake.Superuser("PLAIN", "plain-user", "plain-pass"),
-		kfake.Superuser("SCRAM-SHA-256", "scram256", "pw256"),
-		kfake.Superuser("SCRAM-SHA-512", "scram512", "pw512"),
-		kfake.SeedTopics(1, "secure"))
+	sec := testenv.RealKafkaSecurity(t)
+	e := newEnv(t, 1)
+	brokers := sec.SASL
+	plainUser := sec.Users["PLAIN"]
 	w := &kafkago.Writer{
-		Addr: kafkago.TCP(brokers...), Topic: "secure", BatchTimeout: time.Millisecond,
-		Transport: &kafkago.Transport{SASL: plain.Mechanism{Username: "plain-user", Password: "plain-pass"}},
+		Addr: kafkago.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
+		Transport: &kafkago.Transport{SASL: plain.Mechanism{Username: plainUser[0], Password: plainUser[1]}},
 	}
 	if err := w.WriteMessages(context.Background(), kafkago.Message{Value: []byte("hello")}); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
 
-	for _, c := range []kafka.SASL{
-		{Mechanism: kafka.SASLPlain, Username: "plain-user", Password: "plain-pass"},
-		{Mechanism: kafka.SASLScramSHA256, Username: "scram256", Password: "pw256"},
-		{Mechanism: kafka.SASLScramSHA512, Username: "scram512", Password: "pw512"},
-	} {
-		src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "secure", GroupID: "g-" + c.Username, SASL: &c,
+	var mechs []kafka.SASL
+	for _, m := range []string{kafka.SASLPlain, kafka.SASLScramSHA256, kafka.SASLScramSHA512} {
+		u := sec.Users[m]
+		mechs = append(mechs, kafka.SASL{Mechanism: m, Username: u[0], Password: u[1]})
+	}
+	for _, c := range mechs {
+		src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group + "-" + c.Username, SASL: &c,
 			SessionTimeout: time.Second, MaxWait: 100 * time.Millisecond, Logger: testLogger(t)})
 		if err != nil {
 			t.Fatal(err)
@@ -65,8 +64,8 @@ func TestSASL(t *testing.T) {
 		}
 	}
 
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "secure", GroupID: "g-bad",
-		SASL: &kafka.SASL{Mechanism: kafka.SASLScramSHA256, Username: "scram256", Password: "wrong"}})
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group + "-bad",
+		SASL: &kafka.SASL{Mechanism: kafka.SASLScramSHA256, Username: sec.Users["SCRAM-SHA-256"][0], Password: "wrong"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +80,7 @@ func TestSASL(t *testing.T) {
 // TestUnknownTopic: Consume fails, naming the topic, when it does not exist.
 func TestUnknownTopic(t *testing.T) {
 	t.Parallel()
-	_, brokers := testenv.KafkaCluster(t)
+	_, brokers := testenv.KFake(t)
 	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "missing", GroupID: "g"})
 	if err != nil {
 		t.Fatal(err)

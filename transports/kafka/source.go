@@ -34,6 +34,7 @@ type Source struct {
 	log    *slog.Logger
 
 	noCommit atomic.Bool // tests: simulate a crash before any commit
+	noKeeper atomic.Bool // tests: run without the group keeper (group.go)
 }
 
 var _ consumer.Source = (*Source)(nil)

@@ -3,33 +3,51 @@ package kafka_test
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
-// TestTLS consumes over TLS, and fails Run with the cause when the broker's
-// certificate does not verify.
+// TestTLS consumes from a real broker's SASL_SSL listener, and fails Run
+// with the cause when the broker's certificate does not verify.
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	ca := testenv.NewTestCA(t)
-	cert, pool := ca.Server, ca.Pool
-	_, brokers := testenv.KafkaCluster(t, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}}), kfake.SeedTopics(1, "tls"))
+	sec := testenv.RealKafkaSecurity(t)
+	e := newEnv(t, 1)
+	brokers := sec.SASLTLS
+	pem, err := os.ReadFile(sec.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("no certificate in %s", sec.CAFile)
+	}
+	user := sec.Users["SCRAM-SHA-256"]
+	auth := &kafka.SASL{Mechanism: kafka.SASLScramSHA256, Username: user[0], Password: user[1]}
+	mech, err := scram.Mechanism(scram.SHA256, user[0], user[1])
+	if err != nil {
+		t.Fatal(err)
+	}
 	clientTLS := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "tls", BatchTimeout: time.Millisecond, Transport: &kafkago.Transport{TLS: clientTLS}}
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
+		Transport: &kafkago.Transport{TLS: clientTLS, SASL: mech}}
 	if err := w.WriteMessages(context.Background(), kafkago.Message{Value: []byte("secret")}); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
 
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "tls", GroupID: "g", TLS: clientTLS, SessionTimeout: time.Second, Logger: testLogger(t)})
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group, TLS: clientTLS, SASL: auth,
+		SessionTimeout: time.Second, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +71,8 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	untrusted, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "tls", GroupID: "g2", TLS: &tls.Config{MinVersion: tls.VersionTLS12}})
+	untrusted, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group + "-untrusted", SASL: auth,
+		TLS: &tls.Config{MinVersion: tls.VersionTLS12}})
 	if err != nil {
 		t.Fatal(err)
 	}
