@@ -292,8 +292,10 @@ func TestSentinelHasItsOwnAuth(t *testing.T) {
 	closeStore()
 
 	for name, change := range map[string]func(r *config.Redis){
-		"no sentinel password":       func(r *config.Redis) { r.Sentinel = &config.Sentinel{Master: "authm", Addrs: []string{addr}} },
-		"data password for sentinel": func(r *config.Redis) { r.Sentinel = &config.Sentinel{Master: "authm", Addrs: []string{addr}, Password: dataPW} },
+		"no sentinel password": func(r *config.Redis) { r.Sentinel = &config.Sentinel{Master: "authm", Addrs: []string{addr}} },
+		"data password for sentinel": func(r *config.Redis) {
+			r.Sentinel = &config.Sentinel{Master: "authm", Addrs: []string{addr}, Password: dataPW}
+		},
 	} {
 		r := rc
 		change(&r)
