@@ -218,3 +218,34 @@ handlers:
 		t.Fatalf("after forget the primary still holds the record: %d, %v", n, err)
 	}
 }
+
+// validate --online reaches each kind of deployment as run does: a
+// Cluster from one node's URL and Sentinel; a Sentinel that knows no such
+// master fails, exit 1, naming redis.sentinel.
+func TestValidateOnlineThroughClusterURLAndSentinel(t *testing.T) {
+	t.Parallel()
+	url, js := natsSetup(t)
+	id := randID()
+	createStreamMaxAge(t, js, "VCS_"+id, "vcs."+id, time.Minute)
+	handler := fmt.Sprintf(`handlers:
+  - name: orders
+    source: {nats: {url: %q, stream: VCS_%s}}
+    retention: 1h
+    action: {exec: {command: [/bin/true]}}
+`, url, id)
+	sen := testenv.RedisSentinel(t)
+	addrs := testenv.RedisCluster(t)
+	for name, section := range map[string]string{
+		"cluster url": fmt.Sprintf("redis: {url: %q}\n", "redis://"+addrs[0]+"/0"),
+		"sentinel":    fmt.Sprintf("redis: {sentinel: {master: %s, addrs: [%s]}}\n", sen.Master, strings.Join(sen.Addrs, ", ")),
+	} {
+		cfg := writeConfig(t, "%s", section+handler)
+		if code, _, stderr := runCmd(t, "validate", "-c", cfg, "--online"); code != 0 {
+			t.Errorf("%s: validate --online: exit %d %q, want 0", name, code, stderr)
+		}
+	}
+	cfg := writeConfig(t, "redis: {sentinel: {master: no-such-master-%s, addrs: [%s]}, connect_timeout: 1s}\n%s", id, strings.Join(sen.Addrs, ", "), handler)
+	if code, _, stderr := runCmd(t, "validate", "-c", cfg, "--online"); code != exitRuntime || !strings.Contains(stderr, "redis.sentinel") {
+		t.Errorf("an unknown master: validate --online: exit %d %q, want 1 naming redis.sentinel", code, stderr)
+	}
+}
