@@ -90,7 +90,11 @@ func RedisClient(ctx context.Context, rc *config.Redis) (redis.UniversalClient, 
 			DialTimeout: dial, ReadTimeout: redisbackend.DefaultIOTimeout, WriteTimeout: redisbackend.DefaultIOTimeout,
 			ContextTimeoutEnabled: true,
 		})
-		return pinged(ctx, c, fmt.Sprintf("redis.addrs %v", rc.Addrs))
+		cc, err := pinged(ctx, c, fmt.Sprintf("redis.addrs %v", rc.Addrs))
+		if err != nil && strings.Contains(err.Error(), "cluster support disabled") {
+			return nil, fmt.Errorf("%w (redis.addrs lists Cluster seeds; give a standalone server as redis.url, a Sentinel deployment as redis.sentinel)", err)
+		}
+		return cc, err
 	}
 	return urlClient(ctx, rc, password, tc, dial)
 }

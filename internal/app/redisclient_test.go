@@ -160,8 +160,8 @@ func TestRedisAddrsIsForClusterSeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	rc.Addrs = []string{u.Addr}
-	if _, err := RedisClient(ctx, &rc); err == nil || !strings.Contains(err.Error(), "redis.addrs") {
-		t.Fatalf("redis.addrs of a standalone server: %v, want an error naming redis.addrs", err)
+	if _, err := RedisClient(ctx, &rc); err == nil || !strings.Contains(err.Error(), "redis.addrs") || !strings.Contains(err.Error(), "as redis.url") {
+		t.Fatalf("redis.addrs of a standalone server: %v, want an error naming redis.addrs and redis.url", err)
 	}
 }
 
