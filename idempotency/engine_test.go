@@ -571,7 +571,13 @@ func TestClaimInfoInContext(t *testing.T) {
 		return nil, nil
 	}})
 	p.Process(context.Background(), fakedelivery.New("k", "x"))
-	want := idempotency.ClaimInfo{Handler: "orders", Key: "k", EffectiveKey: "orders:k", Fence: 1, Attempt: 1}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, err := f.store.Get(ctx, "orders:k")
+	if err != nil || rec == nil || rec.Fence < 1 {
+		t.Fatalf("stored record %+v, %v: want one with a positive fence", rec, err)
+	}
+	want := idempotency.ClaimInfo{Handler: "orders", Key: "k", EffectiveKey: "orders:k", Fence: rec.Fence, Attempt: 1}
 	if got != want {
 		t.Fatalf("claim info %+v, want %+v", got, want)
 	}

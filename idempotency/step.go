@@ -15,8 +15,11 @@ type ClaimInfo struct {
 	Key string
 	// EffectiveKey is "<scope>:<key>" as stored (without the namespace).
 	EffectiveKey string
-	// Fence is 1 on the first claim of the key and grows with every new
-	// owner: pass it to downstream systems so they can reject a stale writer.
+	// Fence grows with every new owner of the key, also after its record
+	// was lost (expired, deleted, a wiped Redis): pass it to downstream
+	// systems so they can reject a stale writer, one whose fence is lower
+	// than the highest they have seen for the key. See Record.Fence for
+	// what it rests on.
 	Fence int64
 	// Attempt is the 1-based run of the handler for this key.
 	Attempt int

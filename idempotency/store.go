@@ -25,7 +25,7 @@ const (
 	// fresh claim.
 	ClaimNew ClaimOutcome = "NEW"
 	// ClaimReclaimed: a CLAIMED record's lease had expired; the caller owns
-	// it now with a new token and fence+1.
+	// it now with a new token and a larger fence.
 	ClaimReclaimed ClaimOutcome = "RECLAIMED"
 	// ClaimDuplicate: the key is COMPLETED (same fingerprint, or one written
 	// under another fingerprint version). Record holds the stored record.
@@ -56,13 +56,20 @@ type Record struct {
 	FingerprintVersion int
 	// Token is the claim token of the current (or last) owner.
 	Token string
-	// Fence is 1 on the first claim and grows by one with every new owner.
+	// Fence grows with every new owner of the key, strictly, also across
+	// the loss of the record (SPEC §2, §11.3): the Redis store sets it to
+	// max(stored fence + 1, the server's time in microseconds), so a key
+	// whose record expired, was deleted or wiped starts above every fence
+	// it had, provided the server's clock (after a failover, the new
+	// primary's) has not gone back by more than the time since that key's
+	// last claim. It is a positive integer below 2^53. It is not a count:
+	// use Attempts for that.
 	Fence      int64
 	ClaimedAt  time.Time
 	LeaseUntil time.Time
 	// Released is true for a CLAIMED record whose owner gave it up after a
-	// transient failure; the next claim takes it as NEW with fence+1, keeping
-	// its Steps.
+	// transient failure; the next claim takes it as NEW with a larger
+	// fence, keeping its Steps.
 	Released    bool
 	CompletedAt time.Time
 	// Outcome is "ok" or "dead_lettered" once COMPLETED.

@@ -10,8 +10,12 @@
 -- value untouched for the others.
 
 local grace = tonumber(ARGV[1])
-local now = now_ms()
+local now, now_us = clock()
 local now_s = string.format('%d', now)
+-- The fence of a key without a record: new_fence(nil, now_us), the server
+-- time in microseconds, so that a key whose record was lost starts above
+-- every fence it had before (SPEC §11.3).
+local fresh_fence = int_s(now_us)
 local out = {}
 -- setget: write a fresh claim with SET NX … GET, which also returns what the
 -- key held, so a new key costs one command instead of GET then SET. Redis
@@ -38,10 +42,10 @@ for i, key in ipairs(KEYS) do
     lease = tonumber(lease_arg)
     until_s, px_s = string.format('%d', now + lease), string.format('%d', lease + grace)
   end
-  -- The claim a new key gets (fence 1, attempts 1, no steps), written only
-  -- when the key does not exist.
+  -- The claim a new key gets (fence now_us, attempts 1, no steps), written
+  -- only when the key does not exist.
   local efp, etoken = cjson.encode(fp), cjson.encode(token)
-  local fresh = claim_json(efp, fpv_s, etoken, '1', now_s, until_s, '1')
+  local fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')
   local raw
   if setget then
     raw = redis.pcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
@@ -94,11 +98,11 @@ for i, key in ipairs(KEYS) do
     out[#out + 1] = outcome
     out[#out + 1] = raw
   else
-    local fence, attempts, steps = 1, 1, nil
+    local fence, attempts, steps = now_us, 1, nil
     if rec ~= nil then
       -- A recovered value keeps a numeric fence when it still has one, so
       -- fences never go backwards for a downstream system that saw them.
-      if num(rec.fence) then fence = rec.fence + 1 end
+      fence = new_fence(rec.fence, now_us)
       if num(rec.attempts) then attempts = rec.attempts + 1 end
       if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
     end
@@ -106,9 +110,9 @@ for i, key in ipairs(KEYS) do
     if not raw then
       claimed = fresh -- already written by SET NX
     elseif steps == nil then
-      claimed = claim_json(efp, fpv_s, etoken, tostring(fence), now_s, until_s, tostring(attempts))
+      claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
     else
-      claimed = cjson.encode({
+      claimed = encode({
         v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
         claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
       })

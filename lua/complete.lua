@@ -47,7 +47,7 @@ for i, key in ipairs(KEYS) do
       rec.outcome = outcome
       if result == '' then rec.result = nil else rec.result = result end
       if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
-      redis.call('SET', key, cjson.encode(rec), 'PX', tonumber(ARGV[a + 4]))
+      redis.call('SET', key, encode(rec), 'PX', tonumber(ARGV[a + 4]))
       redis.call('PUBLISH', channel, key)
       out[i] = 1
     end

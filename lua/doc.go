@@ -25,7 +25,9 @@
 // not interpreted.
 //
 // All times are milliseconds on the Redis server's clock (TIME), never the
-// caller's. Leases compare lease_until_ms with TIME.
+// caller's. Leases compare lease_until_ms with TIME. The fence is an
+// integer, in new records at least the server's time in microseconds (see
+// Fences).
 //
 // # Scripts and replies
 //
@@ -52,13 +54,29 @@
 //
 // # Claim decisions
 //
-// For each key, in order: no value → NEW (fence 1, attempts 1); not a record
-// → RECOVERED (a fresh claim; fence and attempts continue from the old value
+// For each key, in order: no value → NEW (attempts 1); not a record →
+// RECOVERED (a fresh claim; fence and attempts continue from the old value
 // when it still has numeric ones); same fingerprint version but another
 // fingerprint → MISMATCH, whatever the state (a released or expired claim's
 // steps belong to other content and must not be replayed); COMPLETED →
-// DUPLICATE; released → NEW with fence+1, attempts+1, steps kept; lease
-// expired → RECLAIMED with fence+1, attempts+1, steps kept; else IN_FLIGHT.
+// DUPLICATE; released → NEW with attempts+1, steps kept; lease expired →
+// RECLAIMED with attempts+1, steps kept; else IN_FLIGHT.
+//
+// # Fences
+//
+// Every claim that makes a new owner sets the fence to max(stored fence + 1,
+// TIME in microseconds), read once per script call (SPEC §11.3); a key
+// without a record gets TIME in microseconds. So fences grow strictly per
+// key while the record lives, and keep growing after it is lost (expired,
+// deleted, evicted, FLUSHALL, a failover to a replica without it), as long
+// as the server's clock has not gone back by more than the time since the
+// key's last claim. The stored + 1 term keeps them growing when claims of
+// one key come within the same microsecond or the clock steps back a
+// little. Microseconds since 1970 are about 1.8e15: below 2^53, so exact in
+// Lua's double and in Go's int64 (until the year 2255). Lua's tostring and
+// cjson.encode keep only 14 significant digits, so fences are written with
+// string.format('%d') (int_s), and a record rewritten through cjson has its
+// fence put in by encode (lib.lua), never by cjson.
 //
 // # Cost
 //

@@ -7,6 +7,44 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- clock reads TIME once and returns it in milliseconds (for leases) and in
+-- microseconds (the floor of every new fence, SPEC §11.3). Microseconds
+-- since 1970 are about 1.8e15, below 2^53: an exact integer in Lua's double
+-- and in Go's int64 until the year 2255.
+local function clock()
+  local t = redis.call('TIME')
+  local s, us = tonumber(t[1]), tonumber(t[2])
+  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
+end
+
+-- MAX_EXACT is 2^53: up to it every integer is exact in a double, and
+-- string.format('%d') writes it in full.
+local MAX_EXACT = 9007199254740992
+
+-- int_s writes the number n as JSON text: an integer (every fence, time
+-- and count this package writes) in full, with all its digits, where
+-- tostring and cjson.encode keep only 14 significant digits (a fence in
+-- microseconds has 16); any other number (only in values written by hand)
+-- with 17 significant digits, which reads back as the same double.
+local function int_s(n)
+  if n == math.floor(n) and n > -MAX_EXACT and n < MAX_EXACT then
+    return string.format('%d', n)
+  end
+  return string.format('%.17g', n)
+end
+
+-- new_fence is the fence of a new owner of a key whose record held fence
+-- old (nil when there was none): max(old + 1, now_us). Taking the server's
+-- clock as the floor keeps fences growing when the record is lost (expired,
+-- deleted, evicted, a wiped or failed-over Redis), as long as the clock did
+-- not go back by more than the time since the last claim (SPEC §11.3).
+local function new_fence(old, now_us)
+  if type(old) == 'number' and old > -1e308 and old < 1e308 then
+    return math.max(math.floor(old) + 1, now_us)
+  end
+  return now_us
+end
+
 -- decode returns the JSON object stored in raw, or nil when raw is not a
 -- string (absent key, or a value of another Redis type) or not a JSON object
 -- or array.
@@ -89,6 +127,20 @@ local function valid(r)
     and opt(r.outcome, 'string') and opt(r.released, 'boolean')
     and (absent(r.result) or b64(r.result))
     and strmap(r.meta, is_string) and strmap(r.steps, b64)
+end
+
+-- encode writes a record table as JSON: cjson.encode for everything but the
+-- fence, which cjson would round to 14 significant digits, written in full
+-- by int_s in front of the other fields (field order is not significant to
+-- any reader; the templates' fast paths never match cjson's output anyway).
+local function encode(rec)
+  local fence = rec.fence
+  if type(fence) ~= 'number' then return cjson.encode(rec) end
+  rec.fence = nil
+  local rest = cjson.encode(rec)
+  rec.fence = fence
+  if rest == '{}' then return '{"fence":' .. int_s(fence) .. '}' end
+  return '{"fence":' .. int_s(fence) .. ',' .. string.sub(rest, 2)
 end
 
 -- A claim without steps (nearly every claim) is written by claim_json and

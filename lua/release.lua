@@ -11,6 +11,6 @@ local rec = owned(KEYS[1], ARGV[1])
 if rec == nil then return 0 end
 rec.released = true
 rec.lease_until_ms = now_ms()
-redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', tonumber(ARGV[2]))
+redis.call('SET', KEYS[1], encode(rec), 'PX', tonumber(ARGV[2]))
 redis.call('PUBLISH', ARGV[3], KEYS[1])
 return 1

@@ -18,5 +18,5 @@ end
 local rec = decode(raw)
 if rec == nil or rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true then return 0 end
 rec.lease_until_ms = now_ms() + lease
-redis.call('SET', KEYS[1], cjson.encode(rec), 'PX', lease + tonumber(ARGV[3]))
+redis.call('SET', KEYS[1], encode(rec), 'PX', lease + tonumber(ARGV[3]))
 return rec.lease_until_ms

@@ -8,5 +8,5 @@ local rec = owned(KEYS[1], ARGV[1])
 if rec == nil then return 0 end
 if type(rec.steps) ~= 'table' then rec.steps = {} end
 rec.steps[ARGV[2]] = ARGV[3]
-redis.call('SET', KEYS[1], cjson.encode(rec), 'KEEPTTL')
+redis.call('SET', KEYS[1], encode(rec), 'KEEPTTL')
 return 1

@@ -23,6 +23,30 @@
 // COMPLETED and reports false, as the Store contract says (see the note on
 // Complete).
 //
+// # Fences
+//
+// A claim that makes a new owner (NEW, RECLAIMED, RECOVERED) sets the
+// record's fence to max(stored fence + 1, the server's TIME in
+// microseconds), inside the claim script (SPEC §2, §11.3). What a downstream
+// system that keeps the highest fence it has seen per key, and rejects
+// writes with a lower one, can rely on:
+//
+//   - Fences of one key grow strictly with every new owner while its record
+//     lives (released, expired and reclaimed, recovered from a corrupt
+//     value).
+//   - They keep growing after the record is lost: it expired after its
+//     retention, was deleted (Delete, dedupworker forget), evicted, or Redis
+//     was wiped, restarted without data, or failed over to a replica that
+//     lacked it. The new fence is the server's clock, which has moved on
+//     since the old one was handed out — provided the clock (after a
+//     failover, the new primary's) has not gone back by more than the time
+//     between the two claims. Keep the servers' clocks synchronised (NTP);
+//     a clock set back by hours can hand out fences below ones already seen
+//     for keys claimed in those hours.
+//   - A fence is a positive integer below 2^53: exact in an int64, a
+//     float64 and a JSON number. It is not a count of owners (Attempts is)
+//     and not a timestamp to read: only its order means something.
+//
 // Wait follows SPEC §4.6: one Pub/Sub connection per Store, started by a
 // Wait, resubscribed when it dies, stopped by Close or after 30s without
 // waiters (every completion is published to every subscribed process, and

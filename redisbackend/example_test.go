@@ -42,7 +42,9 @@ func ExampleNew() {
 		panic(err)
 	}
 	claim := res[0].Claim
-	fmt.Println(res[0].Outcome, "fence", claim.Fence)
+	// claim.Fence is for downstream systems: it exceeds every fence this
+	// key had before (it is at least the server's time in microseconds).
+	fmt.Println(res[0].Outcome, "attempt", claim.Attempts)
 
 	// ... the handler runs under the claim, then its result is stored:
 	ok, err := store.Complete(ctx, []idempotency.Completion{{
@@ -61,7 +63,7 @@ func ExampleNew() {
 	}
 	fmt.Println(res[0].Outcome, string(res[0].Record.Result))
 	// Output:
-	// NEW fence 1
+	// NEW attempt 1
 	// completed: true
 	// DUPLICATE shipped
 }

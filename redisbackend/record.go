@@ -142,7 +142,8 @@ func msTime(ms float64) time.Time { return time.UnixMilli(int64(ms)) }
 // lib.lua): the reply for nearly every owned claim and every duplicate. It
 // accepts only what decodeRecord's general path reads the same way: plain
 // printable-ASCII strings without escapes, integers without sign, fraction or
-// leading zero of at most 15 digits, and a result in standard base64.
+// leading zero up to 2^53 (a fence in microseconds has 16 digits), and a
+// result in standard base64.
 // Anything else reports false, and the general path decides.
 func decodeFresh(key string, raw []byte) (*idempotency.Record, bool) {
 	rec := new(idempotency.Record)
@@ -238,8 +239,12 @@ func plainString(s string, ok bool) (string, string, bool) {
 	return "", s, false
 }
 
-// plainInt reads a non-negative JSON integer of at most 15 digits (exact in
-// a float64, as the general path reads it) from the start of s.
+// maxExact is 2^53: every integer up to it is exact in a float64, which is
+// how the general path (encoding/json into float64) reads numbers.
+const maxExact = 1 << 53
+
+// plainInt reads a non-negative JSON integer up to maxExact from the start
+// of s, so that it reads the same as the general path.
 func plainInt(s string, ok bool) (int64, string, bool) {
 	if !ok {
 		return 0, s, false
@@ -247,10 +252,13 @@ func plainInt(s string, ok bool) (int64, string, bool) {
 	i := 0
 	var n int64
 	for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+		if i == 16 { // 17 digits are above maxExact; stop before n overflows
+			return 0, s, false
+		}
 		n = n*10 + int64(s[i]-'0')
 		i++
 	}
-	if i == 0 || i > 15 || (s[0] == '0' && i > 1) {
+	if i == 0 || n > maxExact || (s[0] == '0' && i > 1) {
 		return 0, s, false
 	}
 	if i < len(s) && (s[i] == '.' || s[i] == 'e' || s[i] == 'E') {

@@ -22,6 +22,11 @@ func TestDecodeFreshAgreesWithJSON(t *testing.T) {
 		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1,"released":true}`,
 		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2}`,
 		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1234567890123456}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1796120256118329,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":9007199254740992,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":9007199254740993,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":12345678901234567,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":99999999999999999999,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
 		`{"v":1,"state":"COMPLETED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
 		`{"v":1,"state":"CLAIMED","fp":"x","fpv":1,"token":"t","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}}`,
 		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"t","fence":3,"claimed_at_ms":1,"lease_until_ms":2,"attempts":2,"completed_at_ms":3,"outcome":"ok","result":""}`,
@@ -41,9 +46,11 @@ func TestDecodeFreshAgreesWithJSON(t *testing.T) {
 			t.Errorf("%s:\nfast    %+v\ngeneral %+v (ok %v)", raw, got, want, wantOK)
 		}
 	}
-	// The template claim and completion must take the fast path.
+	// The template claim and completion must take the fast path, with a
+	// fence in microseconds (16 digits) too.
 	for _, raw := range []string{
 		`{"v":1,"state":"CLAIMED","fp":"1:ab","fpv":1,"token":"cd","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1}`,
+		`{"v":1,"state":"CLAIMED","fp":"1:ab","fpv":1,"token":"cd","fence":1796120256118329,"claimed_at_ms":1796120256118,"lease_until_ms":1796120286118,"attempts":1}`,
 		`{"v":1,"state":"COMPLETED","fp":"1:ab","fpv":1,"token":"cd","fence":1,"claimed_at_ms":1,"lease_until_ms":2,"attempts":1,"completed_at_ms":3,"outcome":"ok","result":"eyJzIjoxfQ=="}`,
 	} {
 		if _, ok := decodeFresh("k", []byte(raw)); !ok {

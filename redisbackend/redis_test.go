@@ -396,29 +396,47 @@ func TestErrors(t *testing.T) {
 
 func second[T any](_ T, err error) error { return err }
 
-// A recovered value that still carries a numeric fence continues it, so a
-// downstream system that saw fence N never sees a smaller one from the next
-// owner; one without starts at 1.
+// A recovered value that still carries a numeric fence continues it when it
+// is ahead of the server's clock, so a downstream system that saw fence N
+// never sees a smaller one from the next owner; any other recovered value
+// gets the clock's fence, as a key without a record does.
 func TestRecoveredContinuesFence(t *testing.T) {
 	client := testenv.RedisClient(t)
 	s := newStore(t, client, redisbackend.Options{})
 	ctx := ctxFor(t, 10*time.Second)
+	const ahead = 8_000_000_000_000_000 // µs: the year 2223, below 2^53
 	for raw, want := range map[string]int64{
-		`{"state":"BROKEN","fence":7,"attempts":3}`: 8,
-		`{"fence":"7"}`: 1,
-		`[7]`:           1,
-		`garbage`:       1,
+		`{"state":"BROKEN","fence":8000000000000000,"attempts":3}`: ahead + 1,
+		`{"state":"BROKEN","fence":7,"attempts":3}`:                0, // the clock
+		`{"fence":"7"}`: 0,
+		`[7]`:           0,
+		`garbage`:       0,
 	} {
 		key := uniqueNamespace("k")
 		if err := client.Set(ctx, s.RedisKey(key), raw, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
+		before := serverMicros(t, client)
 		res, err := s.Claim(ctx, []idempotency.ClaimRequest{{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}})
 		if err != nil || res[0].Outcome != idempotency.ClaimRecovered {
 			t.Fatalf("%s: Claim = %+v, %v", raw, res, err)
 		}
-		if res[0].Claim.Fence != want {
-			t.Errorf("%s: recovered fence %d, want %d", raw, res[0].Claim.Fence, want)
+		got := res[0].Claim.Fence
+		switch {
+		case want != 0 && got != want:
+			t.Errorf("%s: recovered fence %d, want %d", raw, got, want)
+		case want == 0 && (got < before || got > serverMicros(t, client)):
+			t.Errorf("%s: recovered fence %d, want the server's time in µs (%d or a little later)", raw, got, before)
 		}
 	}
+}
+
+// serverMicros is the Redis server's clock (TIME) in microseconds.
+func serverMicros(t testing.TB, client redis.UniversalClient) int64 {
+	t.Helper()
+	now, err := client.Time(ctxFor(t, 5*time.Second)).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	return now.UnixMicro()
 }

@@ -202,9 +202,10 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 		// The live claim is this request's own: the script ran before, its
 		// reply was lost, and the client sent it again (go-redis retries on
 		// network errors). The claim is ours; which outcome it had is not
-		// known, so a first claim says NEW and a later one RECLAIMED.
+		// known, so a first claim (attempt 1) says NEW and a later one
+		// RECLAIMED.
 		res.Outcome = idempotency.ClaimNew
-		if rec.Fence > 1 {
+		if rec.Attempts > 1 {
 			res.Outcome = idempotency.ClaimReclaimed
 		}
 	}

@@ -63,7 +63,7 @@ func TestScriptsWriteTemplates(t *testing.T) {
 		t.Fatalf("complete: %v %v", done, err)
 	}
 	rec := raw("complete", idempotency.StateCompleted)
-	if !bytes.Equal(rec.Result, result) || rec.Outcome != idempotency.RecordOutcomeOK || rec.Token != cl.Token || rec.Fence != 1 {
+	if !bytes.Equal(rec.Result, result) || rec.Outcome != idempotency.RecordOutcomeOK || rec.Token != cl.Token || rec.Fence != cl.Fence {
 		t.Fatalf("completed record %+v", rec)
 	}
 	res, err = s.Claim(ctx, []idempotency.ClaimRequest{{Key: "s:k", Fingerprint: "1:abc", FingerprintVersion: 1, Lease: time.Minute}})

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sort"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/app"
+	"github.com/idemkit/dedupworker/internal/config"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
@@ -27,42 +30,55 @@ type storeFlags struct {
 
 func addStoreFlags(fs *flag.FlagSet) storeFlags {
 	return storeFlags{
-		file:      fs.String("c", "", "the config `file` (for its Redis settings)"),
-		redisURL:  fs.String("redis", "", "Redis `URL`, instead of -c"),
+		file:      fs.String("c", "", "the config `file`: its redis section (url, addrs or sentinel, credentials, tls, namespace)"),
+		redisURL:  fs.String("redis", "", "Redis `URL`, instead of -c (a Cluster node's URL reaches the whole Cluster)"),
 		namespace: fs.String("namespace", redisbackend.DefaultNamespace, "key namespace, with --redis"),
 		handler:   fs.String("handler", "", "the handler `name` (the key's scope; required)"),
 	}
 }
 
-// open returns the store and the raw key named by the arguments.
-func (f storeFlags) open(fs *flag.FlagSet) (*redisbackend.Store, string, error) {
+// open returns the store and the raw key named by the arguments, and the
+// function that closes the store. It connects through app.OpenStore, as
+// run and validate --online do, so -c FILE reaches Redis exactly as the
+// worker of that file does.
+func (f storeFlags) open(fs *flag.FlagSet) (*redisbackend.Store, string, func() error, error) {
 	if *f.handler == "" || fs.NArg() != 1 {
 		fs.Usage()
-		return nil, "", usagef("--handler NAME and exactly one KEY are required")
+		return nil, "", nil, usagef("--handler NAME and exactly one KEY are required")
 	}
-	url, ns := *f.redisURL, *f.namespace
+	var rc *config.Redis
 	switch {
-	case *f.file != "" && url != "":
-		return nil, "", usagef("give -c FILE or --redis URL, not both")
+	case *f.file != "" && *f.redisURL != "":
+		return nil, "", nil, usagef("give -c FILE or --redis URL, not both")
 	case *f.file != "":
+		if flagSet(fs, "namespace") {
+			return nil, "", nil, usagef("--namespace goes with --redis; with -c FILE the namespace is the file's redis.namespace")
+		}
 		cfg, err := loadConfig(*f.file)
 		if err != nil {
-			return nil, "", err
+			return nil, "", nil, err
 		}
-		if cfg.Redis.URL == "" {
-			return nil, "", usagef("redis.addrs (Cluster/Sentinel) configs: use --redis with a node URL")
-		}
-		url, ns = cfg.Redis.URL, cfg.Redis.Namespace
-	case url == "":
-		return nil, "", usagef("give -c FILE or --redis URL")
+		rc = &cfg.Redis
+	case *f.redisURL == "":
+		return nil, "", nil, usagef("give -c FILE or --redis URL")
+	default:
+		rc = &config.Redis{URL: *f.redisURL, Namespace: *f.namespace, Grace: config.Duration(redisbackend.DefaultGrace),
+			ConnectTimeout: config.Duration(redisbackend.DefaultDialTimeout)}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), rc.ConnectTimeout.D()+2*time.Second)
 	defer cancel()
-	s, err := redisbackend.NewFromURL(ctx, url, redisbackend.Options{Namespace: ns})
+	s, closeStore, err := app.OpenStore(ctx, rc, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
-	return s, fs.Arg(0), nil
+	return s, fs.Arg(0), closeStore, nil
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // recordView is inspect's JSON shape.
@@ -87,20 +103,21 @@ type recordView struct {
 func cmdInspect(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("inspect", "inspect (-c FILE | --redis URL [--namespace NS]) --handler NAME [-o table|json] KEY", `  dedupworker inspect -c config.yaml --handler orders order-1042
   dedupworker inspect --redis redis://127.0.0.1:6379/0 --namespace dedup --handler orders -o json order-1042
+  dedupworker inspect -c config.yaml --handler orders order-1042 -o json   # flags may also follow KEY
 `, stderr)
 	sf := addStoreFlags(fs)
 	output := fs.String("o", "table", "output `format`: table or json")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
 	if *output != "table" && *output != "json" {
 		return usagef("-o %q: want table or json", *output)
 	}
-	store, key, err := sf.open(fs)
+	store, key, closeStore, err := sf.open(fs)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer closeStore()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ekey := idempotency.EffectiveKey(*sf.handler, key)
@@ -169,14 +186,14 @@ func cmdForget(args []string, stdout, stderr io.Writer) error {
 `, stderr)
 	sf := addStoreFlags(fs)
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseInterspersed(fs, args); err != nil {
 		return err
 	}
-	store, key, err := sf.open(fs)
+	store, key, closeStore, err := sf.open(fs)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
+	defer closeStore()
 	ekey := idempotency.EffectiveKey(*sf.handler, key)
 	if !*yes {
 		if !isTerminal(os.Stdin) {

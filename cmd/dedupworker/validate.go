@@ -118,7 +118,7 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 	defer cancel()
 	s, closeStore, err := app.OpenStore(ctx, &cfg.Redis, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, err // names redis.url or redis.addrs
+		return nil, err // names redis.url, redis.addrs or redis.sentinel
 	}
 	// A key of the namespace is readable (an ACL user limited to other
 	// keys connects, then fails on the first message).

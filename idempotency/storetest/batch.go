@@ -22,16 +22,17 @@ func testBatchMixed(t *testing.T, h *Harness) {
 		name string
 		req  idempotency.ClaimRequest
 		want idempotency.ClaimOutcome
-		// fence and attempts of an owned claim; token of a stored record
-		fence int64
+		// above: an owned claim's fence must exceed it (the key's last
+		// fence, 0 for none); token: a stored record's
+		above int64
 		token string
 	}
 	var cases []kase
-	add := func(name string, r idempotency.ClaimRequest, want idempotency.ClaimOutcome, fence int64, token string) {
-		cases = append(cases, kase{name, r, want, fence, token})
+	add := func(name string, r idempotency.ClaimRequest, want idempotency.ClaimOutcome, above int64, token string) {
+		cases = append(cases, kase{name, r, want, above, token})
 	}
 
-	add("new", req(newKey(t), fp("a"), longLease), idempotency.ClaimNew, 1, "")
+	add("new", req(newKey(t), fp("a"), longLease), idempotency.ClaimNew, 0, "")
 
 	dup := newKey(t)
 	cd := mustOwn(t, s, req(dup, fp("a"), longLease), idempotency.ClaimNew)
@@ -52,19 +53,19 @@ func testBatchMixed(t *testing.T, h *Harness) {
 	if !release(t, s, rel, cr.Token, time.Minute) {
 		t.Fatal("Release = false")
 	}
-	add("released", req(rel, fp("a"), longLease), idempotency.ClaimNew, 2, "")
+	add("released", req(rel, fp("a"), longLease), idempotency.ClaimNew, cr.Fence, "")
 
 	exp := newKey(t)
 	ce := mustOwn(t, s, req(exp, fp("a"), shortLease), idempotency.ClaimNew)
-	add("expired", req(exp, fp("a"), longLease), idempotency.ClaimReclaimed, 2, "")
+	add("expired", req(exp, fp("a"), longLease), idempotency.ClaimReclaimed, ce.Fence, "")
 
 	if h.SetRaw != nil {
 		cor := newKey(t)
 		h.SetRaw(t, cor, []byte("not a record"))
-		add("corrupt", req(cor, fp("a"), longLease), idempotency.ClaimRecovered, 1, "")
+		add("corrupt", req(cor, fp("a"), longLease), idempotency.ClaimRecovered, 0, "")
 	}
 	for i := range 20 { // more fresh keys, spread over cluster slots
-		add(fmt.Sprintf("new %d", i), req(newKey(t), fp("a"), longLease), idempotency.ClaimNew, 1, "")
+		add(fmt.Sprintf("new %d", i), req(newKey(t), fp("a"), longLease), idempotency.ClaimNew, 0, "")
 	}
 	// Interleave: move the fresh keys between the others.
 	for i, j := 1, len(cases)-1; i < j; i, j = i+2, j-1 {
@@ -91,8 +92,8 @@ func testBatchMixed(t *testing.T, h *Harness) {
 			continue
 		}
 		if r.Outcome.Owned() {
-			if r.Claim == nil || r.Claim.Key != c.req.Key || r.Claim.Fence != c.fence {
-				t.Errorf("%s: claim %+v, want key %s fence %d", c.name, r.Claim, c.req.Key, c.fence)
+			if r.Claim == nil || r.Claim.Key != c.req.Key || r.Claim.Fence <= c.above {
+				t.Errorf("%s: claim %+v, want key %s and a fence above %d", c.name, r.Claim, c.req.Key, c.above)
 				continue
 			}
 			cs = append(cs, completion(r.Claim, c.name))

@@ -37,14 +37,14 @@ func claimChecks() []check {
 func testClaimNew(t *testing.T, h *Harness) {
 	s, key := h.Store, newKey(t)
 	c := mustOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimNew)
-	if c.Fence != 1 || c.Attempts != 1 {
-		t.Errorf("first claim: fence %d attempts %d, want 1 and 1", c.Fence, c.Attempts)
+	if c.Fence < 1 || c.Attempts != 1 {
+		t.Errorf("first claim: fence %d attempts %d, want a positive fence and 1", c.Fence, c.Attempts)
 	}
 	if len(c.Steps) != 0 {
 		t.Errorf("first claim has steps %v", c.Steps)
 	}
 	rec := mustGet(t, s, key)
-	if rec.State != idempotency.StateClaimed || rec.Token != c.Token || rec.Fence != 1 || rec.Attempts != 1 ||
+	if rec.State != idempotency.StateClaimed || rec.Token != c.Token || rec.Fence != c.Fence || rec.Attempts != 1 ||
 		rec.Fingerprint != fp("a") || rec.FingerprintVersion != 1 || rec.Released {
 		t.Errorf("stored record %+v does not match the claim %+v", rec, c)
 	}
@@ -68,7 +68,7 @@ func testClaimInFlight(t *testing.T, h *Harness) {
 	c := mustOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimNew)
 	before := mustGet(t, s, key)
 	rec := mustNotOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimInFlight)
-	if rec.Token != c.Token || rec.State != idempotency.StateClaimed || rec.Fence != 1 {
+	if rec.Token != c.Token || rec.State != idempotency.StateClaimed || rec.Fence != c.Fence {
 		t.Errorf("IN_FLIGHT record %+v, want the live claim %+v", rec, c)
 	}
 	unchanged(t, s, before, "an IN_FLIGHT claim")
@@ -116,7 +116,7 @@ func testClaimDuplicate(t *testing.T, h *Harness) {
 	rec := mustNotOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimDuplicate)
 	if rec.State != idempotency.StateCompleted || string(rec.Result) != "the result" ||
 		rec.Outcome != idempotency.RecordOutcomeOK || rec.Meta["k"] != "v" || rec.Meta["unicode"] != "é✓" ||
-		rec.Fence != 1 || rec.Attempts != 1 || rec.Token != c.Token || rec.CompletedAt.IsZero() {
+		rec.Fence != c.Fence || rec.Attempts != 1 || rec.Token != c.Token || rec.CompletedAt.IsZero() {
 		t.Errorf("DUPLICATE record %+v", rec)
 	}
 	if rec.CompletedAt.Before(rec.ClaimedAt) {
@@ -207,8 +207,8 @@ func testClaimReclaimed(t *testing.T, h *Harness) {
 	mustNotOwn(t, s, req(key, fp("a"), shortLease), idempotency.ClaimInFlight)
 	time.Sleep(expiry) // let the lease run out on the server's clock
 	c2 := mustOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimReclaimed)
-	if c2.Fence != 2 || c2.Attempts != 2 {
-		t.Errorf("reclaim: fence %d attempts %d, want 2 and 2", c2.Fence, c2.Attempts)
+	if c2.Fence <= c1.Fence || c2.Attempts != 2 {
+		t.Errorf("reclaim: fence %d attempts %d, want a fence above %d and 2", c2.Fence, c2.Attempts, c1.Fence)
 	}
 	if c2.Token == c1.Token {
 		t.Error("reclaim kept the old token")
@@ -224,8 +224,8 @@ func testClaimReclaimed(t *testing.T, h *Harness) {
 		t.Error("Complete by the reclaimed-from owner = true")
 	}
 	mustComplete(t, s, c2, "fresh")
-	if rec := mustGet(t, s, key); string(rec.Result) != "fresh" || rec.Fence != 2 {
-		t.Errorf("record after reclaim: result %q fence %d", rec.Result, rec.Fence)
+	if rec := mustGet(t, s, key); string(rec.Result) != "fresh" || rec.Fence != c2.Fence {
+		t.Errorf("record after reclaim: result %q fence %d, want fresh and %d", rec.Result, rec.Fence, c2.Fence)
 	}
 }
 
@@ -239,8 +239,8 @@ func testRenewedNotReclaimed(t *testing.T, h *Harness) {
 	if until.Sub(c.LeaseUntil) < longLease-shortLease {
 		t.Errorf("renewed lease ends %v, want about %s after the claim's %v", until, longLease, c.LeaseUntil)
 	}
-	if rec := mustGet(t, s, key); !rec.LeaseUntil.Equal(until) || rec.Fence != 1 {
-		t.Errorf("stored lease %v fence %d, want %v and 1", rec.LeaseUntil, rec.Fence, until)
+	if rec := mustGet(t, s, key); !rec.LeaseUntil.Equal(until) || rec.Fence != c.Fence {
+		t.Errorf("stored lease %v fence %d, want %v and the claim's %d", rec.LeaseUntil, rec.Fence, until, c.Fence)
 	}
 	time.Sleep(expiry) // past the original lease, inside the renewed one
 	mustNotOwn(t, s, req(key, fp("a"), shortLease), idempotency.ClaimInFlight)
@@ -253,12 +253,12 @@ func testClaimAfterRelease(t *testing.T, h *Harness) {
 		t.Fatal("Release by the owner = false")
 	}
 	rec := mustGet(t, s, key)
-	if rec.State != idempotency.StateClaimed || !rec.Released || rec.Fence != 1 || rec.Attempts != 1 {
-		t.Errorf("released record %+v, want CLAIMED, released, fence 1, attempts 1", rec)
+	if rec.State != idempotency.StateClaimed || !rec.Released || rec.Fence != c1.Fence || rec.Attempts != 1 {
+		t.Errorf("released record %+v, want CLAIMED, released, fence %d, attempts 1", rec, c1.Fence)
 	}
 	c2 := mustOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimNew)
-	if c2.Fence != 2 || c2.Attempts != 2 || c2.Token == c1.Token {
-		t.Errorf("claim after release: fence %d attempts %d, want 2 and 2 and a new token", c2.Fence, c2.Attempts)
+	if c2.Fence <= c1.Fence || c2.Attempts != 2 || c2.Token == c1.Token {
+		t.Errorf("claim after release: fence %d attempts %d, want a fence above %d, 2 and a new token", c2.Fence, c2.Attempts, c1.Fence)
 	}
 	if rec := mustGet(t, s, key); rec.Released || rec.Token != c2.Token {
 		t.Errorf("record after re-claim: released %v token %q", rec.Released, rec.Token)
@@ -277,9 +277,12 @@ func testClaimAfterDelete(t *testing.T, h *Harness) {
 	if existed, err := s.Delete(ctxT(t), key); err != nil || !existed {
 		t.Fatalf("Delete = %v, %v; want true", existed, err)
 	}
+	// The record is gone, attempts start again; the fence does not: a
+	// downstream system that saw the old owner's fence must reject it
+	// (SPEC §2, §11.3).
 	c2 := mustOwn(t, s, req(key, fp("b"), longLease), idempotency.ClaimNew)
-	if c2.Fence != 1 || c2.Attempts != 1 {
-		t.Errorf("claim after Delete: fence %d attempts %d, want a fresh 1 and 1", c2.Fence, c2.Attempts)
+	if c2.Fence <= c.Fence || c2.Attempts != 1 {
+		t.Errorf("claim after Delete: fence %d attempts %d, want a fence above %d and a fresh 1", c2.Fence, c2.Attempts, c.Fence)
 	}
 }
 
@@ -326,8 +329,8 @@ func testOneOwnerOf64(t *testing.T, h *Harness) {
 			t.Errorf("claim %d saw IN_FLIGHT under token %q, the owner is %q", i, res.Record.Token, owner.Token)
 		}
 	}
-	if rec := mustGet(t, s, key); rec.Token != owner.Token || rec.Fence != 1 {
-		t.Errorf("stored token %q fence %d, want the owner's and 1", rec.Token, rec.Fence)
+	if rec := mustGet(t, s, key); rec.Token != owner.Token || rec.Fence != owner.Fence {
+		t.Errorf("stored token %q fence %d, want the owner's (fence %d)", rec.Token, rec.Fence, owner.Fence)
 	}
 }
 
@@ -357,8 +360,8 @@ func testStepsCarryOver(t *testing.T, h *Harness) {
 	if len(c3.Steps) != 3 || string(c3.Steps["ship"]) != "trk" || string(c3.Steps["charge"]) != "ch_1" {
 		t.Errorf("steps after reclaim: %v", c3.Steps)
 	}
-	if c3.Fence != 3 || c3.Attempts != 3 {
-		t.Errorf("third owner: fence %d attempts %d, want 3 and 3", c3.Fence, c3.Attempts)
+	if c2.Fence <= c1.Fence || c3.Fence <= c2.Fence || c3.Attempts != 3 {
+		t.Errorf("fences %d, %d, %d and third attempts %d: want strictly increasing fences and 3", c1.Fence, c2.Fence, c3.Fence, c3.Attempts)
 	}
 	mustComplete(t, s, c3, "done")
 	if rec := mustGet(t, s, key); len(rec.Steps) != 3 {

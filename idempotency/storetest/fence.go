@@ -15,6 +15,7 @@ func fenceChecks() []check {
 		{name: "Fence/Released", run: testFenceReleased},
 		{name: "Fence/Gone", run: testFenceGone},
 		{name: "Fence/Expired", run: testFenceExpiredStillOwned},
+		{name: "Fence/GrowsAcrossExpiry", run: testFenceGrowsAcrossExpiry},
 		{name: "Invalid/DuplicateKeys", run: testDuplicateKeysRejected},
 		{name: "Invalid/Empty", run: testEmptyBatches},
 	}
@@ -156,5 +157,37 @@ func testEmptyBatches(t *testing.T, h *Harness) {
 	ok, err := h.Store.Complete(ctxT(t), nil)
 	if err != nil || len(ok) != 0 {
 		t.Errorf("Complete(nil) = %v, %v; want no results, no error", ok, err)
+	}
+}
+
+// A record that expired (its retention ran out) takes its fence with it; the
+// next claim of the key must still get a larger one (SPEC §2, §11.3), or a
+// downstream system that saw the old fence would take the new owner for a
+// stale writer, and a stale writer holding the old fence for a current one.
+func testFenceGrowsAcrossExpiry(t *testing.T, h *Harness) {
+	s, key := h.Store, newKey(t)
+	c1 := mustOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimNew)
+	done := completion(c1, "r")
+	done.Retention = shortLease
+	if !complete1(t, s, done) {
+		t.Fatal("Complete with the owning token = false")
+	}
+	eventually(t, 10*time.Second, "the completed record to expire", func() bool { return get(t, s, key) == nil })
+	c2 := mustOwn(t, s, req(key, fp("a"), longLease), idempotency.ClaimNew)
+	if c2.Fence <= c1.Fence || c2.Attempts != 1 {
+		t.Errorf("claim after expiry: fence %d attempts %d, want a fence above %d and a fresh 1", c2.Fence, c2.Attempts, c1.Fence)
+	}
+}
+
+// eventually polls cond every 20ms until it holds, failing the test when
+// it still does not after d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

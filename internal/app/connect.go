@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -26,54 +28,19 @@ import (
 // worker will: same addresses, credentials, TLS and timeouts. Errors name
 // the config field at fault and never show a secret.
 
-// OpenStore connects to the deduplication store of rc (its url or addrs,
-// username, password or password_file, tls, connect_timeout) and probes
-// it, within rc.ConnectTimeout plus a second. close closes the store and,
-// for redis.addrs, the client it does not own — after the store, so a
-// last completion still reaches Redis.
+// OpenStore connects to the deduplication store of rc through RedisClient
+// and probes it, within rc.ConnectTimeout plus a second. close closes the
+// store, then the client: after the store, so a last completion still
+// reaches Redis.
 func OpenStore(ctx context.Context, rc *config.Redis, log *slog.Logger) (_ *redisbackend.Store, close func() error, _ error) {
-	password, err := secret("redis.password", rc.Password, rc.PasswordFile)
+	client, err := RedisClient(ctx, rc)
 	if err != nil {
 		return nil, nil, err
 	}
-	tc, err := tlsConfig("redis.tls", rc.TLS)
-	if err != nil {
-		return nil, nil, err
-	}
-	opts := redisbackend.Options{Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: log}
-	cctx, cancel := context.WithTimeout(ctx, rc.ConnectTimeout.D()+time.Second)
-	defer cancel()
-	if rc.URL != "" {
-		s, err := redisbackend.NewFromURL(cctx, rc.URL, opts, func(o *redis.Options) {
-			o.DialTimeout = rc.ConnectTimeout.D()
-			if rc.Username != "" {
-				o.Username = rc.Username
-			}
-			if password != "" {
-				o.Password = password
-			}
-			if tc != nil {
-				o.TLSConfig = tc
-			}
-		})
-		if err != nil {
-			// redisbackend names the address, never the URL's password.
-			return nil, nil, fmt.Errorf("redis.url: %w", err)
-		}
-		return s, s.Close, nil
-	}
-	client := redis.NewUniversalClient(&redis.UniversalOptions{
-		Addrs: rc.Addrs, MasterName: rc.MasterName, Username: rc.Username, Password: password,
-		TLSConfig: tc, DialTimeout: rc.ConnectTimeout.D(), ReadTimeout: 3 * time.Second, WriteTimeout: 3 * time.Second,
-	})
-	if err := client.Ping(cctx).Err(); err != nil {
-		client.Close()
-		return nil, nil, fmt.Errorf("redis.addrs %v: %w: %w", rc.Addrs, idempotency.ErrStoreUnavailable, err)
-	}
-	s, err := redisbackend.New(client, opts)
+	s, err := redisbackend.New(client, redisbackend.Options{Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: log})
 	if err != nil {
 		client.Close()
-		return nil, nil, fmt.Errorf("redis: %w", err)
+		return nil, nil, fmt.Errorf("redis.namespace: %w", err)
 	}
 	return s, func() error {
 		err := s.Close() // New does not own a client it was given
@@ -82,6 +49,162 @@ func OpenStore(ctx context.Context, rc *config.Redis, log *slog.Logger) (_ *redi
 		}
 		return err
 	}, nil
+}
+
+// RedisClient is the one way every command (run, validate --online,
+// inspect, forget) connects to the Redis of rc, so all of them reach the
+// same deployment with the same credentials: rc's username, password or
+// password_file, tls and connect_timeout, and
+//
+//   - redis.url: a *redis.Client, or a *redis.ClusterClient seeded with
+//     the URL's node when that node answers INFO with cluster_enabled:1;
+//   - redis.addrs: a *redis.ClusterClient on those seeds;
+//   - redis.sentinel: a failover *redis.Client that asks the Sentinels (with
+//     their own username and password) for the primary.
+//
+// It answers within rc.ConnectTimeout plus a second, once the deployment
+// answered a PING; errors name the config field, wrap
+// idempotency.ErrStoreUnavailable when Redis did not answer, and never
+// show a password. The caller closes the client.
+func RedisClient(ctx context.Context, rc *config.Redis) (redis.UniversalClient, error) {
+	password, err := secret("redis.password", rc.Password, rc.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := tlsConfig("redis.tls", rc.TLS)
+	if err != nil {
+		return nil, err
+	}
+	dial := rc.ConnectTimeout.D()
+	if dial <= 0 {
+		dial = redisbackend.DefaultDialTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, dial+time.Second)
+	defer cancel()
+	switch {
+	case rc.Sentinel != nil:
+		return sentinelClient(ctx, rc, password, tc, dial)
+	case len(rc.Addrs) > 0:
+		c := redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: rc.Addrs, Username: rc.Username, Password: password, TLSConfig: tc,
+			DialTimeout: dial, ReadTimeout: redisbackend.DefaultIOTimeout, WriteTimeout: redisbackend.DefaultIOTimeout,
+			ContextTimeoutEnabled: true,
+		})
+		cc, err := pinged(ctx, c, fmt.Sprintf("redis.addrs %v", rc.Addrs))
+		if err != nil && strings.Contains(err.Error(), "cluster support disabled") {
+			return nil, fmt.Errorf("%w (redis.addrs lists Cluster seeds; give a standalone server as redis.url, a Sentinel deployment as redis.sentinel)", err)
+		}
+		return cc, err
+	}
+	return urlClient(ctx, rc, password, tc, dial)
+}
+
+// urlClient is RedisClient for redis.url.
+func urlClient(ctx context.Context, rc *config.Redis, password string, tc *tls.Config, dial time.Duration) (redis.UniversalClient, error) {
+	if u, err := url.Parse(rc.URL); err != nil || (u.Scheme != "redis" && u.Scheme != "rediss") {
+		// url.Parse's error repeats the URL, password included: say less.
+		return nil, errors.New("redis.url: want redis://[user:password@]host[:port][/db], or rediss:// for TLS")
+	}
+	ro, err := redis.ParseURL(rc.URL)
+	if err != nil {
+		return nil, fmt.Errorf("redis.url %s: %w", config.RedactURL(rc.URL), err)
+	}
+	// The URL's query may set the I/O timeouts; the dial timeout is the
+	// config's, so that an unreachable Redis fails as fast everywhere.
+	ro.DialTimeout = dial
+	if ro.ReadTimeout == 0 {
+		ro.ReadTimeout = redisbackend.DefaultIOTimeout
+	}
+	if ro.WriteTimeout == 0 {
+		ro.WriteTimeout = redisbackend.DefaultIOTimeout
+	}
+	ro.ContextTimeoutEnabled = true
+	if rc.Username != "" {
+		ro.Username = rc.Username
+	}
+	if password != "" {
+		ro.Password = password
+	}
+	if tc != nil {
+		ro.TLSConfig = tc
+	}
+	cluster, err := clusterEnabled(ctx, ro)
+	if err != nil {
+		return nil, fmt.Errorf("redis.url: connect to %s: %w: %w", ro.Addr, idempotency.ErrStoreUnavailable, err)
+	}
+	if !cluster {
+		return pinged(ctx, redis.NewClient(ro), "redis.url: "+ro.Addr)
+	}
+	if ro.DB != 0 {
+		return nil, fmt.Errorf("redis.url: %s is a Cluster node, which has only database 0: end the URL with /0 or no database", ro.Addr)
+	}
+	ctls := ro.TLSConfig
+	if ctls != nil && (rc.TLS == nil || rc.TLS.ServerName == "") {
+		// rediss:// names the seed as the server; each node must be
+		// verified against its own address instead.
+		ctls = ctls.Clone()
+		ctls.ServerName = ""
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: []string{ro.Addr}, Username: ro.Username, Password: ro.Password, TLSConfig: ctls,
+		DialTimeout: ro.DialTimeout, ReadTimeout: ro.ReadTimeout, WriteTimeout: ro.WriteTimeout,
+		PoolSize: ro.PoolSize, MinIdleConns: ro.MinIdleConns, MaxRetries: ro.MaxRetries,
+		ContextTimeoutEnabled: true,
+	})
+	return pinged(ctx, c, "redis.url: Cluster seeded with "+ro.Addr)
+}
+
+// clusterEnabled asks the node of ro, on a throwaway connection without
+// retries, whether it runs in Cluster mode. A node that refuses INFO (an
+// ACL without +info, a renamed command) but answers PING is taken as
+// standalone: a Cluster whose user may not run INFO is given as
+// redis.addrs.
+func clusterEnabled(ctx context.Context, ro *redis.Options) (bool, error) {
+	po := *ro
+	po.DB = 0 // a Cluster node refuses SELECT of any other
+	po.MaxRetries = -1
+	po.DialerRetries = 1
+	po.PoolSize = 1
+	po.MinIdleConns = 0
+	c := redis.NewClient(&po)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, ro.DialTimeout)
+	defer cancel()
+	info, err := c.Info(ctx, "cluster").Result()
+	if err == nil {
+		return strings.Contains(info, "cluster_enabled:1"), nil
+	}
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false, err // no answer at all
+	}
+	return false, c.Ping(ctx).Err() // refused INFO, or refused us
+}
+
+// sentinelClient is RedisClient for redis.sentinel.
+func sentinelClient(ctx context.Context, rc *config.Redis, password string, tc *tls.Config, dial time.Duration) (redis.UniversalClient, error) {
+	s := rc.Sentinel
+	spw, err := secret("redis.sentinel.password", s.Password, s.PasswordFile)
+	if err != nil {
+		return nil, err
+	}
+	c := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: s.Master, SentinelAddrs: s.Addrs, SentinelUsername: s.Username, SentinelPassword: spw,
+		Username: rc.Username, Password: password, TLSConfig: tc,
+		DialTimeout: dial, ReadTimeout: redisbackend.DefaultIOTimeout, WriteTimeout: redisbackend.DefaultIOTimeout,
+		ContextTimeoutEnabled: true,
+	})
+	return pinged(ctx, c, fmt.Sprintf("redis.sentinel %v (master %q)", s.Addrs, s.Master))
+}
+
+// pinged returns c once it answered a PING within ctx, else closes it and
+// fails naming where.
+func pinged(ctx context.Context, c redis.UniversalClient, where string) (redis.UniversalClient, error) {
+	if err := c.Ping(ctx).Err(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s: %w: %w", where, idempotency.ErrStoreUnavailable, err)
+	}
+	return c, nil
 }
 
 // DialNATS connects to the NATS server(s) at url with the credentials of

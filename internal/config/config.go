@@ -6,6 +6,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"reflect"
@@ -28,21 +29,42 @@ type Config struct {
 	Handlers        []Handler `yaml:"handlers"`
 }
 
-// Redis says where the deduplication store is (SPEC §4.7).
+// Redis says where the deduplication store is (SPEC §4.7, §11.2): exactly
+// one of URL, Addrs or Sentinel. Username, Password, PasswordFile and TLS
+// are those of the data nodes, whichever of the three finds them.
 type Redis struct {
-	// URL is redis://[user:password@]host:port/db or rediss:// for TLS.
+	// URL is redis://[user:password@]host:port/db or rediss:// for TLS. A
+	// URL that names a Cluster node (INFO says cluster_enabled:1) gets a
+	// Cluster client seeded with that node.
 	URL string `yaml:"url"`
 	// Addrs lists Redis Cluster seed nodes (host:port), instead of URL.
 	Addrs []string `yaml:"addrs"`
-	// MasterName selects Sentinel: Addrs are then the sentinels.
-	MasterName     string   `yaml:"master_name"`
-	Username       string   `yaml:"username"`
-	Password       Secret   `yaml:"password"`
-	PasswordFile   string   `yaml:"password_file"`
+	// Sentinel finds the primary through Redis Sentinel, instead of URL.
+	Sentinel *Sentinel `yaml:"sentinel"`
+	// Username and Password (or PasswordFile) authenticate to the data
+	// nodes; a username or password in URL is overridden by these.
+	Username     string `yaml:"username"`
+	Password     Secret `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+	// TLS configures TLS to the data nodes, and to the Sentinels too
+	// (go-redis dials both with one TLS configuration).
 	TLS            *TLS     `yaml:"tls"`
 	Namespace      string   `yaml:"namespace"`
 	Grace          Duration `yaml:"grace"`
 	ConnectTimeout Duration `yaml:"connect_timeout"`
+}
+
+// Sentinel names a primary monitored by Redis Sentinel and the Sentinels to
+// ask for it. Username and Password (or PasswordFile) are the Sentinels'
+// own credentials (their requirepass or ACL user), not the data nodes'.
+type Sentinel struct {
+	// Master is the name the Sentinels monitor the primary under.
+	Master string `yaml:"master"`
+	// Addrs are the Sentinels (host:port).
+	Addrs        []string `yaml:"addrs"`
+	Username     string   `yaml:"username"`
+	Password     Secret   `yaml:"password"`
+	PasswordFile string   `yaml:"password_file"`
 }
 
 // TLS configures a TLS client.
@@ -226,7 +248,7 @@ func Parse(data []byte, lookupEnv func(string) (string, bool)) (*Config, error) 
 }
 
 func (c *Config) fillDefaults() {
-	if c.Redis.URL == "" && len(c.Redis.Addrs) == 0 {
+	if c.Redis.URL == "" && len(c.Redis.Addrs) == 0 && c.Redis.Sentinel == nil {
 		c.Redis.URL = "redis://127.0.0.1:6379/0"
 	}
 	setDefault(&c.Redis.Namespace, "dedup")
@@ -364,7 +386,10 @@ func (c *Config) validate(lines map[string]int) error {
 		return &Error{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)}
 	}
 	if c.Redis.URL != "" && len(c.Redis.Addrs) > 0 {
-		return fail("redis.addrs", "give either redis.url or redis.addrs (Cluster/Sentinel), not both")
+		return fail("redis.addrs", "give either redis.url or redis.addrs (Cluster seeds), not both")
+	}
+	if err := c.Redis.validateSentinel(fail); err != nil {
+		return err
 	}
 	if u := c.Redis.URL; u != "" && !strings.HasPrefix(u, "redis://") && !strings.HasPrefix(u, "rediss://") {
 		return fail("redis.url", "%q: want redis://host:port/db or rediss:// for TLS", u)
@@ -400,6 +425,33 @@ func (c *Config) validate(lines map[string]int) error {
 }
 
 type failFunc func(path, format string, args ...any) error
+
+// validateSentinel checks redis.sentinel: the only way to the store when
+// given, with a master name, at least one Sentinel, and one kind of
+// password.
+func (r *Redis) validateSentinel(fail failFunc) error {
+	s := r.Sentinel
+	switch {
+	case s == nil:
+		return nil
+	case r.URL != "":
+		return fail("redis.sentinel", "give either redis.url or redis.sentinel, not both (the Sentinels name the primary)")
+	case len(r.Addrs) > 0:
+		return fail("redis.sentinel", "give either redis.addrs (Cluster seeds) or redis.sentinel, not both; the Sentinels go in redis.sentinel.addrs")
+	case s.Master == "":
+		return fail("redis.sentinel.master", "required: the name the Sentinels monitor the primary under (sentinel monitor NAME ...)")
+	case len(s.Addrs) == 0:
+		return fail("redis.sentinel.addrs", "required: at least one Sentinel host:port")
+	case s.Password != "" && s.PasswordFile != "":
+		return fail("redis.sentinel.password_file", "give either password or password_file, not both")
+	}
+	for i, a := range s.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fail(fmt.Sprintf("redis.sentinel.addrs[%d]", i), "%q: want host:port, e.g. 127.0.0.1:26379", a)
+		}
+	}
+	return nil
+}
 
 func (h *Handler) validate(p string, fail failFunc) error {
 	switch {

@@ -111,6 +111,15 @@ var (
 	envRef       = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}`)
 )
 
+// movedFields are fields the config once had, by path, with where their
+// setting is written now: a file that still uses one fails with this
+// rather than with "unknown field".
+var movedFields = map[string]string{
+	"redis.master_name": "moved to redis.sentinel.master; write redis.sentinel: {master: ..., addrs: [...]} " +
+		"with the Sentinels in its addrs (redis.addrs is for Cluster seeds only), and the Sentinels' own " +
+		"username and password, if they have any, in redis.sentinel",
+}
+
 // decoder walks a YAML node tree into Go values, strictly: unknown fields,
 // wrong types and bad durations are errors naming the field path and line.
 type decoder struct {
@@ -266,6 +275,9 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) error
 			fp = path + "." + kn.Value
 		}
 		idx, ok := fields[kn.Value]
+		if msg, gone := movedFields[fp]; gone && !ok {
+			return &Error{Path: fp, Line: kn.Line, Msg: msg}
+		}
 		if !ok {
 			return &Error{Path: fp, Line: kn.Line, Msg: "unknown field (known: " + strings.Join(names, ", ") + ")"}
 		}

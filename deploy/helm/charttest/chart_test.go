@@ -512,6 +512,9 @@ func checkSecretFiles(t *testing.T, d *appsv1.Deployment, cfg *config.Config) {
 		}
 	}
 	add(cfg.Redis.PasswordFile)
+	if s := cfg.Redis.Sentinel; s != nil {
+		add(s.PasswordFile)
+	}
 	for _, h := range cfg.Handlers {
 		if k := h.Source.Kafka; k != nil && k.SASL != nil {
 			add(k.SASL.PasswordFile)
@@ -770,6 +773,8 @@ func TestChartRefuses(t *testing.T) {
 	}{
 		{"literal redis password", kafka, "", []string{"config.redis.password=hunter2"}, "config.redis.password holds a literal secret"},
 		{"password in redis url", kafka, "", []string{"config.redis.url=redis://:hunter2@redis:6379/0"}, "config.redis.url holds a password"},
+		{"literal sentinel password", kafka, "config: {redis: {url: null, sentinel: {master: m, addrs: [\"s:26379\"], password: hunter2}}}\n", nil, "config.redis.sentinel.password holds a literal secret"},
+		{"redis.master_name", kafka, "config: {redis: {url: null, addrs: [\"s:26379\"], master_name: m}}\n", nil, "master_name"},
 		{"literal sasl password", kafka, fmt.Sprintf(saslHandler, "hunter2"), nil, "config.handlers[0].source.kafka.sasl.password holds a literal secret"},
 		{"literal nats token", nats, "config: {handlers: [{name: o, source: {nats: {url: \"nats://n:4222\", stream: S, token: hunter2}}, action: {exec: {command: [/bin/true]}}}]}\n", nil, "config.handlers[0].source.nats.token holds a literal secret"},
 		{"loopback http.addr", kafka, "", []string{"config.http.addr=127.0.0.1:9464"}, "listens on loopback only"},

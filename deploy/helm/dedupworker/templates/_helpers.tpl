@@ -176,8 +176,11 @@ literal secret (which would otherwise be stored in the ConfigMap).
 {{- $secretDir := include "dedupworker.secretDir" . -}}
 {{- $redis := $cfg.redis | default dict -}}
 {{- $_ := set $cfg "redis" $redis -}}
-{{- if and (not $redis.url) (not $redis.addrs) -}}
-{{- fail "config.redis.url or config.redis.addrs is required: where the deduplication store is (the binary's default, 127.0.0.1:6379, is not in the pod)" -}}
+{{- if and (not $redis.url) (not $redis.addrs) (not $redis.sentinel) -}}
+{{- fail "config.redis.url, config.redis.addrs or config.redis.sentinel is required: where the deduplication store is (the binary's default, 127.0.0.1:6379, is not in the pod)" -}}
+{{- end -}}
+{{- with $redis.sentinel -}}
+{{- include "dedupworker.noLiteralSecret" (dict "path" "config.redis.sentinel.password" "value" .password) -}}
 {{- end -}}
 {{- if not $redis.url -}}
 {{- $_ := unset $redis "url" -}}

@@ -1,0 +1,88 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const redisTail = "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {exec: {command: [x]}}\n"
+
+// The Sentinel form that redis.master_name + redis.addrs once was fails
+// with the field, its line and the new form, not with "unknown field".
+func TestMasterNameMovedToSentinel(t *testing.T) {
+	y := "redis:\n  addrs: [127.0.0.1:26379]\n  master_name: dedup\n" + redisTail
+	_, err := Parse([]byte(y), env(nil))
+	var ce *Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("error %v, want *config.Error", err)
+	}
+	const want = "config: redis.master_name (line 3): moved to redis.sentinel.master; write redis.sentinel: {master: ..., addrs: [...]}"
+	if ce.Path != "redis.master_name" || ce.Line != 3 || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("got %q (path %q line %d), want it to start with %q", err, ce.Path, ce.Line, want)
+	}
+	// A field of that name elsewhere is merely unknown.
+	_, err = Parse([]byte("handlers:\n  - name: a\n    master_name: x\n"), env(nil))
+	if !errors.As(err, &ce) || ce.Path != "handlers[0].master_name" || !strings.Contains(ce.Msg, "unknown field") {
+		t.Fatalf("handlers[0].master_name: %v", err)
+	}
+}
+
+func TestRedisSentinelErrorsNameFieldAndLine(t *testing.T) {
+	cases := []struct {
+		name, redis, path string
+		line              int
+		msg               string
+	}{
+		{"with url", "redis:\n  url: redis://h:1/0\n  sentinel: {master: m, addrs: [h:26379]}\n", "redis.sentinel", 3, "redis.url or redis.sentinel"},
+		{"with addrs", "redis:\n  addrs: [h:7000]\n  sentinel: {master: m, addrs: [h:26379]}\n", "redis.sentinel", 3, "Cluster seeds"},
+		{"no master", "redis:\n  sentinel: {addrs: [h:26379]}\n", "redis.sentinel.master", 2, "required"},
+		{"no addrs", "redis:\n  sentinel:\n    master: m\n", "redis.sentinel.addrs", 2, "at least one Sentinel"},
+		{"bad addr", "redis:\n  sentinel:\n    master: m\n    addrs: [h:26379, h]\n", "redis.sentinel.addrs[1]", 4, "want host:port"},
+		{"two passwords", "redis:\n  sentinel:\n    master: m\n    addrs: [h:26379]\n    password: p\n    password_file: /f\n", "redis.sentinel.password_file", 6, "not both"},
+		{"unknown field", "redis:\n  sentinel: {master: m, addrs: [h:26379], tls: {}}\n", "redis.sentinel.tls", 2, "unknown field"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.redis+redisTail), env(nil))
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v, want *config.Error", err)
+			}
+			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
+				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
+			}
+		})
+	}
+}
+
+// redis.sentinel is read whole, takes no default URL, and its password is
+// redacted by Print like the data nodes' one.
+func TestRedisSentinelParsesAndPrintsRedacted(t *testing.T) {
+	y := "redis:\n  sentinel: {master: dedup, addrs: ['127.0.0.1:26390', '127.0.0.1:26391'], username: sen, password: '${SENTINEL_PW}'}\n" +
+		"  username: app\n  password: Data-Secret-77\n" + redisTail
+	c, err := Parse([]byte(y), env(map[string]string{"SENTINEL_PW": "Sentinel-Secret-42"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := c.Redis.Sentinel
+	if c.Redis.URL != "" || s == nil || s.Master != "dedup" || len(s.Addrs) != 2 || s.Username != "sen" || s.Password != "Sentinel-Secret-42" {
+		t.Fatalf("redis: %+v sentinel %+v", c.Redis, s)
+	}
+	out, err := c.Print()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, secret := range []string{"Sentinel-Secret-42", "Data-Secret-77"} {
+		if strings.Contains(string(out), secret) {
+			t.Fatalf("Print shows a password:\n%s", out)
+		}
+	}
+	if !strings.Contains(string(out), "master: dedup") || strings.Count(string(out), "<redacted>") != 2 {
+		t.Fatalf("Print must show the sentinel section with both passwords redacted:\n%s", out)
+	}
+	// Printed and read again, it is the same deployment.
+	if _, err := Parse(out, env(nil)); err != nil {
+		t.Fatalf("Print's output does not parse: %v\n%s", err, out)
+	}
+}
