@@ -1,27 +1,37 @@
 // Package chaos_test drives several real dedupworker processes against real
-// Redis (a private redis-server), an embedded nats-server and an in-process
-// Kafka-protocol broker (kfake), while it kills workers (kill -9), stops
-// them gracefully and starts new ones (consumer-group rebalances), restarts
-// Redis with and without its data, cuts connections through TCP proxies,
-// and lets some handlers outlive their lease. Then it proves from a ledger
-// that no key was lost and that every handler run beyond the first of a key
-// is explained by a fault inside that key's earlier run.
+// Redis, an embedded nats-server and the real 3-node Apache Kafka cluster of
+// .ci/kafka.sh, while it kills workers (kill -9), stops them gracefully and
+// starts new ones (consumer-group rebalances), kills Kafka brokers with
+// SIGKILL and starts them again, cuts connections through TCP proxies, and
+// lets some handlers outlive their lease. Then it proves from a ledger that
+// no key was lost and that every handler run beyond the first of a key is
+// explained by a fault inside that key's earlier run.
 //
-// The default run is short (about 25 s). The long run (50,000 keys over
-// both transports, every fault):
+// It runs once per store:
 //
-//	CHAOS_LONG=1 go test ./integration/chaos -run TestChaos -v -timeout 60m
+//   - single: a private redis-server with an append-only file, which the
+//     driver restarts (with CHAOS_WIPE or CHAOS_LONG, also without its data)
+//     and cuts off;
+//   - sentinel: a private primary and replica under three Sentinels, whose
+//     primary the driver kills with SIGKILL so that Sentinel promotes the
+//     replica (the old primary comes back as a replica).
+//
+// CHAOS_STORE=single or sentinel runs one of them. The default run is short
+// (about a minute for both). The long run (50,000 keys over both
+// transports, every fault):
+//
+//	CHAOS_LONG=1 CHAOS_STORE=sentinel go test ./integration/chaos -run TestChaos -v -timeout 80m
 //
 // CHAOS_KEYS (keys per transport), CHAOS_WORKERS and CHAOS_FAULT_EVERY
 // override the figures of either mode; CHAOS_DIR keeps the ledger and the
 // worker logs. Faults are injected for a bounded time (faultFor), then the
 // run converges; every kind of fault comes in turn.
 //
-// CHAOS_WIPE=1 (implied by CHAOS_LONG) adds restarts of a Redis that loses
-// its data (no persistence). Before commit 7aec920 those lost keys, as did a Redis
-// restart with AOF that outlasted a handler's lease: the claim read as
-// "lost", and the delivery was acked for a new owner that did not exist.
-// A lost claim is now redelivered unless the record shows a new owner.
+// A restart of a Redis without persistence forgets keys, and a failover
+// loses the writes the replica had not received: the keys that ran again
+// because of either are counted as explained by a Redis fault, the
+// failover's in a column of their own. A lost claim is redelivered unless
+// the record shows a new owner, so no key is lost to either.
 package chaos_test
 
 import (
@@ -36,6 +46,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,7 +54,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	kafkago "github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -60,14 +70,15 @@ type params struct {
 	publishFor  time.Duration // publishing is spread over this long
 	deadline    time.Duration // the whole run must finish within this
 	lease       time.Duration
+	downFor     time.Duration // how long a killed Kafka broker stays down
 }
 
 func chaosParams(t *testing.T) params {
 	p := params{keys: 200, dupEvery: 3, slowEvery: 47, workers: 3, faultEvery: 1500 * time.Millisecond, memberEvery: 5 * time.Second,
-		faultFor: 20 * time.Second, publishFor: 6 * time.Second, deadline: 4 * time.Minute, lease: 2 * time.Second}
+		faultFor: 20 * time.Second, publishFor: 6 * time.Second, deadline: 4 * time.Minute, lease: 2 * time.Second, downFor: 3 * time.Second}
 	if os.Getenv("CHAOS_LONG") != "" {
 		p = params{keys: 25000, dupEvery: 3, slowEvery: 499, workers: 4, faultEvery: 3 * time.Second, memberEvery: 8 * time.Second,
-			faultFor: 5 * time.Minute, publishFor: 4 * time.Minute, deadline: 50 * time.Minute, lease: 2 * time.Second}
+			faultFor: 5 * time.Minute, publishFor: 4 * time.Minute, deadline: 50 * time.Minute, lease: 2 * time.Second, downFor: 5 * time.Second}
 	}
 	if v, err := strconv.Atoi(os.Getenv("CHAOS_KEYS")); err == nil && v > 0 {
 		p.keys = v
@@ -82,14 +93,26 @@ func chaosParams(t *testing.T) params {
 }
 
 func TestChaos(t *testing.T) {
-	p := chaosParams(t)
+	stores := []string{"single", "sentinel"}
+	if v := os.Getenv("CHAOS_STORE"); v != "" {
+		stores = []string{v}
+	}
+	for _, store := range stores {
+		t.Run(store, func(t *testing.T) { runChaos(t, chaosParams(t), store) })
+	}
+}
+
+func runChaos(t *testing.T, p params, store string) {
 	start := time.Now()
 	bin := buildBinary(t)
 	dir := os.Getenv("CHAOS_DIR") // kept after the run, for reading the ledger and worker logs
 	if dir == "" {
 		dir = t.TempDir()
-	} else if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
+	} else {
+		dir = filepath.Join(dir, store)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ledgerPath := filepath.Join(dir, "ledger")
 	led, err := os.OpenFile(ledgerPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -104,13 +127,33 @@ func TestChaos(t *testing.T) {
 		fmt.Fprintf(led, "F %s %d %d\n", kind, pid, time.Now().UnixMilli())
 	}
 
-	// Services, each behind something the driver can cut.
-	rs := startRedis(t, filepath.Join(dir, "redis"))
-	redisProxy := testenv.NewProxy(t, rs.addr())
+	// Services, each behind something the driver can cut or kill.
+	var (
+		rs         *redisServer
+		redisProxy *testenv.Proxy
+		sent       *testenv.Sentinel
+		redisCfg   string
+	)
+	switch store {
+	case "single":
+		rs = startRedis(t, filepath.Join(dir, "redis"))
+		redisProxy = testenv.NewProxy(t, rs.addr())
+		redisCfg = `{url: "redis://` + redisProxy.Addr() + `/0", namespace: chaos, connect_timeout: 1s, grace: 5s}`
+	case "sentinel":
+		sent = testenv.StartSentinel(t)
+		redisCfg = `{sentinel: {master: ` + sent.Master + `, addrs: [` + strings.Join(sent.Addrs, ", ") + `]}, namespace: chaos, connect_timeout: 1s, grace: 5s}`
+	default:
+		t.Fatalf("CHAOS_STORE=%q: want single or sentinel", store)
+	}
 	natsURL := startNATS(t, filepath.Join(dir, "nats"))
 	natsProxy := testenv.NewProxy(t, strings.TrimPrefix(natsURL, "nats://"))
-	kafkaCut := &testenv.CutListener{}
-	_, brokers := testenv.KafkaCluster(t, kfake.SeedTopics(4, "chaos"), kfake.ListenFn(kafkaCut.Listen))
+	nodes := testenv.KafkaCluster(t)
+	nodes.LockFaults(t)
+	kafkaCuts := nodes.CutProxies(t)
+	topic := fmt.Sprintf("chaos-%s-%d", store, time.Now().UnixNano())
+	testenv.CreateKafkaTopicRF(t, nodes.Brokers, topic, 4, 3)
+	var background sync.WaitGroup // broker and Redis restarts
+	defer background.Wait()
 
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
@@ -153,13 +196,13 @@ echo "D $DEDUP_HANDLER $DEDUP_KEY $DEDUP_FENCE $PPID $(date +%s%3N)" >> ` + ledg
     action: {exec: {command: [/bin/sh, -c, %s], timeout: 60s}}
 `, name, source, p.lease, scriptJSON)
 	}
-	if err := os.WriteFile(cfg, []byte(`redis: {url: "redis://`+redisProxy.Addr()+`/0", namespace: chaos, connect_timeout: 1s, grace: 5s}
+	if err := os.WriteFile(cfg, []byte(`redis: `+redisCfg+`
 http: {addr: ""}
 log: {level: info}
 shutdown_timeout: 3s
 handlers:
 `+handler("n", `nats: {url: "nats://`+natsProxy.Addr()+`", stream: CHAOS, subject: "chaos.>", consumer: chaos}`)+
-		handler("k", `kafka: {brokers: [`+strings.Join(brokers, ", ")+`], topic: chaos, group: chaos, session_timeout: 2s}`)), 0o644); err != nil {
+		handler("k", `kafka: {brokers: [`+strings.Join(nodes.CutBrokers, ", ")+`], topic: `+topic+`, group: `+topic+`, session_timeout: 2s}`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -173,16 +216,25 @@ handlers:
 	// Publish the keys with duplicates, spread over publishFor.
 	keys := planKeys(p)
 	pubDone := make(chan error, 1)
-	go func() { pubDone <- publish(ctx, js, brokers, keys, p.publishFor) }()
+	go func() { pubDone <- publish(ctx, js, nodes.Brokers, topic, keys, p.publishFor) }()
 
 	// Faults, until every key is done.
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
 	faults := map[string]int{}
-	kinds := []string{"kill", "term", "redis-restart", "redis-cut", "nats-cut", "kafka-cut", "kill"}
-	if os.Getenv("CHAOS_WIPE") != "" || os.Getenv("CHAOS_LONG") != "" {
-		// Restarts of a Redis without persistence: see the package doc.
-		kinds = append(kinds, "redis-wipe")
+	kinds := []string{"kill", "term", "nats-cut", "kafka-cut", "kafka-kill", "kill"}
+	redisKinds := []string{"nats-cut"} // what comes instead of a deferred group fault
+	switch store {
+	case "single":
+		kinds = append(kinds, "redis-restart", "redis-cut")
+		redisKinds = append(redisKinds, "redis-restart", "redis-cut")
+		if os.Getenv("CHAOS_WIPE") != "" || os.Getenv("CHAOS_LONG") != "" {
+			// Restarts of a Redis without persistence: see the package doc.
+			kinds = append(kinds, "redis-wipe")
+		}
+	case "sentinel":
+		kinds = append(kinds, "redis-failover")
 	}
+	var kafkaDown, failingOver atomic.Bool
 	rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	nfault := 0
 	tick := time.NewTicker(p.faultEvery)
@@ -192,11 +244,6 @@ handlers:
 	published := false
 	var lastMember time.Time
 	faultStart := time.Now()
-	// A replacement must come later than kfake's rebalance timeout (the
-	// source's default, 30s) after the last join or leave: every join and
-	// leave restarts it, so replacing sooner would keep the group
-	// rebalancing.
-	const stallKick, kicksMax = 40 * time.Second, 3
 	lastCompleted, lastChange := -1, time.Now()
 	for done := false; !done; {
 		select {
@@ -220,23 +267,15 @@ handlers:
 				break
 			}
 			if time.Since(faultStart) > p.faultFor {
-				// Quiet: let the run converge. kfake never times out a
-				// member whose JoinGroup reply it could not deliver (a cut
-				// or a kill at that moment): the group settles with that
-				// ghost assigned partitions nobody reads, until the next
-				// rebalance drops it after the rebalance timeout. Real
-				// Kafka expires it after session.timeout.ms. So when
-				// nothing completes for stallKick, one worker is replaced
-				// (a rebalance), at most kicksMax times, each in the report.
+				// Quiet: the run converges by itself. On real Kafka a
+				// member that died with its JoinGroup held expires after
+				// session.timeout.ms, so nothing here kicks the group; a
+				// stall ends the run at its deadline, with the analysis.
 				if completed != lastCompleted {
 					lastCompleted, lastChange = completed, time.Now()
-				} else if published && time.Since(lastChange) > stallKick && faults["rejoin"] < kicksMax {
-					faults["rejoin"]++
+				} else if time.Since(lastChange) > time.Minute {
+					t.Logf("chaos: nothing completed for %s", time.Since(lastChange).Round(time.Second))
 					lastChange = time.Now()
-					w := ws.random(rng)
-					fault("term", w.pid())
-					ws.start()
-					ws.leaving.Go(w.term)
 				}
 				continue
 			}
@@ -244,9 +283,10 @@ handlers:
 			// A kill, stop or Kafka cut makes the consumer group rejoin:
 			// spaced out, or the group never settles. A deferred one is
 			// next in turn; something else happens meanwhile.
-			group := kind == "kill" || kind == "term" || kind == "kafka-cut"
-			if group && time.Since(lastMember) < p.memberEvery {
-				kind = []string{"redis-restart", "redis-cut", "nats-cut"}[rng.IntN(3)]
+			group := kind == "kill" || kind == "term" || kind == "kafka-cut" || kind == "kafka-kill"
+			busy := kind == "kafka-kill" && kafkaDown.Load() || kind == "redis-failover" && failingOver.Load()
+			if group && time.Since(lastMember) < p.memberEvery || busy {
+				kind = redisKinds[rng.IntN(len(redisKinds))]
 			} else {
 				nfault++
 				if group {
@@ -279,25 +319,62 @@ handlers:
 				natsProxy.Cut()
 			case "kafka-cut":
 				fault("kafka", 0)
-				kafkaCut.Cut()
+				for _, c := range kafkaCuts {
+					c.Cut()
+				}
+			case "kafka-kill": // a broker dies; its partitions' leaders move
+				id := 1 + rng.IntN(3)
+				fault("kafka-kill", id)
+				nodes.Kill(t, id)
+				kafkaDown.Store(true)
+				background.Go(func() {
+					defer kafkaDown.Store(false)
+					select {
+					case <-time.After(p.downFor):
+					case <-ctx.Done():
+					}
+					if err := nodes.StartErr(id); err != nil {
+						t.Errorf("chaos: %v", err)
+					}
+				})
+			case "redis-failover": // the primary dies; Sentinel promotes the replica
+				fault("redis", 0)
+				fault("failover", 0)
+				old := sent.KillPrimary(t)
+				failingOver.Store(true)
+				background.Go(func() {
+					defer failingOver.Store(false)
+					if _, err := sent.WaitFailover(old, time.Minute); err != nil {
+						t.Errorf("chaos: %v", err)
+					}
+					if err := sent.RestartNode(old); err != nil {
+						t.Errorf("chaos: %v", err)
+					}
+				})
 			}
 		}
 	}
 
 	// Let the workers finish and drain, then read the ledger and Redis.
 	ws.stopAll()
+	background.Wait()
 	an := analyse(t, ledgerPath, keys, p.lease)
-	rc := redis.NewClient(&redis.Options{Addr: rs.addr()})
+	var rc redis.UniversalClient
+	if sent != nil {
+		rc = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sent.Master, SentinelAddrs: sent.Addrs})
+	} else {
+		rc = redis.NewClient(&redis.Options{Addr: rs.addr()})
+	}
 	defer rc.Close()
 	claimed, completed, missing := scanRecords(t, rc, keys)
 
-	t.Logf("chaos report (%s, %d workers, faults every %s, lease %s):\n"+
-		"| transport | keys published | messages | keys completed | keys lost | runs beyond first | explained by crash | by Redis fault | unexplained |\n"+
-		"|---|---|---|---|---|---|---|---|---|\n%s"+
+	t.Logf("chaos report (%s, store %s, %d workers, faults every %s, lease %s):\n"+
+		"| transport | keys published | messages | keys completed | keys lost | runs beyond first | explained by crash | by Redis fault | of which failover | unexplained |\n"+
+		"|---|---|---|---|---|---|---|---|---|---|\n%s"+
 		"faults injected: %v; worker processes started: %d\n"+
-		"records at the end: %d COMPLETED, %d CLAIMED, %d absent (lost to Redis wipes)\n"+
+		"records at the end: %d COMPLETED, %d CLAIMED, %d absent (lost to Redis wipes or a failover)\n"+
 		"duration %s",
-		map[bool]string{true: "long", false: "short"}[os.Getenv("CHAOS_LONG") != ""], p.workers, p.faultEvery, p.lease,
+		map[bool]string{true: "long", false: "short"}[os.Getenv("CHAOS_LONG") != ""], store, p.workers, p.faultEvery, p.lease,
 		an.table(keys), faults, ws.started, completed, claimed, missing, time.Since(start).Round(time.Second))
 	if an.lost > 0 {
 		t.Errorf("%d keys lost: %v", an.lost, an.lostKeys)
@@ -340,8 +417,8 @@ func planKeys(p params) keyPlan {
 	return kp
 }
 
-func publish(ctx context.Context, js jetstream.JetStream, brokers []string, kp keyPlan, over time.Duration) error {
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "chaos", Balancer: &kafkago.Hash{},
+func publish(ctx context.Context, js jetstream.JetStream, brokers []string, topic string, kp keyPlan, over time.Duration) error {
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, Balancer: &kafkago.Hash{},
 		BatchTimeout: 2 * time.Millisecond, RequiredAcks: kafkago.RequireAll, MaxAttempts: 20}
 	defer w.Close()
 	const chunk = 100
@@ -405,6 +482,7 @@ type analysis struct {
 	lostKeys    []string
 	byCrash     map[string]int // per handler
 	byRedis     map[string]int
+	byFailover  map[string]int // of byRedis, those with a failover in the window
 	unexplained []string
 }
 
@@ -423,9 +501,9 @@ func analyse(t *testing.T, path string, kp keyPlan, lease time.Duration) *analys
 		t.Fatal(err)
 	}
 	defer f.Close()
-	an := &analysis{runs: map[string][]*run{}, byCrash: map[string]int{}, byRedis: map[string]int{}}
+	an := &analysis{runs: map[string][]*run{}, byCrash: map[string]int{}, byRedis: map[string]int{}, byFailover: map[string]int{}}
 	killedAt := map[int]int64{}
-	var redisFaults []int64
+	var redisFaults, failovers []int64
 	open := map[string]*run{} // "<handler>/<key>/<pid>/<fence>" -> run without D yet
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<16), 1<<20)
@@ -440,6 +518,8 @@ func analyse(t *testing.T, path string, kp keyPlan, lease time.Duration) *analys
 				killedAt[pid] = at
 			case "redis":
 				redisFaults = append(redisFaults, at)
+			case "failover":
+				failovers = append(failovers, at)
 			}
 		case len(fs) == 6 && (fs[0] == "S" || fs[0] == "D"):
 			hk := fs[1] + "/" + fs[2]
@@ -481,15 +561,22 @@ func analyse(t *testing.T, path string, kp keyPlan, lease time.Duration) *analys
 			}
 			k, killed := killedAt[prev.pid]
 			crash := prev.pid == 1 || killed && k >= prev.at-1000 && k <= end
-			red := false
+			in := func(at int64) bool { return at >= prev.at-lease.Milliseconds()-1000 && at <= cur.at }
+			red, failover := false, false
 			for _, at := range redisFaults {
-				red = red || at >= prev.at-lease.Milliseconds()-1000 && at <= cur.at
+				red = red || in(at)
+			}
+			for _, at := range failovers {
+				failover = failover || in(at)
 			}
 			switch {
 			case crash:
 				an.byCrash[h]++
 			case red:
 				an.byRedis[h]++
+				if failover {
+					an.byFailover[h]++
+				}
 			default:
 				an.unexplained = append(an.unexplained, fmt.Sprintf("%s run %d (fence %s, pid %d, at %d) after a run (fence %s, pid %d, at %d, done %v)",
 					hk, i+1, cur.fence, cur.pid, cur.at, prev.fence, prev.pid, prev.at, prev.done))
@@ -534,13 +621,13 @@ func (an *analysis) table(kp keyPlan) string {
 				unexpl++
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d |\n", name, keys, msgs, completed, lost, beyond, an.byCrash[h], an.byRedis[h], unexpl)
+		fmt.Fprintf(&b, "| %s | %d | %d | %d | %d | %d | %d | %d | %d | %d |\n", name, keys, msgs, completed, lost, beyond, an.byCrash[h], an.byRedis[h], an.byFailover[h], unexpl)
 	}
 	return b.String()
 }
 
 // scanRecords counts the records of the keys by state.
-func scanRecords(t *testing.T, rc *redis.Client, kp keyPlan) (claimed, completed, missing int) {
+func scanRecords(t *testing.T, rc redis.UniversalClient, kp keyPlan) (claimed, completed, missing int) {
 	ctx := context.Background()
 	for i := 0; i < len(kp.unique); i += 500 {
 		var ks []string
