@@ -91,22 +91,17 @@
 // generations and leaves (NetworkTimeout), dead-letter writes
 // (2 × NetworkTimeout).
 //
-// # Rejoining after cuts and rebalance storms
+// # Keeping the membership through a rebalance
 //
-// A JoinGroup is held by the coordinator until every member has rejoined
-// or the rebalance timeout passed, so it may legitimately last longer than
-// RebalanceTimeout after this member joined; kfake even restarts that
-// timeout on every join, leave or expiry. kafka-go's ConsumerGroup gives up a
-// JoinGroup after its Timeout + RebalanceTimeout, then forgets its member id
-// without leaving and joins again as a new member, and it sends no heartbeat
-// between generations. Under cuts every few seconds that made every member
-// give up its JoinGroup just before the others would have been answered, for
-// good. The source therefore waits NetworkTimeout + 2 × RebalanceTimeout for
-// a JoinGroup, heartbeats its member id itself from the end of a generation
-// (while it drains) and from each JoinGroup (while kafka-go waits in
-// SyncGroup) until the next generation, re-creates the ConsumerGroup at once
-// when the coordinator no longer knows the member it waits as, and leaves
-// with the member id kafka-go forgot. See group.go.
+// kafka-go's ConsumerGroup sends no heartbeat between generations: while a
+// member drains its revoked partitions it sends nothing, and Kafka removes
+// a member that sends nothing for the session timeout, also while the group
+// prepares a rebalance. The source heartbeats the member id itself from the
+// end of a generation until the next one forms, so a drain longer than
+// SessionTimeout (up to RevokeTimeout) keeps the member. A JoinGroup that
+// fails makes kafka-go forget its member id without leaving; the source
+// leaves with it, so the next rebalance does not wait for a member that
+// will never rejoin. See group.go.
 //
 // # Defaults that differ from kafka-go
 //

@@ -82,20 +82,11 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		}
 	}()
 
-	// The member id and generation of kafka-go's last successful JoinGroup,
-	// which it does not expose when the SyncGroup that follows fails.
-	var joined atomic.Pointer[joinedAs]
 	gc := s.newGroupClient()
 	defer gc.close()
 	keep := newKeeper(gc)
 	defer keep.stop()
-	var live *atomic.Bool // the current ConsumerGroup's: an abandoned one's joins are not kept
 	newGroup := func() (*kafka.ConsumerGroup, error) {
-		if live != nil {
-			live.Store(false)
-		}
-		live = new(atomic.Bool)
-		live.Store(true)
 		return kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
 			ID:                s.cfg.GroupID,
 			Brokers:           s.cfg.Brokers,
@@ -109,7 +100,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 			// Bounds every coordinator request; JoinGroup waits this plus
 			// RebalanceTimeout (see group.go).
 			Timeout:     s.cfg.groupTimeout(),
-			Logger:      joinHook(kafkaLogger(s.log, slog.LevelDebug), &joined, keep, live),
+			Logger:      kafkaLogger(s.log, slog.LevelDebug),
 			ErrorLogger: kafkaLogger(s.log, slog.LevelDebug),
 		})
 	}
@@ -131,11 +122,12 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	// goroutines are idle.
 	defer m.procs.close()
 	var fatal error
-	// The member id kafka-go rejoins with: the keeper heartbeats it between
-	// generations, and the source leaves with it when kafka-go forgets it.
+	// The member id kafka-go rejoins with: the keeper heartbeats it while
+	// the member drains, and the source leaves with it when kafka-go
+	// forgets it.
 	var lastMember string
 	for ctx.Err() == nil {
-		gen, err := keep.next(ctx, cg)
+		gen, err := cg.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -144,45 +136,21 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 				fatal = fmt.Errorf("kafka: joining group %q: %w", s.cfg.GroupID, err)
 				break
 			}
-			switch {
-			case errors.Is(err, errEvicted):
-				// The coordinator dropped the member while it waited in
-				// JoinGroup: that JoinGroup is never answered. Join again
-				// as a new member with a new ConsumerGroup. The old one is
-				// closed in the background: its Close returns when that
-				// JoinGroup's deadline passes (it leaves the group if the
-				// JoinGroup is answered after all).
-				s.log.Warn("removed from the group while rejoining; joining as a new member", "member", lastMember)
-				keep.stop()
-				go cg.Close()
-				if cg, err = newGroup(); err != nil {
-					return fmt.Errorf("kafka: consumer group %q: %w", s.cfg.GroupID, err)
-				}
-				lastMember = ""
-				joined.Store(nil)
-				continue
-			case errors.Is(err, kafka.RebalanceInProgress):
-				// From SyncGroup: kafka-go keeps the member id it joined
-				// with and rejoins with it: keep that member alive.
-				// (The keeper keeps it since the JoinGroup.)
+			if errors.Is(err, kafka.RebalanceInProgress) {
+				// From SyncGroup: kafka-go keeps its member id and
+				// rejoins with it.
 				s.log.Debug("rebalance in progress; rejoining", "err", err)
-				if j := joined.Load(); j != nil {
-					lastMember = j.member
-				}
 				continue
 			}
 			s.log.Warn("joining the group failed; retrying", "err", err)
 			keep.stop()
-			if j := joined.Swap(nil); j != nil && j.member != lastMember {
-				// Joined, then SyncGroup or OffsetFetch failed: kafka-go
-				// left with that member id itself.
-				lastMember = ""
-			}
 			if lastMember != "" {
 				// kafka-go forgot the member id (a failed JoinGroup
 				// returns none) and joins again as a new member without
 				// leaving: leave for it, or the old member stays in the
-				// group and every rebalance waits for it.
+				// group until its session expires and the next rebalance
+				// waits for it. When kafka-go left with it already, the
+				// coordinator answers UnknownMemberId.
 				lctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
 				if lerr := gc.leave(lctx, lastMember); lerr != nil && !errors.Is(lerr, kafka.UnknownMemberId) {
 					s.log.Debug("leaving with the forgotten member id failed", "member", lastMember, "err", lerr)
