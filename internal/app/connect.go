@@ -23,9 +23,9 @@ import (
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
-// The connections of a configuration, made one way for Build (run, demo)
-// and for validate --online, so that the check connects exactly as the
-// worker will: same addresses, credentials, TLS and timeouts. Errors name
+// The connections of a configuration, made one way for Build (run, demo),
+// validate --online, inspect and forget, so that each connects exactly as
+// the worker does: same addresses, credentials, TLS and timeouts. Errors name
 // the config field at fault and never show a secret.
 
 // OpenStore connects to the deduplication store of rc through RedisClient
