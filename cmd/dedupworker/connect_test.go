@@ -249,3 +249,20 @@ func TestValidateOnlineThroughClusterURLAndSentinel(t *testing.T) {
 		t.Errorf("an unknown master: validate --online: exit %d %q, want 1 naming redis.sentinel", code, stderr)
 	}
 }
+
+// validate --print shows redis.sentinel with its password redacted, and
+// the old redis.master_name fails with where it moved, exit 2.
+func TestValidatePrintRedactsTheSentinelPassword(t *testing.T) {
+	t.Parallel()
+	const pw = "Sentinel-Print-9000"
+	cfg := writeConfig(t, "redis: {sentinel: {master: dedup, addrs: [127.0.0.1:26390], username: sen, password: %s}}\n"+storeHandler, pw)
+	code, out, stderr := runCmd(t, "validate", "-c", cfg, "--print")
+	if code != 0 || strings.Contains(out+stderr, pw) || !strings.Contains(out, "master: dedup") || !strings.Contains(out, "<redacted>") {
+		t.Fatalf("validate --print: exit %d\n%s\n%s", code, out, stderr)
+	}
+	old := writeConfig(t, "redis:\n  addrs: [127.0.0.1:26390]\n  master_name: dedup\n"+storeHandler)
+	code, _, stderr = runCmd(t, "validate", "-c", old)
+	if want := "redis.master_name (line 3): moved to redis.sentinel.master"; code != exitUsage || !strings.Contains(stderr, want) {
+		t.Fatalf("validate with redis.master_name: exit %d %q, want 2 and %q", code, stderr, want)
+	}
+}
