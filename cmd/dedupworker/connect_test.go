@@ -136,6 +136,10 @@ func TestInspectAndForgetWithTheConfigsCredentials(t *testing.T) {
 	if v := inspectJSON(t, "order-2", "--redis", withCreds, "--namespace", ns); v.State != "COMPLETED" {
 		t.Fatalf("inspect --redis URL: %+v, want COMPLETED", v)
 	}
+	code, out, stderr := runCmd(t, "inspect", "-c", cfg, "--handler", "ordres", "order-2")
+	if want := `warning: --handler "ordres" is not a handler of ` + cfg + ` (it has orders)`; code != 0 || !strings.Contains(stderr, want) || !strings.Contains(out, "absent") {
+		t.Errorf("inspect with a misspelt handler: exit %d %q %q, want 0, absent and %q", code, out, stderr, want)
+	}
 	if code, _, stderr := runCmd(t, "inspect", "-c", cfg, "--namespace", ns, "--handler", "orders", "order-2"); code != exitUsage || !strings.Contains(stderr, "redis.namespace") {
 		t.Errorf("-c FILE with --namespace: exit %d %q, want 2 naming redis.namespace", code, stderr)
 	}
