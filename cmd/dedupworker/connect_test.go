@@ -136,6 +136,10 @@ func TestInspectAndForgetWithTheConfigsCredentials(t *testing.T) {
 	if v := inspectJSON(t, "order-2", "--redis", withCreds, "--namespace", ns); v.State != "COMPLETED" {
 		t.Fatalf("inspect --redis URL: %+v, want COMPLETED", v)
 	}
+	code, out, stderr := runCmd(t, "inspect", "-c", cfg, "--handler", "ordres", "order-2")
+	if want := `warning: --handler "ordres" is not a handler of ` + cfg + ` (it has orders)`; code != 0 || !strings.Contains(stderr, want) || !strings.Contains(out, "absent") {
+		t.Errorf("inspect with a misspelt handler: exit %d %q %q, want 0, absent and %q", code, out, stderr, want)
+	}
 	if code, _, stderr := runCmd(t, "inspect", "-c", cfg, "--namespace", ns, "--handler", "orders", "order-2"); code != exitUsage || !strings.Contains(stderr, "redis.namespace") {
 		t.Errorf("-c FILE with --namespace: exit %d %q, want 2 naming redis.namespace", code, stderr)
 	}
@@ -247,5 +251,22 @@ func TestValidateOnlineThroughClusterURLAndSentinel(t *testing.T) {
 	cfg := writeConfig(t, "redis: {sentinel: {master: no-such-master-%s, addrs: [%s]}, connect_timeout: 1s}\n%s", id, strings.Join(sen.Addrs, ", "), handler)
 	if code, _, stderr := runCmd(t, "validate", "-c", cfg, "--online"); code != exitRuntime || !strings.Contains(stderr, "redis.sentinel") {
 		t.Errorf("an unknown master: validate --online: exit %d %q, want 1 naming redis.sentinel", code, stderr)
+	}
+}
+
+// validate --print shows redis.sentinel with its password redacted, and
+// the old redis.master_name fails with where it moved, exit 2.
+func TestValidatePrintRedactsTheSentinelPassword(t *testing.T) {
+	t.Parallel()
+	const pw = "Sentinel-Print-9000"
+	cfg := writeConfig(t, "redis: {sentinel: {master: dedup, addrs: [127.0.0.1:26390], username: sen, password: %s}}\n"+storeHandler, pw)
+	code, out, stderr := runCmd(t, "validate", "-c", cfg, "--print")
+	if code != 0 || strings.Contains(out+stderr, pw) || !strings.Contains(out, "master: dedup") || !strings.Contains(out, "<redacted>") {
+		t.Fatalf("validate --print: exit %d\n%s\n%s", code, out, stderr)
+	}
+	old := writeConfig(t, "redis:\n  addrs: [127.0.0.1:26390]\n  master_name: dedup\n"+storeHandler)
+	code, _, stderr = runCmd(t, "validate", "-c", old)
+	if want := "redis.master_name (line 3): moved to redis.sentinel.master"; code != exitUsage || !strings.Contains(stderr, want) {
+		t.Fatalf("validate with redis.master_name: exit %d %q, want 2 and %q", code, stderr, want)
 	}
 }

@@ -59,6 +59,7 @@ func (f storeFlags) open(fs *flag.FlagSet) (*redisbackend.Store, string, func() 
 			return nil, "", nil, err
 		}
 		rc = &cfg.Redis
+		warnUnknownHandler(fs.Output(), *f.handler, *f.file, cfg)
 	case *f.redisURL == "":
 		return nil, "", nil, usagef("give -c FILE or --redis URL")
 	default:
@@ -72,6 +73,21 @@ func (f storeFlags) open(fs *flag.FlagSet) (*redisbackend.Store, string, func() 
 		return nil, "", nil, err
 	}
 	return s, fs.Arg(0), closeStore, nil
+}
+
+// warnUnknownHandler says when name is no handler of cfg: a misspelt
+// handler reads every key as absent. It is not an error, since the records
+// of a handler removed from the file may still be worth reading or
+// deleting.
+func warnUnknownHandler(w io.Writer, name, file string, cfg *config.Config) {
+	names := make([]string, len(cfg.Handlers))
+	for i, h := range cfg.Handlers {
+		if h.Name == name {
+			return
+		}
+		names[i] = h.Name
+	}
+	fmt.Fprintf(w, "warning: --handler %q is not a handler of %s (it has %s); looking the key up anyway\n", name, file, strings.Join(names, ", "))
 }
 
 // flagSet reports whether the flag name was given on the command line.

@@ -23,20 +23,29 @@ import (
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
-// The connections of a configuration, made one way for Build (run, demo)
-// and for validate --online, so that the check connects exactly as the
-// worker will: same addresses, credentials, TLS and timeouts. Errors name
+// The connections of a configuration, made one way for Build (run, demo),
+// validate --online, inspect and forget, so that each connects exactly as
+// the worker does: same addresses, credentials, TLS and timeouts. Errors name
 // the config field at fault and never show a secret.
 
 // OpenStore connects to the deduplication store of rc through RedisClient
-// and probes it, within rc.ConnectTimeout plus a second. close closes the
-// store, then the client: after the store, so a last completion still
-// reaches Redis.
+// and probes it, within rc.ConnectTimeout plus a second, and logs which
+// kind of deployment it found (standalone, cluster or sentinel). close
+// closes the store, then the client: after the store, so a last
+// completion still reaches Redis.
 func OpenStore(ctx context.Context, rc *config.Redis, log *slog.Logger) (_ *redisbackend.Store, close func() error, _ error) {
 	client, err := RedisClient(ctx, rc)
 	if err != nil {
 		return nil, nil, err
 	}
+	kind := "standalone"
+	switch _, cluster := client.(*redis.ClusterClient); {
+	case cluster:
+		kind = "cluster"
+	case rc.Sentinel != nil:
+		kind = "sentinel"
+	}
+	log.Info("connected to the store", "deployment", kind, "namespace", rc.Namespace)
 	s, err := redisbackend.New(client, redisbackend.Options{Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: log})
 	if err != nil {
 		client.Close()

@@ -111,11 +111,15 @@ func TestRedisURLOfAClusterNodeGetsAClusterClient(t *testing.T) {
 		other.Del(ctx, key)
 	}
 
-	s, closeStore, err := OpenStore(ctx, &rc, slog.New(slog.DiscardHandler))
+	var logged testenv.SyncBuffer
+	s, closeStore, err := OpenStore(ctx, &rc, slog.New(slog.NewJSONHandler(&logged, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer closeStore()
+	if !strings.Contains(logged.String(), `"deployment":"cluster"`) {
+		t.Errorf("OpenStore's log does not say it found a Cluster:\n%s", logged.String())
+	}
 	if err := claimAndComplete(ctx, s, "orders", keysN(30)); err != nil {
 		t.Fatal(err)
 	}
