@@ -2,6 +2,7 @@ package kafka_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -80,15 +81,16 @@ func TestSASL(t *testing.T) {
 // TestUnknownTopic: Consume fails, naming the topic, when it does not exist.
 func TestUnknownTopic(t *testing.T) {
 	t.Parallel()
-	_, brokers := testenv.KFake(t)
-	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: "missing", GroupID: "g"})
+	brokers := testenv.Kafka(t)
+	missing := fmt.Sprintf("missing-%d", time.Now().UnixNano())
+	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: missing, GroupID: missing + "-g"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = worker(t, "unknown", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
-	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), `"missing"`) || !strings.Contains(err.Error(), "Unknown Topic") {
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), `"`+missing+`"`) || !strings.Contains(err.Error(), "Unknown Topic") {
 		t.Fatalf("Run on a missing topic = %v, want an error naming the topic", err)
 	}
 }
