@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/idempotency/storetest"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/lua"
 	"github.com/idemkit/dedupworker/redisbackend"
@@ -153,6 +154,18 @@ func TestDurabilityReplicaHasEveryWrite(t *testing.T) {
 	if waits != 4 || waitErrs != 0 || len(short) != 0 {
 		t.Errorf("hooks saw %d WAITs (%d failed), shortfalls %v; want 4 (claim, step, release, complete) and none failed", waits, waitErrs, short)
 	}
+}
+
+// A durable store on the Sentinel pair passes the whole conformance suite:
+// WAIT changes when a call returns, never what it returns.
+func TestStoreSentinelDurable(t *testing.T) {
+	client := testenv.RedisSentinel(t).Client(t)
+	storetest.RunHarness(t, func(t *testing.T) *storetest.Harness {
+		return newHarnessWith(t, client, redisbackend.Options{
+			Grace:      testGrace,
+			Durability: redisbackend.Durability{Replicas: 1, Timeout: time.Second},
+		})
+	})
 }
 
 // Against a Redis without replicas, WAIT counts 0 of 1: the claim fails as
