@@ -50,9 +50,19 @@ type HookInflight interface {
 }
 
 // HookStoreCall is called after every call to the deduplication store. op is
-// one of claim, complete, renew, release, wait, get, delete, step.
+// one of claim, complete, renew, release, wait, get, delete, step; a store
+// may report its own parts of a call under other names (the Redis store:
+// replica_wait, the time of one WAIT for replicas, SPEC §11.1).
 type HookStoreCall interface {
 	OnStoreCall(op string, took time.Duration, err error)
+}
+
+// HookDurabilityShortfall is called when a store write was acknowledged by
+// fewer replicas than the store's durability setting requires (SPEC §11.1);
+// the call then failed as the store being unavailable. op is the store
+// operation: claim, complete, release, step.
+type HookDurabilityShortfall interface {
+	OnDurabilityShortfall(op string)
 }
 
 // HookLeaseRenewal is called after every lease renewal attempt with result
@@ -112,6 +122,15 @@ func (hs Hooks) LeaseRenewal(handler, result string) {
 	for _, h := range hs {
 		if x, ok := h.(HookLeaseRenewal); ok {
 			x.OnLeaseRenewal(handler, result)
+		}
+	}
+}
+
+// DurabilityShortfall calls every HookDurabilityShortfall.
+func (hs Hooks) DurabilityShortfall(op string) {
+	for _, h := range hs {
+		if x, ok := h.(HookDurabilityShortfall); ok {
+			x.OnDurabilityShortfall(op)
 		}
 	}
 }

@@ -624,6 +624,38 @@ func TestStoreDownFailsClosed(t *testing.T) {
 	}
 }
 
+// With Options.Durability against a Redis that has no replica, every claim
+// falls short of its replicas (SPEC §11.1): the store fails closed, so the
+// handler never runs and the delivery is not acked but redelivered later
+// (SPEC §7.3).
+func TestDurabilityShortfallRunsNothing(t *testing.T) {
+	t.Parallel()
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{
+		Namespace:  randomName(t),
+		Durability: redisbackend.Durability{Replicas: 1, Timeout: 50 * time.Millisecond},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	f := &fixture{store: store, oc: &outcomes{}, calls: &storeCalls{}}
+	f.eng, err = idempotency.New(store, idempotency.Config{Hooks: consumer.Hooks{f.oc, f.calls}, StoreTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &countingHandler{}
+	p := f.processor(t, h, idempotency.WithStoreRetry(100*time.Millisecond, time.Second))
+	d := fakedelivery.New("k", "x")
+	p.Process(context.Background(), d)
+	d.ExpectNak(t)
+	if n := h.runs.Load(); n != 0 {
+		t.Fatalf("handler ran %d times on claims no replica acknowledged", n)
+	}
+	if f.oc.get(consumer.OutcomeStoreError) != 1 {
+		t.Fatalf("outcomes %v: want 1 store_error", f.oc.m)
+	}
+}
+
 func TestFailOpenBypassesStore(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartRedisServer(t)

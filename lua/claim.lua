@@ -3,13 +3,15 @@
 -- KEYS:    the Redis keys of the batch (all in one hash slot on Cluster).
 -- ARGV[1]: grace in ms (a CLAIMED key lives lease + grace).
 -- ARGV, 4 per key from ARGV[2]: token, fingerprint, fingerprint version,
---          lease in ms.
+--          lease in ms; then, optionally, '1' (durable): a WAIT follows
+--          this call on its connection (see below, DUPLICATE).
 -- Returns a flat array, 2 entries per key in KEYS order: the outcome
 -- (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH), then a record
 -- as JSON: the claim just written for NEW/RECLAIMED/RECOVERED, the stored
 -- value untouched for the others.
 
 local grace = tonumber(ARGV[1])
+local durable = ARGV[2 + 4 * #KEYS] == '1'
 local now, now_us = clock()
 local now_s = string.format('%d', now)
 -- The fence of a key without a record: new_fence(nil, now_us), the server
@@ -62,8 +64,8 @@ for i, key in ipairs(KEYS) do
   end
   -- raw is false when the key did not exist and now holds fresh; else what
   -- it held (a string, or an error for a value of another type), untouched.
-  local outcome, rec = 'NEW', nil
-  local state, pfp, pfpv, _, pfence, _, plu, pattempts = parse(raw)
+  local outcome, rec, mine = 'NEW', nil, false
+  local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
   if state ~= nil then
     -- Written by this package's templates: decided on the parsed text. The
     -- integers are canonical, so text equality is numeric equality.
@@ -76,6 +78,7 @@ for i, key in ipairs(KEYS) do
       rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
     else
       outcome = 'IN_FLIGHT'
+      mine = ptoken == token
     end
   elseif raw then
     rec = decode(raw)
@@ -91,10 +94,22 @@ for i, key in ipairs(KEYS) do
       outcome = 'RECLAIMED'
     else
       outcome = 'IN_FLIGHT'
+      mine = rec.token == token
     end
   end
 
   if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
+    -- WAIT (Options.Durability) counts only its own connection's writes.
+    -- Two records the caller acts on may have been written on another
+    -- connection: a live claim under this call's own token (the call ran
+    -- before, its reply was lost, the client sent it again), and, when a
+    -- WAIT follows, a completion it will ack as a duplicate (whose own
+    -- WAIT may have fallen short). Writing the record back unchanged puts
+    -- this connection's last write after the first one in the replication
+    -- stream, so the WAIT that follows covers both.
+    if mine or (durable and outcome == 'DUPLICATE') then
+      redis.call('SET', key, raw, 'KEEPTTL')
+    end
     out[#out + 1] = outcome
     out[#out + 1] = raw
   else

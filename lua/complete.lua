@@ -36,6 +36,10 @@ for i, key in ipairs(KEYS) do
     if rec == nil then
       local done = record(raw)
       if done ~= nil and done.state == 'COMPLETED' and done.token == token then
+        -- A retry of a completion whose reply was lost, maybe on another
+        -- connection: written back unchanged, so a WAIT that follows on
+        -- this connection covers the first write too (see claim.lua).
+        redis.call('SET', key, raw, 'KEEPTTL')
         out[i] = 1
       else
         out[i] = 0

@@ -32,7 +32,8 @@
 // # Scripts and replies
 //
 //   - Claim: KEYS the batch; ARGV grace_ms, then per key token, fp, fpv,
-//     lease_ms. Reply: a flat array, two entries per key: the outcome name
+//     lease_ms, then optionally '1' (durable: a WAIT follows, and a
+//     DUPLICATE's record is written back unchanged so that it covers it). Reply: a flat array, two entries per key: the outcome name
 //     (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH) and a
 //     record as JSON — the claim just written for owned outcomes, the stored
 //     value for the others. TTL of a claim: lease + grace.
@@ -42,15 +43,24 @@
 //     TTL: retention.
 //   - Renew: KEYS[1]; ARGV token, lease_ms, grace_ms. Reply: the new
 //     lease_until_ms, or 0 when not owned. TTL: lease + grace.
-//   - Release: KEYS[1]; ARGV token, keep_ms, channel. Reply 1 or 0. The
-//     record is kept as CLAIMED with released=true and lease_until_ms = now,
-//     for keep_ms, so fence, attempts and steps carry over; the key is
-//     published.
+//   - Release: KEYS[1]; ARGV token, keep_ms, channel[, undo]. Reply 1 or
+//     0. The record is kept as CLAIMED with released=true and
+//     lease_until_ms = now, for keep_ms, so fence, attempts and steps carry
+//     over; the key is published. With undo = '1' (a claim that never ran:
+//     the store failed it for want of replicas) attempts is also lowered by
+//     one, so the next claim counts the same attempt again.
 //   - Step: KEYS[1]; ARGV token, name, result (base64). Reply 1 or 0. TTL
 //     kept.
 //
 // Complete, Renew, Release and Step change nothing unless the key holds a
 // CLAIMED, unreleased record with the given token (SPEC §4.5).
+//
+// A claim that finds a live claim under its own token, and a completion
+// that finds the key completed under its own token, are the same call sent
+// again after its reply was lost: they report what the first did, and write
+// the record back unchanged (SET … KEEPTTL), so that the connection's last
+// write follows the first call's in the replication stream and a WAIT after
+// it covers both.
 //
 // # Claim decisions
 //

@@ -20,8 +20,63 @@
 // go-redis retries a command after a network error, and a script may have
 // run before its reply was lost. A retried claim finds its own token and is
 // reported owned, not IN_FLIGHT; a retried completion finds the record
-// COMPLETED and reports false, as the Store contract says (see the note on
-// Complete).
+// COMPLETED under its token and reports true. Both write the record back
+// unchanged, so that a WAIT after them (Durability) covers the first write,
+// made on another connection.
+//
+// # Durability
+//
+// Redis replicates asynchronously: the primary answers a write before any
+// replica has it. If the primary dies then and Sentinel (or the Cluster)
+// promotes a replica, the write is gone: a lost claim lets another worker
+// run the key while the first still runs it, a lost completion lets a
+// redelivery run it again. Options.Durability{Replicas: N, Timeout: T}
+// closes that window (SPEC §11.1). Every Claim, Complete (dead-letter
+// completions included), Release and SaveStep sends WAIT N T right after
+// its script, in the same pipeline, so on the same connection (WAIT waits
+// for that connection's writes); on a ClusterClient the scripts are grouped
+// by the primary of their slots and each group is pipelined with its WAIT
+// on that primary's own client, since the ClusterClient would route a WAIT,
+// which has no key, to any node. The call returns only when N replicas
+// acknowledged; otherwise it fails with ErrReplicaShortfall, wrapping
+// idempotency.ErrStoreUnavailable: the engine runs no handler on such a
+// claim and sends no ack after such a completion, and retries with backoff
+// (SPEC §7.3). Each WAIT's time, on the server's clock, goes to
+// consumer.HookStoreCall as op "replica_wait"; each failed call to
+// consumer.HookDurabilityShortfall (Options.Hooks). With Replicas 0 (the
+// default) nothing is added: no WAIT, no TIME, no other pipeline.
+//
+// What Replicas: 1 survives: the primary dying at any moment (a kill, a
+// lost host) with Sentinel promoting the replica that acknowledged (with
+// one replica, the only one it can promote). No claim a handler runs under
+// and no completion a broker ack followed is lost, so no key runs twice —
+// provided the failover ends within the running handlers' leases: their
+// renewals fail while it lasts, and a lease that runs out on the new
+// primary is reclaimed (SPEC §6). What it does not survive, or promise:
+//
+//   - The primary and every replica that acknowledged dying together, or
+//     such a replica restarting without its data before it is promoted: a
+//     replica acknowledges what it holds in memory, not on disk.
+//   - A promotion of a replica that did not acknowledge: with more replicas
+//     than Replicas, Sentinel may choose another one (by replica-priority,
+//     then replication offset; a replica cut off for long is passed over).
+//     Set Replicas to the number of replicas to close this, at the price of
+//     failing closed whenever one of them is down.
+//   - WAIT is not consensus. A write whose WAIT fell short is on the
+//     primary and perhaps on some replicas; the store reports it failed,
+//     and it stays. A Claim that fell short therefore gives its claims back
+//     (released, the attempt it counted taken back, without WAIT). A
+//     Complete that fell short is retried by the engine with the same
+//     token, which reports true and waits again; when the retries run out
+//     the message is redelivered, and its claim finds the key completed.
+//     So that the duplicate is acked only once the completion is on the
+//     replicas, a durable claim writes a DUPLICATE's record back unchanged
+//     before its WAIT: with Durability, a duplicate costs a write.
+//   - Renew does not wait: a renewal lost in a failover leaves the lease
+//     of the last replicated renewal, and the next renewal (every lease/3)
+//     extends it again.
+//   - A replica outage makes every write fail closed after Timeout: the
+//     workers stop until a replica is back (SPEC §7.3), by design.
 //
 // # Fences
 //

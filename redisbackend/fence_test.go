@@ -95,7 +95,7 @@ func TestFenceGrowsAcrossRecordLoss(t *testing.T) {
 		t.Fatalf("Release = %v, %v", ok, err)
 	}
 
-	c = claim("after Release", 100*time.Millisecond, idempotency.ClaimNew)
+	claim("after Release", 100*time.Millisecond, idempotency.ClaimNew)
 	var res []idempotency.ClaimResult
 	eventually(t, 10*time.Second, "the lease to run out", func() bool {
 		var err error

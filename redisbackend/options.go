@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/consumer"
 )
 
 // Defaults of Options and of NewFromURL's client.
@@ -41,6 +43,39 @@ type Options struct {
 	// PollFloor, doubling up to PollCap (SPEC §4.6). Defaults 50ms and 1s.
 	PollFloor time.Duration
 	PollCap   time.Duration
+	// Durability makes the writes the engine acts on wait for replicas
+	// (SPEC §11.1). The zero value does not wait.
+	Durability Durability
+	// Hooks receive the store's own measurements: consumer.HookStoreCall
+	// with op "replica_wait" (OpReplicaWait) for every WAIT, and
+	// consumer.HookDurabilityShortfall for every call that failed for want
+	// of replicas. The engine's own hooks (idempotency.Config.Hooks) time
+	// the Store's methods; these see inside them. Default: none.
+	Hooks consumer.Hooks
+}
+
+// Durability asks Redis, with WAIT, to confirm that a write reached
+// replicas before the store reports it (SPEC §11.1).
+//
+// With Replicas > 0, every Claim, Complete, Release and SaveStep sends
+// WAIT Replicas Timeout right after its script, on the same connection in
+// the same pipeline (on a ClusterClient, one pipeline per primary that ran a
+// script), and succeeds only when at least Replicas replicas acknowledged
+// it. Otherwise the call fails with an error wrapping ErrReplicaShortfall
+// and idempotency.ErrStoreUnavailable: the engine then runs no handler and
+// acks nothing, and retries with backoff (SPEC §7.3). Renew does not wait:
+// a renewal lost in a failover is made good by the next one, every lease/3.
+//
+// What this survives and what it does not is in the package documentation
+// (Durability).
+type Durability struct {
+	// Replicas is how many replicas must acknowledge each write. 0 (the
+	// default) sends no WAIT at all.
+	Replicas int
+	// Timeout is how long each WAIT may block (milliseconds; at least 1ms).
+	// Required when Replicas > 0, and shorter than the client's read
+	// timeout, which bounds the whole pipeline.
+	Timeout time.Duration
 }
 
 // withDefaults returns o with defaults filled in, or an error naming the
@@ -68,6 +103,14 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("dedup: redisbackend: Options.PollFloor is negative (%s)", o.PollFloor)
 	case o.PollFloor == 0:
 		o.PollFloor = DefaultPollFloor
+	}
+	switch {
+	case o.Durability.Replicas < 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Replicas is negative (%d)", o.Durability.Replicas)
+	case o.Durability.Replicas > 0 && o.Durability.Timeout <= 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout must be positive when Options.Durability.Replicas is %d (WAIT with timeout 0 blocks for ever)", o.Durability.Replicas)
+	case o.Durability.Replicas > 0 && o.Durability.Timeout < time.Millisecond:
+		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout %s is under WAIT's 1ms resolution", o.Durability.Timeout)
 	}
 	switch {
 	case o.PollCap < 0:

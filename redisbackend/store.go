@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/lua"
 )
@@ -33,6 +34,12 @@ type Store struct {
 	floor   time.Duration
 	cap     time.Duration
 	log     *slog.Logger
+	hooks   consumer.Hooks
+
+	// replicas and waitTimeout are Options.Durability: with replicas > 0,
+	// writes go through execDurable.
+	replicas    int
+	waitTimeout time.Duration
 
 	claim, complete, renew, release, step *redis.Script
 	scriptsLoaded                         atomic.Bool
@@ -61,6 +68,14 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 	if _, ok := client.(*redis.Ring); ok {
 		return nil, errors.New("dedup: redisbackend: client: *redis.Ring is not supported (its sharding splits multi-key scripts); use a Client, a FailoverClient or a ClusterClient")
 	}
+	if d := opts.Durability; d.Replicas > 0 {
+		// A pipeline's replies are read under the client's read timeout,
+		// whatever WAIT's own timeout: a WAIT that outlasts it ends as a
+		// network error, and go-redis sends the whole pipeline again.
+		if rt := readTimeout(client); rt > 0 && d.Timeout >= rt {
+			return nil, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout %s must be shorter than the client's read timeout %s", d.Timeout, rt)
+		}
+	}
 	s := &Store{
 		client:   client,
 		prefix:   opts.Namespace + ":",
@@ -69,15 +84,30 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 		floor:    opts.PollFloor,
 		cap:      opts.PollCap,
 		log:      opts.Logger,
+		hooks:    opts.Hooks,
+		replicas: opts.Durability.Replicas,
 		claim:    redis.NewScript(lua.Claim),
 		complete: redis.NewScript(lua.Complete),
 		renew:    redis.NewScript(lua.Renew),
 		release:  redis.NewScript(lua.Release),
 		step:     redis.NewScript(lua.Step),
 	}
+	s.waitTimeout = opts.Durability.Timeout
 	s.cluster, _ = client.(*redis.ClusterClient)
 	s.notify = newNotifier(client, s.channel, opts.Logger)
 	return s, nil
+}
+
+// readTimeout is the read timeout of client's connections, or 0 when it is
+// not known (another kind of UniversalClient) or not set.
+func readTimeout(client redis.UniversalClient) time.Duration {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		return c.Options().ReadTimeout
+	}
+	return 0
 }
 
 // Close stops the subscriber goroutine and waits for it, then closes the
@@ -122,7 +152,9 @@ func invalid(op, format string, args ...any) error {
 //
 // When the call fails partway on a cluster (a node down), the slots that
 // answered hold claims nobody runs; they are reclaimed when their lease
-// expires.
+// expires. When it fails because too few replicas acknowledged it
+// (Options.Durability), its claims are given back at once (see
+// ErrReplicaShortfall).
 func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
 	const op = "claim"
 	if err := s.live(op); err != nil {
@@ -157,9 +189,15 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 			// interface, as a string or an int is.
 			args = append(args, &tokens[i], &r.Fingerprint, &r.FingerprintVersion, lease.of(r.Lease))
 		}
+		if s.replicas > 0 {
+			args = append(args, 1) // durable: duplicates are written back for the WAIT
+		}
 		calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
 	}
-	if err := s.exec(ctx, op, calls); err != nil {
+	if err := s.write(ctx, op, calls); err != nil {
+		if errors.Is(err, ErrReplicaShortfall) {
+			s.undoClaims(ctx, reqs, tokens, groups, calls)
+		}
 		return nil, err
 	}
 	results := make([]idempotency.ClaimResult, len(reqs))
@@ -233,11 +271,11 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 
 // Complete stores the results of owned claims (SPEC §4.5): one script call
 // on a single node, one per slot in one pipeline on a cluster. ok[i] is false
-// when completion i was no longer owned (gone, completed, released, another
-// token); that completion changed nothing. A completion that was stored
-// but whose reply was lost (the client or the caller retried it) also reports
-// false the second time: the record says COMPLETED under the same token, and
-// the contract is that a completed record is not owned.
+// when completion i was no longer owned (gone, completed by another token,
+// released, another token); that completion changed nothing. A completion
+// sent again after it was stored (its reply was lost, and the client or the
+// caller retried it) finds the record COMPLETED under its own token and
+// reports true, as the Store contract says, changing nothing.
 func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
 	const op = "complete"
 	if err := s.live(op); err != nil {
@@ -281,7 +319,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		}
 		calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
 	}
-	if err := s.exec(ctx, op, calls); err != nil {
+	if err := s.write(ctx, op, calls); err != nil {
 		return nil, err
 	}
 	ok := make([]bool, len(cs))
@@ -341,7 +379,7 @@ func (s *Store) Release(ctx context.Context, key, token string, keep time.Durati
 	}
 	keepMs := max(durMs(keep), s.graceMs)
 	c := &call{script: s.release, keys: []string{s.prefix + key}, args: []any{token, keepMs, s.channel}}
-	if err := s.exec(ctx, op, []*call{c}); err != nil {
+	if err := s.write(ctx, op, []*call{c}); err != nil {
 		return false, err
 	}
 	n, err := c.cmd.Int64()
@@ -362,7 +400,7 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 		return false, invalid(op, "empty key or step name (key hash %s, step %q)", keyHash(key), step)
 	}
 	c := &call{script: s.step, keys: []string{s.prefix + key}, args: []any{token, step, base64.StdEncoding.EncodeToString(result)}}
-	if err := s.exec(ctx, op, []*call{c}); err != nil {
+	if err := s.write(ctx, op, []*call{c}); err != nil {
 		return false, err
 	}
 	n, err := c.cmd.Int64()

@@ -100,7 +100,13 @@ func deleteNamespace(t testing.TB, client redis.UniversalClient, ns string) {
 }
 
 func newHarness(t *testing.T, client redis.UniversalClient) *storetest.Harness {
-	s := newStore(t, client, redisbackend.Options{Grace: testGrace})
+	return newHarnessWith(t, client, redisbackend.Options{Grace: testGrace})
+}
+
+// newHarnessWith is newHarness for a store with opts (Grace must be
+// testGrace).
+func newHarnessWith(t *testing.T, client redis.UniversalClient, opts redisbackend.Options) *storetest.Harness {
+	s := newStore(t, client, opts)
 	ctx := func(t *testing.T) context.Context {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 		t.Cleanup(cancel)

@@ -23,8 +23,14 @@ var Outcomes = []consumer.Outcome{
 	consumer.OutcomeStoreError, consumer.OutcomeCancelled,
 }
 
-// StoreOps lists the op label values of the store metrics.
-var StoreOps = []string{"claim", "complete", "renew", "release", "step", "wait", "get", "delete", "ping"}
+// StoreOps lists the op label values of the store metrics. replica_wait is
+// the Redis store's WAIT for replicas (SPEC §11.1), reported from inside
+// its claims, completions, releases and steps when durability is on.
+var StoreOps = []string{"claim", "complete", "renew", "release", "step", "wait", "get", "delete", "ping", "replica_wait"}
+
+// DurableOps lists the op label values of dedup_durability_shortfalls_total:
+// the store writes that wait for replicas.
+var DurableOps = []string{"claim", "complete", "release", "step"}
 
 // Metrics is a consumer.Hook that implements every hook interface.
 type Metrics struct {
@@ -35,6 +41,7 @@ type Metrics struct {
 	leaseRenewals   *prometheus.CounterVec
 	inflight        *prometheus.GaugeVec
 	corrupt         prometheus.Counter
+	shortfalls      *prometheus.CounterVec
 }
 
 var (
@@ -44,6 +51,8 @@ var (
 	_ consumer.HookStoreCall     = (*Metrics)(nil)
 	_ consumer.HookLeaseRenewal  = (*Metrics)(nil)
 	_ consumer.HookCorruptRecord = (*Metrics)(nil)
+
+	_ consumer.HookDurabilityShortfall = (*Metrics)(nil)
 )
 
 // New creates the metrics and registers them, with the Go and process
@@ -80,9 +89,13 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "dedup_corrupt_records_total",
 			Help: "Stored values that were not valid records and were replaced by a claim (SPEC §4.8).",
 		}),
+		shortfalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dedup_durability_shortfalls_total",
+			Help: "Store writes that fewer replicas than redis.durability.replicas acknowledged in time, by operation; each failed closed (SPEC §11.1).",
+		}, []string{"op"}),
 	}
 	for _, c := range []prometheus.Collector{
-		m.messages, m.handlerDuration, m.storeDuration, m.storeErrors, m.leaseRenewals, m.inflight, m.corrupt,
+		m.messages, m.handlerDuration, m.storeDuration, m.storeErrors, m.leaseRenewals, m.inflight, m.corrupt, m.shortfalls,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -99,6 +112,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, op := range StoreOps {
 		m.storeErrors.WithLabelValues(op) // zero series: an alert on rate() sees them before the first error
+	}
+	for _, op := range DurableOps {
+		m.shortfalls.WithLabelValues(op)
 	}
 	return m, nil
 }
@@ -142,3 +158,7 @@ func (m *Metrics) OnLeaseRenewal(_ string, result string) {
 
 // OnCorruptRecord counts a recovered corrupt record.
 func (m *Metrics) OnCorruptRecord(string) { m.corrupt.Inc() }
+
+// OnDurabilityShortfall counts a store write that too few replicas
+// acknowledged.
+func (m *Metrics) OnDurabilityShortfall(op string) { m.shortfalls.WithLabelValues(op).Inc() }

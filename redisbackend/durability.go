@@ -1,0 +1,237 @@
+package redisbackend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/idempotency"
+)
+
+// OpReplicaWait is the op under which the store reports the time of each
+// WAIT to consumer.HookStoreCall (dedup_store_duration_seconds): the
+// server's time between the script's end and WAIT's answer. It is not
+// "wait", which the engine uses for Store.Wait, a wait for a key in flight
+// elsewhere that lasts up to a lease.
+const OpReplicaWait = "replica_wait"
+
+// ErrReplicaShortfall is the cause of a write that fewer replicas than
+// Options.Durability.Replicas acknowledged within its timeout. The error
+// returned also wraps idempotency.ErrStoreUnavailable: the engine fails
+// closed and retries. WAIT undoes nothing: the write is on the primary,
+// and may be on some replicas. So a Claim that falls short gives its
+// claims back (a release that also takes back the attempt the claim
+// counted, without WAIT), and the engine's retry finds the keys free at
+// once, their attempt counts as before; a Complete that falls short
+// stays stored, and its retry by the same token reports true and waits
+// again.
+var ErrReplicaShortfall = errors.New("dedup: too few replicas acknowledged the write")
+
+// undoTimeout bounds the release of claims that fell short of replicas.
+const undoTimeout = 2 * time.Second
+
+// write runs calls whose result the engine acts on (claims, completions,
+// releases, steps): with Options.Durability, through execDurable; else as
+// exec does.
+func (s *Store) write(ctx context.Context, op string, calls []*call) error {
+	if s.replicas == 0 {
+		return s.exec(ctx, op, calls)
+	}
+	return s.execDurable(ctx, op, calls)
+}
+
+// nodeBatch is the calls that go to one node in one pipeline, followed by
+// TIME, WAIT, TIME on the same connection: WAIT waits for that
+// connection's writes, so it must follow the scripts there; the two TIMEs
+// time it on the server's clock.
+type nodeBatch struct {
+	client redis.Cmdable // the node: s.client, or a ClusterClient's node client
+	addr   string        // the node's address in errors, "" when not known
+	calls  []*call
+
+	before, after *redis.TimeCmd
+	wait          *redis.IntCmd
+}
+
+// execDurable is exec followed by WAIT: each node's calls go in one
+// pipeline of EVALSHA (EVAL for calls sent again after NOSCRIPT), TIME,
+// WAIT, TIME. A ClusterClient routes a pipeline by the keys of its
+// commands, and WAIT has none: it would land on any node, on another
+// connection than the scripts. So on a cluster the calls are grouped by
+// the primary of their slot and each group is pipelined on that node's
+// own client, the nodes concurrently.
+//
+// It returns the first error of a call; else an error wrapping
+// ErrReplicaShortfall when a WAIT that followed a call that ran counted
+// fewer replicas than required. A reply of MOVED or ASK (a slot changed
+// hands) makes the client reload the cluster layout and fails the call;
+// the engine's retry goes to the new owner.
+func (s *Store) execDurable(ctx context.Context, op string, calls []*call) error {
+	if !s.scriptsLoaded.Load() {
+		s.loadScripts(ctx, op)
+	}
+	batches, err := s.byNode(ctx, calls)
+	if err != nil {
+		return storeErr(op, err)
+	}
+	s.pipelineDurable(ctx, batches, false)
+	var again []*call
+	for _, c := range calls {
+		if isNoScript(c.cmd.Err()) {
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		s.loadScripts(ctx, op)
+		more, err := s.byNode(ctx, again)
+		if err != nil {
+			return storeErr(op, err)
+		}
+		s.pipelineDurable(ctx, more, true)
+		batches = append(batches, more...)
+	}
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil {
+			if s.cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+				s.cluster.ReloadState(ctx)
+			}
+			return storeErr(op, err)
+		}
+	}
+	var short error
+	for _, b := range batches {
+		if err := s.checkWait(b); err != nil && short == nil {
+			short = err
+		}
+	}
+	if short != nil {
+		if errors.Is(short, ErrReplicaShortfall) {
+			s.hooks.DurabilityShortfall(op)
+		}
+		return storeErr(op, short)
+	}
+	return nil
+}
+
+// checkWait reports b's WAIT to the hooks, and returns its error or
+// shortfall. A batch none of whose calls ran (all met NOSCRIPT, and were
+// sent again in a batch of their own) is not checked.
+func (s *Store) checkWait(b *nodeBatch) error {
+	ran := false
+	for _, c := range b.calls {
+		ran = ran || !isNoScript(c.cmd.Err())
+	}
+	if !ran {
+		return nil
+	}
+	on := ""
+	if b.addr != "" {
+		on = " on " + b.addr
+	}
+	n, err := b.wait.Result()
+	if err != nil {
+		err = fmt.Errorf("WAIT%s: %w", on, err)
+	} else if n < int64(s.replicas) {
+		err = fmt.Errorf("WAIT%s: %d of %d replicas acknowledged within %s: %w", on, n, s.replicas, s.waitTimeout, ErrReplicaShortfall)
+	}
+	var took time.Duration
+	if t0, t1 := b.before.Val(), b.after.Val(); b.before.Err() == nil && b.after.Err() == nil && t1.After(t0) {
+		took = t1.Sub(t0)
+	}
+	s.hooks.StoreCall(OpReplicaWait, took, err)
+	return err
+}
+
+// undoClaims gives back the owned claims of a Claim whose write fell short
+// of replicas: each is released and its attempt taken back (release.lua
+// with undo), so the engine's retry is not held up for a lease by claims
+// nobody runs, nor counts a run that never happened against max_attempts.
+// Best effort and without WAIT: a claim whose undo is lost, here or in a
+// failover, is reclaimed when its lease ends. It runs under its own
+// deadline, since ctx may have been spent on the WAIT.
+func (s *Store) undoClaims(ctx context.Context, reqs []idempotency.ClaimRequest, tokens []string, groups []group, calls []*call) {
+	var undo []*call
+	for gi, g := range groups {
+		vals, err := calls[gi].cmd.Slice()
+		if err != nil || len(vals) != 2*len(g.idx) {
+			continue
+		}
+		for j, i := range g.idx {
+			res, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
+			if err != nil || !res.Outcome.Owned() {
+				continue
+			}
+			undo = append(undo, &call{script: s.release, keys: []string{g.keys[j]}, args: []any{tokens[i], s.graceMs, s.channel, 1}})
+		}
+	}
+	if len(undo) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	defer cancel()
+	if err := s.exec(ctx, "claim undo", undo); err != nil {
+		s.log.Warn("dedup: giving back claims that too few replicas acknowledged failed; their keys are reclaimed when the lease ends",
+			"keys", len(undo), "err", err)
+	}
+}
+
+// byNode groups calls into the batches of execDurable: all on s.client on
+// a single node (a Client or a FailoverClient pipeline is one connection);
+// on a cluster, by the primary that owns each call's slot, in order of
+// first appearance.
+func (s *Store) byNode(ctx context.Context, calls []*call) ([]*nodeBatch, error) {
+	if s.cluster == nil {
+		return []*nodeBatch{{client: s.client, calls: calls}}, nil
+	}
+	var bs []*nodeBatch
+	byClient := make(map[*redis.Client]*nodeBatch)
+	for _, c := range calls {
+		node, err := s.cluster.MasterForKey(ctx, c.keys[0])
+		if err != nil {
+			return nil, err
+		}
+		b := byClient[node]
+		if b == nil {
+			b = &nodeBatch{client: node, addr: node.Options().Addr}
+			byClient[node] = b
+			bs = append(bs, b)
+		}
+		b.calls = append(b.calls, c)
+	}
+	return bs, nil
+}
+
+// pipelineDurable sends each batch in one pipeline on its node, the nodes
+// concurrently, and waits for them all. Errors are read per command by the
+// caller.
+func (s *Store) pipelineDurable(ctx context.Context, batches []*nodeBatch, eval bool) {
+	run := func(b *nodeBatch) {
+		_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, c := range b.calls {
+				if eval {
+					c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
+				} else {
+					c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
+				}
+			}
+			b.before = p.Time(ctx)
+			b.wait = redis.NewIntCmd(ctx, "wait", s.replicas, s.waitTimeout.Milliseconds())
+			_ = p.Process(ctx, b.wait)
+			b.after = p.Time(ctx)
+			return nil
+		})
+	}
+	if len(batches) == 1 {
+		run(batches[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, b := range batches {
+		wg.Go(func() { run(b) })
+	}
+	wg.Wait()
+}
