@@ -197,7 +197,8 @@ brokers() { # number of brokers kcat sees on PORT, or 0
 start_single() {
 	jars; tls
 	local d="$DIR/single"
-	setup "$d" 1 9092 9093 "1@127.0.0.1:9093" 9096 9097 1 sasl "dedupsingle0000000000A"
+	# A running node keeps the files it was started with.
+	running "$d" || setup "$d" 1 9092 9093 "1@127.0.0.1:9093" 9096 9097 1 sasl "dedupsingle0000000000A"
 	launch "$d" 9092
 	await 9092 1 "$d"
 	log "single node up on 127.0.0.1:9092 ($d)"
@@ -214,7 +215,7 @@ start_cluster() {
 	local n
 	for n in 1 2 3; do
 		# shellcheck disable=SC2046
-		setup $(cluster_node "$n")
+		running "$DIR/cluster/node$n" || setup $(cluster_node "$n")
 		launch "$DIR/cluster/node$n" $((19091 + n))
 	done
 	for n in 1 2 3; do await $((19091 + n)) 3 "$DIR/cluster/node$n"; done
