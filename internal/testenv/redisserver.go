@@ -63,18 +63,23 @@ func (s *RedisServer) Start() {
 		s.t.Fatalf("testenv: starting redis-server: %v", err)
 	}
 	s.cmd = cmd
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	if err := awaitPing(s.Addr(), 10*time.Second); err != nil {
+		s.t.Fatalf("testenv: private redis-server on %s does not answer: %v", s.Addr(), err)
+	}
+}
+
+// awaitPing waits up to d until the Redis server (or Sentinel) at addr
+// answers PING, and returns the last error if it does not.
+func awaitPing(addr string, d time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(d)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("testenv: private redis-server on %s does not answer: %v", s.Addr(), err)
+		if err == nil || time.Now().After(deadline) {
+			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -343,21 +343,10 @@ func (s *Sentinel) spawn(addr string) error {
 		return fmt.Errorf("testenv: starting %s: %v", args[0], err)
 	}
 	s.procs[addr] = cmd
-	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("testenv: %s on %s does not answer: %v", args[0], addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := awaitPing(addr, 10*time.Second); err != nil {
+		return fmt.Errorf("testenv: %s on %s does not answer: %v", args[0], addr, err)
 	}
+	return nil
 }
 
 // freePorts returns n distinct free loopback ports.
