@@ -52,6 +52,22 @@ type Redis struct {
 	Namespace      string   `yaml:"namespace"`
 	Grace          Duration `yaml:"grace"`
 	ConnectTimeout Duration `yaml:"connect_timeout"`
+	// Durability makes every claim and completion wait for replicas
+	// before the worker acts on it (SPEC §11.1). The zero value waits for
+	// none.
+	Durability Durability `yaml:"durability"`
+}
+
+// Durability is redis.durability: WAIT Replicas Timeout after every claim,
+// completion, release and step; a write fewer replicas acknowledged in time
+// fails closed (SPEC §7.3, §11.1).
+type Durability struct {
+	// Replicas is how many replicas must acknowledge each write; 0 (the
+	// default) sends no WAIT.
+	Replicas int `yaml:"replicas"`
+	// Timeout is how long each WAIT may block; required, at least 1ms,
+	// when Replicas > 0.
+	Timeout Duration `yaml:"timeout"`
 }
 
 // Sentinel names a primary monitored by Redis Sentinel and the Sentinels to
@@ -397,6 +413,9 @@ func (c *Config) validate(lines map[string]int) error {
 	if c.Redis.Password != "" && c.Redis.PasswordFile != "" {
 		return fail("redis.password_file", "give either password or password_file, not both")
 	}
+	if err := c.Redis.Durability.validate(fail); err != nil {
+		return err
+	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		return fail("log.level", "%q: want debug, info, warn or error", c.Log.Level)
 	}
@@ -449,6 +468,20 @@ func (r *Redis) validateSentinel(fail failFunc) error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fail(fmt.Sprintf("redis.sentinel.addrs[%d]", i), "%q: want host:port, e.g. 127.0.0.1:26379", a)
 		}
+	}
+	return nil
+}
+
+// validate checks redis.durability: WAIT counts replicas from 0, and a
+// WAIT without a timeout would block a delivery for ever.
+func (d Durability) validate(fail failFunc) error {
+	switch {
+	case d.Replicas < 0:
+		return fail("redis.durability.replicas", "%d: must not be negative (0 waits for no replica)", d.Replicas)
+	case d.Replicas > 0 && d.Timeout <= 0:
+		return fail("redis.durability.timeout", "required when redis.durability.replicas is %d: how long each WAIT may block, e.g. 50ms", d.Replicas)
+	case d.Replicas > 0 && d.Timeout.D() < time.Millisecond:
+		return fail("redis.durability.timeout", "%s: must be at least 1ms (WAIT counts milliseconds)", d.Timeout)
 	}
 	return nil
 }
