@@ -221,10 +221,13 @@ type HTTPAction struct {
 
 // ExecAction runs a command with the payload on stdin.
 type ExecAction struct {
-	Command        []string          `yaml:"command"`
-	Timeout        Duration          `yaml:"timeout"`
-	MaxOutputBytes int               `yaml:"max_output_bytes"`
-	Env            map[string]string `yaml:"env"`
+	Command        []string `yaml:"command"`
+	Timeout        Duration `yaml:"timeout"`
+	MaxOutputBytes int      `yaml:"max_output_bytes"`
+	// Env names the worker's environment variables the command sees besides
+	// PATH, HOME, LANG, TZ and the DEDUP_* variables; the rest of the
+	// worker's environment, secrets included, is not passed on.
+	Env []string `yaml:"env"`
 }
 
 // DeadLetter is exactly one of Kafka or NATS.
@@ -383,6 +386,10 @@ func setDur(d *Duration, v time.Duration) {
 }
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
+
+// envName is a portable environment variable name (POSIX: letters, digits
+// and _, not starting with a digit).
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // validate checks what decoding cannot: required fields, choices, exclusive
 // options. Errors carry the line of the field, or of its parent when the
@@ -610,6 +617,15 @@ func (h *Handler) validateAction(p string, fail failFunc) error {
 		}
 		if a.Exec.MaxOutputBytes < 0 {
 			return fail(ap+".exec.max_output_bytes", "must not be negative")
+		}
+		for i, name := range a.Exec.Env {
+			ep := fmt.Sprintf("%s.exec.env[%d]", ap, i)
+			switch {
+			case !envName.MatchString(name):
+				return fail(ep, "%q: want the name of an environment variable (letters, digits, _), e.g. API_TOKEN; its value comes from the worker's environment", name)
+			case strings.HasPrefix(name, "DEDUP_"):
+				return fail(ep, "%q: the DEDUP_* variables are set by the action itself; leave it out", name)
+			}
 		}
 	}
 	return nil
