@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -277,12 +278,34 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	return src, "nats", nil
 }
 
+// httpActionClient is the http action's client: nil (the action's default)
+// without tls, else a client whose transport verifies the server and
+// presents the client certificate of action.http.tls. Errors name the field
+// under the handler's action.
+func httpActionClient(act *config.HTTPAction) (*http.Client, error) {
+	if act.TLS == nil {
+		return nil, nil
+	}
+	tc, err := tlsConfig("http.tls", act.TLS)
+	if err != nil {
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	return &http.Client{Timeout: act.Timeout.D(), Transport: tr}, nil
+}
+
 func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injector) (consumer.Handler, error) {
 	switch act := h.Action; {
 	case act.HTTP != nil:
+		client, err := httpActionClient(act.HTTP)
+		if err != nil {
+			return nil, err
+		}
 		return actions.HTTP(actions.HTTPConfig{
 			Handler: h.Name, URL: act.HTTP.URL, Timeout: act.HTTP.Timeout.D(),
 			MaxResultBytes: act.HTTP.MaxResultBytes, Headers: act.HTTP.Headers, Logger: a.log, Inject: inject,
+			Client: client,
 		}), nil
 	case act.Exec != nil:
 		return actions.Exec(actions.ExecConfig{

@@ -217,6 +217,10 @@ type HTTPAction struct {
 	Timeout        Duration          `yaml:"timeout"`
 	MaxResultBytes int               `yaml:"max_result_bytes"`
 	Headers        map[string]string `yaml:"headers"`
+	// TLS verifies an https:// server against ca_file (the system roots
+	// without it) and presents cert_file/key_file to one that asks for a
+	// client certificate.
+	TLS *TLS `yaml:"tls"`
 }
 
 // ExecAction runs a command with the payload on stdin.
@@ -610,6 +614,14 @@ func (h *Handler) validateAction(p string, fail failFunc) error {
 		}
 		if a.HTTP.MaxResultBytes < 0 {
 			return fail(ap+".http.max_result_bytes", "must not be negative")
+		}
+		if t := a.HTTP.TLS; t != nil {
+			if !strings.HasPrefix(a.HTTP.URL, "https://") {
+				return fail(ap+".http.tls", "set for %q: TLS needs an https:// URL", a.HTTP.URL)
+			}
+			if (t.CertFile == "") != (t.KeyFile == "") {
+				return fail(ap+".http.tls", "give cert_file and key_file together (the client certificate and its key)")
+			}
 		}
 	case a.Exec != nil:
 		if len(a.Exec.Command) == 0 || a.Exec.Command[0] == "" {

@@ -66,6 +66,8 @@ func TestParseErrorsNameFieldAndLine(t *testing.T) {
 		{"two actions", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action:\n      exec: {command: [x]}\n      http: {url: http://x}\n", "handlers[0].action", 4, "two actions"},
 		{"missing required", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1]}}\n    action: {exec: {command: [x]}}\n", "handlers[0].source.kafka.topic", 3, "required"},
 		{"bad key source", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    key: [uuid]\n    action: {exec: {command: [x]}}\n", "handlers[0].key[0]", 4, "want header"},
+		{"http tls on http://", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {http: {url: 'http://x/hook', tls: {ca_file: ca.pem}}}\n", "handlers[0].action.http.tls", 4, "https:// URL"},
+		{"http tls cert without key", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {http: {url: 'https://x/hook', tls: {cert_file: c.pem}}}\n", "handlers[0].action.http.tls", 4, "cert_file and key_file together"},
 		{"exec env not a name", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {exec: {command: [x], env: [API_TOKEN, 'A=b']}}\n", "handlers[0].action.exec.env[1]", 4, "want the name of an environment variable"},
 		{"exec env DEDUP_", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {exec: {command: [x], env: [DEDUP_KEY]}}\n", "handlers[0].action.exec.env[0]", 4, "set by the action"},
 		{"exec env as a map", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {exec: {command: [x], env: {A: b}}}\n", "handlers[0].action.exec.env", 4, "want a list"},
