@@ -39,7 +39,7 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 	}
 	warnings := horizonWarnings(cfg)
 	if *online {
-		ws, err := onlineChecks(cfg)
+		ws, notes, err := onlineChecks(cfg)
 		if err != nil {
 			// A server that does not answer or refuses the credentials
 			// is a runtime failure (exit 1, SPEC §9.1), as in run: the
@@ -47,6 +47,9 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		warnings = append(warnings, ws...)
+		for _, n := range notes {
+			fmt.Fprintln(stderr, "note:", n)
+		}
 	}
 	for _, w := range warnings {
 		fmt.Fprintln(stderr, "warning:", w)
@@ -111,23 +114,36 @@ func horizonWarnings(cfg *config.Config) []string {
 //     fails, so every message is retried, then dead-lettered); a missing
 //     Kafka topic is the same warning as for dead letters.
 //
+// It runs the store health checks of run (SPEC §11.2): each risky Redis
+// setting is a warning; what the user may not read (CONFIG, INFO refused)
+// is a note, not a warning, so that --strict passes for a least-privilege
+// user whose settings could not be judged.
+//
 // Every call has a deadline; errors name the config field and show no
 // secret.
-func onlineChecks(cfg *config.Config) ([]string, error) {
+func onlineChecks(cfg *config.Config) (warnings, notes []string, _ error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	s, closeStore, err := app.OpenStore(ctx, &cfg.Redis, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, err // names redis.url, redis.addrs or redis.sentinel
+		return nil, nil, err // names redis.url, redis.addrs or redis.sentinel
 	}
 	// A key of the namespace is readable (an ACL user limited to other
 	// keys connects, then fails on the first message).
 	_, err = s.Get(ctx, "validate-online")
 	_ = closeStore()
 	if err != nil {
-		return nil, fmt.Errorf("redis.namespace %q: reading a key: %w", cfg.Redis.Namespace, err)
+		return nil, nil, fmt.Errorf("redis.namespace %q: reading a key: %w", cfg.Redis.Namespace, err)
+	}
+	health, err := app.CheckStoreHealth(ctx, &cfg.Redis)
+	if err != nil {
+		return nil, nil, err
 	}
 	var ws []string
+	for _, r := range health.Risks {
+		ws = append(ws, r.String())
+	}
+	notes = health.Unread
 	for i := range cfg.Handlers {
 		h := &cfg.Handlers[i]
 		var keep time.Duration
@@ -140,7 +156,7 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 			keep, what, ws, err = kafkaSourceChecks(ctx, i, h, ws)
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if keep == 0 {
 			ws = append(ws, fmt.Sprintf("handlers[%d] (%s): %s is unlimited: a replay from the start sees messages older than retention %s, which run again", i, h.Name, what, h.Retention))
@@ -150,15 +166,15 @@ func onlineChecks(cfg *config.Config) ([]string, error) {
 		if f := h.Action.Forward; f != nil {
 			w, err := forwardCheck(ctx, i, h.Name, f)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			ws = appendNonEmpty(ws, w)
 		}
 	}
 	if len(ws) == 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
-	return ws, nil
+	return ws, notes, nil
 }
 
 // natsSourceChecks reads how long h's stream keeps messages and checks its

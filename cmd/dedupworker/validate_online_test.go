@@ -46,7 +46,7 @@ func createTopic(t *testing.T, brokers []string, topic string) {
 func TestValidateOnlineNATSDeadLetterSubject(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	redis := testenv.Redis(t)
+	redis := safeRedis(t) // --strict: a store the health checks pass
 	id := randID()
 	createStreamMaxAge(t, js, "VDL_"+id, "vdl."+id, time.Minute)
 	createStreamMaxAge(t, js, "VDLQ_"+id, "vdlq."+id, time.Minute)
@@ -85,7 +85,7 @@ handlers:
 func TestValidateOnlineNATSForwardSubject(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	redis := testenv.Redis(t)
+	redis := safeRedis(t) // --strict: a store the health checks pass
 	id := randID()
 	createStreamMaxAge(t, js, "VFW_"+id, "vfw."+id, time.Minute)
 	createStreamMaxAge(t, js, "VFWO_"+id, "vfwo."+id, time.Minute)
@@ -166,7 +166,7 @@ func TestValidateOnlineKafkaForwardTopic(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
 	brokers := testenv.Kafka(t)
-	redis := testenv.Redis(t)
+	redis := safeRedis(t) // --strict: a store the health checks pass
 	id := randID()
 	createStreamMaxAge(t, js, "VKF_"+id, "vkf."+id, time.Minute)
 	out := "vout-" + id

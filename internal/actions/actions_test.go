@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -79,8 +80,9 @@ func TestHTTPTimeoutIsTransient(t *testing.T) {
 }
 
 func TestExecExitCodesAndEnvironment(t *testing.T) {
+	t.Setenv("EXTRA", "x")
 	run := func(script string, timeout time.Duration) ([]byte, error) {
-		h := Exec(ExecConfig{Handler: "orders", Command: []string{"sh", "-c", script}, Timeout: timeout, MaxOutputBytes: 64, Env: map[string]string{"EXTRA": "x"}})
+		h := Exec(ExecConfig{Handler: "orders", Command: []string{"sh", "-c", script}, Timeout: timeout, MaxOutputBytes: 64, Env: []string{"EXTRA"}})
 		return h.Handle(context.Background(), msg())
 	}
 	res, err := run(`read p; echo "$p|$DEDUP_HANDLER|$DEDUP_ATTEMPT|$DEDUP_SOURCE|$EXTRA"`, 5*time.Second)
@@ -103,6 +105,46 @@ func TestExecExitCodesAndEnvironment(t *testing.T) {
 	res, _ = run("head -c 1000 /dev/zero", 5*time.Second)
 	if len(res) != 64 {
 		t.Fatalf("stdout must be capped at 64 bytes, got %d", len(res))
+	}
+}
+
+// TestExecEnvironmentAllowList: the command sees the base variables, the
+// DEDUP_* variables and the names in Env, and none of the worker's other
+// variables: a secret in the worker's environment stays there.
+func TestExecEnvironmentAllowList(t *testing.T) {
+	t.Setenv("REDIS_PASSWORD", "hunter2")
+	t.Setenv("DEDUPWORKER_SASL_PASSWORD", "s3cret")
+	t.Setenv("API_TOKEN", "tok")
+	t.Setenv("TZ", "Europe/Paris")
+	h := Exec(ExecConfig{Handler: "orders", Command: []string{"env"}, MaxOutputBytes: 1 << 16,
+		Env: []string{"API_TOKEN", "NOT_SET_ANYWHERE"}})
+	res, err := h.Handle(context.Background(), msg())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(res)), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		got[k] = v
+	}
+	for k, want := range map[string]string{"API_TOKEN": "tok", "TZ": "Europe/Paris", "DEDUP_HANDLER": "orders", "DEDUP_SOURCE": "orders.eu", "PATH": os.Getenv("PATH")} {
+		if got[k] != want {
+			t.Errorf("%s = %q in the command's environment, want %q", k, got[k], want)
+		}
+	}
+	for _, k := range []string{"REDIS_PASSWORD", "DEDUPWORKER_SASL_PASSWORD", "NOT_SET_ANYWHERE"} {
+		if v, ok := got[k]; ok {
+			t.Errorf("%s=%q reached the command; only allow-listed variables may", k, v)
+		}
+	}
+	allowed := map[string]bool{"API_TOKEN": true}
+	for _, k := range BaseEnv {
+		allowed[k] = true
+	}
+	for k := range got {
+		if !allowed[k] && !strings.HasPrefix(k, "DEDUP_") {
+			t.Errorf("%s reached the command; it is neither in BaseEnv, Env nor DEDUP_*", k)
+		}
 	}
 }
 

@@ -21,9 +21,18 @@ type ExecConfig struct {
 	Command        []string
 	Timeout        time.Duration
 	MaxOutputBytes int
-	// Env is added to the worker's own environment.
-	Env map[string]string
+	// Env names the variables of the worker's environment the command also
+	// sees, on top of BaseEnv; a name not set in the worker is left out.
+	// Nothing else of the worker's environment reaches the command: the
+	// worker's own secrets (a Redis password, a SASL password expanded into
+	// the config) stay in the worker.
+	Env []string
 }
+
+// BaseEnv is the part of the worker's environment every command sees,
+// besides the DEDUP_* variables the action sets and the names in
+// ExecConfig.Env.
+var BaseEnv = []string{"PATH", "HOME", "LANG", "TZ"}
 
 // ExitDataErr is the exit status that makes a failure permanent (EX_DATAERR
 // from sysexits.h).
@@ -31,7 +40,8 @@ const ExitDataErr = 65
 
 // Exec runs the command with the payload on stdin and DEDUP_KEY,
 // DEDUP_FENCE, DEDUP_ATTEMPT, DEDUP_HANDLER and DEDUP_SOURCE in its
-// environment (SPEC §9.3). Exit 0 succeeds and stdout (up to MaxOutputBytes)
+// environment (SPEC §9.3); of the worker's own environment it sees only
+// BaseEnv and cfg.Env. Exit 0 succeeds and stdout (up to MaxOutputBytes)
 // is the result; exit 65 is permanent; anything else is transient. The
 // process and its children are killed on timeout or when the handler's
 // context ends (shutdown, lease lost).
@@ -57,11 +67,7 @@ func Exec(cfg ExecConfig) consumer.Handler {
 		stdout := &capped{n: cfg.MaxOutputBytes}
 		stderr := &capped{n: 4 << 10}
 		cmd.Stdout, cmd.Stderr = stdout, stderr
-		env := os.Environ()
-		for k, v := range cfg.Env {
-			env = append(env, k+"="+v)
-		}
-		cmd.Env = append(env,
+		cmd.Env = append(allowedEnv(cfg.Env),
 			"DEDUP_KEY="+ci.Key,
 			"DEDUP_FENCE="+strconv.FormatInt(ci.Fence, 10),
 			"DEDUP_ATTEMPT="+strconv.Itoa(ci.Attempt),
@@ -86,4 +92,23 @@ func Exec(cfg ExecConfig) consumer.Handler {
 		}
 		return nil, fmt.Errorf("exec %s: %w", cfg.Command[0], err)
 	})
+}
+
+// allowedEnv returns NAME=value for each of BaseEnv and names that the
+// worker's environment sets.
+func allowedEnv(names []string) []string {
+	var env []string
+	seen := map[string]bool{}
+	for _, list := range [][]string{BaseEnv, names} {
+		for _, k := range list {
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			if v, ok := os.LookupEnv(k); ok {
+				env = append(env, k+"="+v)
+			}
+		}
+	}
+	return env
 }

@@ -3,6 +3,7 @@ package actions
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -74,7 +75,13 @@ func HTTP(cfg HTTPConfig) consumer.Handler {
 			req.Header.Set(k, v)
 		}
 		resp, err := client.Do(req)
-		if err != nil {
+		var cve *tls.CertificateVerificationError
+		switch {
+		case errors.As(err, &cve) && len(cve.UnverifiedCertificates) > 0:
+			c := cve.UnverifiedCertificates[0]
+			return nil, fmt.Errorf("http action: POST %s: the server's certificate %q (issued by %q) does not verify; give the CA that signed it as tls.ca_file: %w",
+				cfg.URL, c.Subject.String(), c.Issuer.String(), err)
+		case err != nil:
 			return nil, fmt.Errorf("http action: POST %s: %w", cfg.URL, err)
 		}
 		defer resp.Body.Close()

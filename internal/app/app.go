@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -38,12 +40,15 @@ type App struct {
 	cfg        *config.Config
 	log        *slog.Logger
 	store      *redisbackend.Store
-	closeStore func() error // closes store, and a client it does not own
+	client     redis.UniversalClient // the store's, for the health checks
+	closeStore func() error          // closes store, and a client it does not own
 	engine     *idempotency.Engine
 	worker     *consumer.Worker
 	metrics    *metrics.Metrics
 	reg        *prometheus.Registry
 	checks     []metrics.Check
+	// evictionInterval is how often Run samples evicted_keys.
+	evictionInterval time.Duration
 
 	mu      sync.Mutex
 	closers []func() error // in reverse order of creation
@@ -70,7 +75,7 @@ const connectTimeout = 10 * time.Second
 // name the handler and the field at fault. On error everything already
 // opened is closed.
 func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Options) (_ *App, err error) {
-	a := &App{cfg: cfg, log: log, reg: opts.Registry}
+	a := &App{cfg: cfg, log: log, reg: opts.Registry, evictionInterval: evictionSampleInterval}
 	defer func() {
 		if err != nil {
 			a.close()
@@ -84,7 +89,9 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	}
 	hooks := append(consumer.Hooks{a.metrics}, opts.Hooks...)
 
-	if a.store, a.closeStore, err = OpenStore(ctx, &cfg.Redis, log); err != nil {
+	// The store gets the hooks too: its WAITs and durability shortfalls
+	// (SPEC §11.1) reach /metrics.
+	if a.store, a.client, a.closeStore, err = openStore(ctx, &cfg.Redis, log, hooks); err != nil {
 		return nil, err
 	}
 	a.checks = append(a.checks, metrics.Check{Name: "redis", Fn: a.store.Ping})
@@ -146,10 +153,20 @@ func (a *App) HTTPAddr() string {
 	return a.httpSrv.Addr()
 }
 
-// Run serves metrics and runs the worker until ctx is cancelled (then drains
-// and returns nil) or a source fails.
+// Run checks the store's settings (SPEC §11.2: a warning and
+// dedup_store_risk per risk), serves metrics, samples the store's evictions
+// and runs the worker until ctx is cancelled (then drains and returns nil)
+// or a source fails.
 func (a *App) Run(ctx context.Context) error {
 	defer a.close()
+	a.reportStoreHealth(ctx)
+	sctx, stopSampling := context.WithCancel(ctx)
+	var sampling sync.WaitGroup
+	sampling.Go(func() { a.sampleEvictions(sctx, a.evictionInterval) })
+	defer func() {
+		stopSampling()
+		sampling.Wait()
+	}()
 	if addr := *a.cfg.HTTP.Addr; addr != "" {
 		srv, err := metrics.Listen(addr, a.reg, a.checks, a.log)
 		if err != nil {
@@ -191,7 +208,7 @@ func (a *App) close() {
 	}
 	if a.store != nil {
 		_ = a.closeStore()
-		a.store, a.closeStore = nil, nil
+		a.store, a.client, a.closeStore = nil, nil, nil
 	}
 }
 
@@ -261,12 +278,34 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	return src, "nats", nil
 }
 
+// httpActionClient is the http action's client: nil (the action's default)
+// without tls, else a client whose transport verifies the server and
+// presents the client certificate of action.http.tls. Errors name the field
+// under the handler's action.
+func httpActionClient(act *config.HTTPAction) (*http.Client, error) {
+	if act.TLS == nil {
+		return nil, nil
+	}
+	tc, err := tlsConfig("http.tls", act.TLS)
+	if err != nil {
+		return nil, err
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	return &http.Client{Timeout: act.Timeout.D(), Transport: tr}, nil
+}
+
 func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injector) (consumer.Handler, error) {
 	switch act := h.Action; {
 	case act.HTTP != nil:
+		client, err := httpActionClient(act.HTTP)
+		if err != nil {
+			return nil, err
+		}
 		return actions.HTTP(actions.HTTPConfig{
 			Handler: h.Name, URL: act.HTTP.URL, Timeout: act.HTTP.Timeout.D(),
 			MaxResultBytes: act.HTTP.MaxResultBytes, Headers: act.HTTP.Headers, Logger: a.log, Inject: inject,
+			Client: client,
 		}), nil
 	case act.Exec != nil:
 		return actions.Exec(actions.ExecConfig{

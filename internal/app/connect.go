@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
+	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/config"
 	"github.com/idemkit/dedupworker/redisbackend"
@@ -30,34 +31,53 @@ import (
 
 // OpenStore connects to the deduplication store of rc through RedisClient
 // and probes it, within rc.ConnectTimeout plus a second, and logs which
-// kind of deployment it found (standalone, cluster or sentinel). close
-// closes the store, then the client: after the store, so a last
-// completion still reaches Redis.
-func OpenStore(ctx context.Context, rc *config.Redis, log *slog.Logger) (_ *redisbackend.Store, close func() error, _ error) {
+// kind of deployment it found (standalone, cluster or sentinel). The store
+// waits for rc.Durability's replicas after every write (SPEC §11.1) and
+// reports its own measurements (the WAITs' time, durability shortfalls) to
+// hooks: run passes the hooks that feed /metrics. close closes the store,
+// then the client: after the store, so a last completion still reaches
+// Redis.
+func OpenStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks ...consumer.Hook) (_ *redisbackend.Store, close func() error, _ error) {
+	s, _, closeFn, err := openStore(ctx, rc, log, hooks)
+	return s, closeFn, err
+}
+
+// openStore is OpenStore that also returns the client, for the store
+// health checks; close closes both.
+func openStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks consumer.Hooks) (_ *redisbackend.Store, _ redis.UniversalClient, close func() error, _ error) {
 	client, err := RedisClient(ctx, rc)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	kind := "standalone"
-	switch _, cluster := client.(*redis.ClusterClient); {
-	case cluster:
-		kind = "cluster"
-	case rc.Sentinel != nil:
-		kind = "sentinel"
-	}
-	log.Info("connected to the store", "deployment", kind, "namespace", rc.Namespace)
-	s, err := redisbackend.New(client, redisbackend.Options{Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: log})
+	log.Info("connected to the store", "deployment", deploymentKind(client, rc), "namespace", rc.Namespace)
+	s, err := redisbackend.New(client, redisbackend.Options{
+		Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: log,
+		Durability: redisbackend.Durability{Replicas: rc.Durability.Replicas, Timeout: rc.Durability.Timeout.D()},
+		Hooks:      hooks,
+	})
 	if err != nil {
 		client.Close()
-		return nil, nil, fmt.Errorf("redis.namespace: %w", err)
+		return nil, nil, nil, fmt.Errorf("redis.namespace: %w", err) // redis.durability is validated by config
 	}
-	return s, func() error {
+	return s, client, func() error {
 		err := s.Close() // New does not own a client it was given
 		if cerr := client.Close(); err == nil {
 			err = cerr
 		}
 		return err
 	}, nil
+}
+
+// deploymentKind is how the client of rc reaches Redis: standalone, cluster
+// or sentinel.
+func deploymentKind(client redis.UniversalClient, rc *config.Redis) string {
+	switch _, cluster := client.(*redis.ClusterClient); {
+	case cluster:
+		return "cluster"
+	case rc.Sentinel != nil:
+		return "sentinel"
+	}
+	return "standalone"
 }
 
 // RedisClient is the one way every command (run, validate --online,

@@ -52,6 +52,22 @@ type Redis struct {
 	Namespace      string   `yaml:"namespace"`
 	Grace          Duration `yaml:"grace"`
 	ConnectTimeout Duration `yaml:"connect_timeout"`
+	// Durability makes every claim and completion wait for replicas
+	// before the worker acts on it (SPEC §11.1). The zero value waits for
+	// none.
+	Durability Durability `yaml:"durability"`
+}
+
+// Durability is redis.durability: WAIT Replicas Timeout after every claim,
+// completion, release and step; a write fewer replicas acknowledged in time
+// fails closed (SPEC §7.3, §11.1).
+type Durability struct {
+	// Replicas is how many replicas must acknowledge each write; 0 (the
+	// default) sends no WAIT.
+	Replicas int `yaml:"replicas"`
+	// Timeout is how long each WAIT may block; required, at least 1ms,
+	// when Replicas > 0.
+	Timeout Duration `yaml:"timeout"`
 }
 
 // Sentinel names a primary monitored by Redis Sentinel and the Sentinels to
@@ -201,14 +217,21 @@ type HTTPAction struct {
 	Timeout        Duration          `yaml:"timeout"`
 	MaxResultBytes int               `yaml:"max_result_bytes"`
 	Headers        map[string]string `yaml:"headers"`
+	// TLS verifies an https:// server against ca_file (the system roots
+	// without it) and presents cert_file/key_file to one that asks for a
+	// client certificate.
+	TLS *TLS `yaml:"tls"`
 }
 
 // ExecAction runs a command with the payload on stdin.
 type ExecAction struct {
-	Command        []string          `yaml:"command"`
-	Timeout        Duration          `yaml:"timeout"`
-	MaxOutputBytes int               `yaml:"max_output_bytes"`
-	Env            map[string]string `yaml:"env"`
+	Command        []string `yaml:"command"`
+	Timeout        Duration `yaml:"timeout"`
+	MaxOutputBytes int      `yaml:"max_output_bytes"`
+	// Env names the worker's environment variables the command sees besides
+	// PATH, HOME, LANG, TZ and the DEDUP_* variables; the rest of the
+	// worker's environment, secrets included, is not passed on.
+	Env []string `yaml:"env"`
 }
 
 // DeadLetter is exactly one of Kafka or NATS.
@@ -368,6 +391,10 @@ func setDur(d *Duration, v time.Duration) {
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
 
+// envName is a portable environment variable name (POSIX: letters, digits
+// and _, not starting with a digit).
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
 // validate checks what decoding cannot: required fields, choices, exclusive
 // options. Errors carry the line of the field, or of its parent when the
 // field is missing.
@@ -396,6 +423,9 @@ func (c *Config) validate(lines map[string]int) error {
 	}
 	if c.Redis.Password != "" && c.Redis.PasswordFile != "" {
 		return fail("redis.password_file", "give either password or password_file, not both")
+	}
+	if err := c.Redis.Durability.validate(fail); err != nil {
+		return err
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		return fail("log.level", "%q: want debug, info, warn or error", c.Log.Level)
@@ -449,6 +479,20 @@ func (r *Redis) validateSentinel(fail failFunc) error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			return fail(fmt.Sprintf("redis.sentinel.addrs[%d]", i), "%q: want host:port, e.g. 127.0.0.1:26379", a)
 		}
+	}
+	return nil
+}
+
+// validate checks redis.durability: WAIT counts replicas from 0, and a
+// WAIT without a timeout would block a delivery for ever.
+func (d Durability) validate(fail failFunc) error {
+	switch {
+	case d.Replicas < 0:
+		return fail("redis.durability.replicas", "%d: must not be negative (0 waits for no replica)", d.Replicas)
+	case d.Replicas > 0 && d.Timeout <= 0:
+		return fail("redis.durability.timeout", "required when redis.durability.replicas is %d: how long each WAIT may block, e.g. 50ms", d.Replicas)
+	case d.Replicas > 0 && d.Timeout.D() < time.Millisecond:
+		return fail("redis.durability.timeout", "%s: must be at least 1ms (WAIT counts milliseconds)", d.Timeout)
 	}
 	return nil
 }
@@ -571,12 +615,29 @@ func (h *Handler) validateAction(p string, fail failFunc) error {
 		if a.HTTP.MaxResultBytes < 0 {
 			return fail(ap+".http.max_result_bytes", "must not be negative")
 		}
+		if t := a.HTTP.TLS; t != nil {
+			if !strings.HasPrefix(a.HTTP.URL, "https://") {
+				return fail(ap+".http.tls", "set for %q: TLS needs an https:// URL", a.HTTP.URL)
+			}
+			if (t.CertFile == "") != (t.KeyFile == "") {
+				return fail(ap+".http.tls", "give cert_file and key_file together (the client certificate and its key)")
+			}
+		}
 	case a.Exec != nil:
 		if len(a.Exec.Command) == 0 || a.Exec.Command[0] == "" {
 			return fail(ap+".exec.command", "required: the program and its arguments, e.g. [/usr/local/bin/handle, --flag]")
 		}
 		if a.Exec.MaxOutputBytes < 0 {
 			return fail(ap+".exec.max_output_bytes", "must not be negative")
+		}
+		for i, name := range a.Exec.Env {
+			ep := fmt.Sprintf("%s.exec.env[%d]", ap, i)
+			switch {
+			case !envName.MatchString(name):
+				return fail(ep, "%q: want the name of an environment variable (letters, digits, _), e.g. API_TOKEN; its value comes from the worker's environment", name)
+			case strings.HasPrefix(name, "DEDUP_"):
+				return fail(ep, "%q: the DEDUP_* variables are set by the action itself; leave it out", name)
+			}
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 const redisTail = "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {exec: {command: [x]}}\n"
@@ -84,5 +85,46 @@ func TestRedisSentinelParsesAndPrintsRedacted(t *testing.T) {
 	// Printed and read again, it is the same deployment.
 	if _, err := Parse(out, env(nil)); err != nil {
 		t.Fatalf("Print's output does not parse: %v\n%s", err, out)
+	}
+}
+
+// redis.durability: replicas from 0, and a timeout of at least 1ms when
+// any replica is asked for; errors name the field and its line.
+func TestRedisDurability(t *testing.T) {
+	cfg, err := Parse([]byte("redis:\n  durability: {replicas: 1, timeout: 50ms}\n"+redisTail), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cfg.Redis.Durability; d.Replicas != 1 || d.Timeout.D() != 50*time.Millisecond {
+		t.Fatalf("durability %+v, want 1 replica and 50ms", d)
+	}
+	out, err := cfg.Print()
+	if err != nil || !strings.Contains(string(out), "durability:\n        replicas: 1\n        timeout: 50ms\n") {
+		t.Fatalf("--print does not show redis.durability (%v):\n%s", err, out)
+	}
+	if cfg, err := Parse([]byte(redisTail), env(nil)); err != nil || cfg.Redis.Durability != (Durability{}) {
+		t.Fatalf("default durability %+v, %v; want none", cfg.Redis.Durability, err)
+	}
+	cases := []struct {
+		name, redis, path string
+		line              int
+		msg               string
+	}{
+		{"negative", "redis:\n  durability:\n    replicas: -1\n", "redis.durability.replicas", 3, "must not be negative"},
+		{"no timeout", "redis:\n  durability:\n    replicas: 2\n", "redis.durability.timeout", 2, "required when redis.durability.replicas is 2"},
+		{"under 1ms", "redis:\n  durability:\n    replicas: 1\n    timeout: 500us\n", "redis.durability.timeout", 4, "at least 1ms"},
+		{"unknown field", "redis:\n  durability: {replicas: 1, timeout: 1s, wait: 1}\n", "redis.durability.wait", 2, "unknown field"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.redis+redisTail), env(nil))
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v, want *config.Error", err)
+			}
+			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
+				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
+			}
+		})
 	}
 }

@@ -42,7 +42,13 @@ type Metrics struct {
 	inflight        *prometheus.GaugeVec
 	corrupt         prometheus.Counter
 	shortfalls      *prometheus.CounterVec
+	storeRisk       *prometheus.GaugeVec
+	evictions       prometheus.Counter
 }
+
+// StoreRiskChecks lists the check label values of dedup_store_risk: the
+// store health checks of SPEC §11.2.
+var StoreRiskChecks = []string{"eviction", "persistence", "replicas", "appendfsync"}
 
 var (
 	_ consumer.HookOutcome       = (*Metrics)(nil)
@@ -93,9 +99,17 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "dedup_durability_shortfalls_total",
 			Help: "Store writes that fewer replicas than redis.durability.replicas acknowledged in time, by operation; each failed closed (SPEC §11.1).",
 		}, []string{"op"}),
+		storeRisk: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dedup_store_risk",
+			Help: "1 when the store health check found the Redis settings risk running a key twice (eviction, persistence, replicas, appendfsync), else 0 (SPEC §11.2).",
+		}, []string{"check"}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dedup_store_evictions_total",
+			Help: "Keys Redis evicted since the worker started (INFO stats evicted_keys, summed over primaries): an evicted record lets a duplicate run again (SPEC §11.2).",
+		}),
 	}
 	for _, c := range []prometheus.Collector{
-		m.messages, m.handlerDuration, m.storeDuration, m.storeErrors, m.leaseRenewals, m.inflight, m.corrupt, m.shortfalls,
+		m.messages, m.handlerDuration, m.storeDuration, m.storeErrors, m.leaseRenewals, m.inflight, m.corrupt, m.shortfalls, m.storeRisk, m.evictions,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -115,6 +129,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, op := range DurableOps {
 		m.shortfalls.WithLabelValues(op)
+	}
+	for _, c := range StoreRiskChecks {
+		m.storeRisk.WithLabelValues(c)
 	}
 	return m, nil
 }
@@ -162,3 +179,19 @@ func (m *Metrics) OnCorruptRecord(string) { m.corrupt.Inc() }
 // OnDurabilityShortfall counts a store write that too few replicas
 // acknowledged.
 func (m *Metrics) OnDurabilityShortfall(op string) { m.shortfalls.WithLabelValues(op).Inc() }
+
+// SetStoreRisk sets dedup_store_risk{check} to 1 when risk, else 0.
+func (m *Metrics) SetStoreRisk(check string, risk bool) {
+	v := 0.0
+	if risk {
+		v = 1
+	}
+	m.storeRisk.WithLabelValues(check).Set(v)
+}
+
+// AddEvictions adds n keys Redis evicted to dedup_store_evictions_total.
+func (m *Metrics) AddEvictions(n int64) {
+	if n > 0 {
+		m.evictions.Add(float64(n))
+	}
+}

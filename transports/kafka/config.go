@@ -31,6 +31,19 @@ const (
 	OrderingKey = "key"
 )
 
+// Isolation levels: which records of transactional producers a Source
+// reads (SPEC §11.3).
+const (
+	// IsolationReadCommitted reads records of committed transactions and
+	// non-transactional records; records of aborted transactions are
+	// skipped, and records of open transactions wait until the transaction
+	// ends.
+	IsolationReadCommitted = "read_committed"
+	// IsolationReadUncommitted reads every data record, also those of
+	// aborted and open transactions.
+	IsolationReadUncommitted = "read_uncommitted"
+)
+
 // SASL mechanisms accepted in SASL.Mechanism.
 const (
 	SASLPlain       = "PLAIN"
@@ -75,6 +88,11 @@ type Config struct {
 	// MaxWait is how long a fetch waits on the broker for new data.
 	// Default 250ms (kafka-go's own default of 10s makes every stop slow).
 	MaxWait time.Duration
+	// Isolation is "read_committed" (default) or "read_uncommitted": whether
+	// records of aborted transactions are skipped (SPEC §11.3). Transaction
+	// markers (control records) are never handed to the Runner under
+	// either level; their offsets are committed like any other.
+	Isolation string
 	// Ordering is "partition" (default) or "key" (SPEC §8.1).
 	Ordering string
 	// CommitInterval is how often finished offsets are committed (also on
@@ -137,6 +155,9 @@ func (c *Config) withDefaults() {
 	if c.Ordering == "" {
 		c.Ordering = OrderingPartition
 	}
+	if c.Isolation == "" {
+		c.Isolation = IsolationReadCommitted
+	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = time.Second
 	}
@@ -193,6 +214,11 @@ func (c *Config) validate() error {
 	case OrderingPartition, OrderingKey:
 	default:
 		bad("Ordering", "%q: use %q or %q", c.Ordering, OrderingPartition, OrderingKey)
+	}
+	switch c.Isolation {
+	case IsolationReadCommitted, IsolationReadUncommitted:
+	default:
+		bad("Isolation", "%q: use %q or %q", c.Isolation, IsolationReadCommitted, IsolationReadUncommitted)
 	}
 	positive := func(field string, d time.Duration) {
 		if d <= 0 {
@@ -275,4 +301,12 @@ func (c *Config) startOffset() int64 {
 		return kafka.LastOffset
 	}
 	return kafka.FirstOffset
+}
+
+// isolationLevel is the fetch request's isolation level for cfg.Isolation.
+func (c *Config) isolationLevel() kafka.IsolationLevel {
+	if c.Isolation == IsolationReadUncommitted {
+		return kafka.ReadUncommitted
+	}
+	return kafka.ReadCommitted
 }

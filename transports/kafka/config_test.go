@@ -24,6 +24,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"Config.GroupID", func(c *kafka.Config) { c.GroupID = "" }},
 		{"Config.Start", func(c *kafka.Config) { c.Start = "middle" }},
 		{"Config.Ordering", func(c *kafka.Config) { c.Ordering = "random" }},
+		{"Config.Isolation", func(c *kafka.Config) { c.Isolation = "read_some" }},
 		{"Config.SessionTimeout", func(c *kafka.Config) { c.SessionTimeout = -time.Second }},
 		{"Config.HeartbeatInterval", func(c *kafka.Config) { c.HeartbeatInterval = 5 * time.Second }},
 		{"Config.RevokeTimeout", func(c *kafka.Config) { c.RevokeTimeout = time.Minute }},
@@ -40,6 +41,13 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		_, err := kafka.New(c)
 		if err == nil || !strings.Contains(err.Error(), tc.field+":") {
 			t.Errorf("%s: New = %v, want an error naming the field", tc.field, err)
+		}
+	}
+	for _, iso := range []string{kafka.IsolationReadCommitted, kafka.IsolationReadUncommitted} {
+		c := ok
+		c.Isolation = iso
+		if _, err := kafka.New(c); err != nil {
+			t.Errorf("Isolation %s: %v", iso, err)
 		}
 	}
 	for _, m := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {

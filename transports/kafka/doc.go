@@ -75,14 +75,43 @@
 // generation is still valid (the coordinator accepts commits of the current
 // generation while a rebalance is being prepared).
 //
-// Fetching uses one kafka.Conn per assigned partition (Dialer.DialLeader,
-// Conn.ReadBatchWith) rather than a partition Reader: a fetch response is a
-// natural batch to hand to Runner.Prepare, the position after it is exact
-// (transaction markers and compaction gaps included), and closing the
-// connection stops a pending fetch at once. The fetcher follows kafka-go's
-// Reader in how it reacts to errors: reconnect on a leader change or a
-// broken connection, re-resolve the position on OffsetOutOfRange, fail
+// Each assigned partition has its own fetcher. It positions with a
+// kafka.Conn to the partition leader (Dialer.DialLeader, ReadOffsets:
+// FirstOffset/LastOffset, offsets out of the retained range), then sends
+// Fetch requests of kafka-go's protocol/fetch through a kafka.Transport of
+// its own, made fresh on every reconnect so it routes to the current leader.
+// A fetch response is a natural batch to hand to Runner.Prepare; cancelling
+// the fetcher's context ends a pending fetch at once. The fetcher follows
+// kafka-go's Reader in how it reacts to errors: reconnect on a leader change
+// or a broken connection, re-resolve the position on OffsetOutOfRange, fail
 // Consume on refused credentials or a topic that stays unknown.
+//
+// # Transactions (SPEC §11.3)
+//
+// Isolation is read_committed by default. kafka-go's own fetch paths do not
+// implement it (segmentio/kafka-go#1332): Conn.ReadBatchWith sends the
+// isolation level, so the broker stops at the last stable offset (records of
+// open transactions wait), but readFetchResponseHeaderV10 (read.go) reads
+// and drops the response's aborted transactions, and messageSetReader
+// (message_reader.go) drops each batch's attributes and producer id, so a
+// Batch returns the records of aborted transactions and the transaction
+// markers as ordinary messages (a marker: a 4-byte key, a 6-byte value);
+// Client.Fetch (fetch.go) drops the aborted transactions too. Measured on
+// Kafka 3.9 with a franz-go producer: both isolation levels returned every
+// aborted record and both markers. So the fetcher reads the protocol/fetch
+// response itself (fetch.go): control batches are skipped under either
+// level; under read_committed, a transactional batch of a producer that the
+// response lists as aborted, from the listed first offset up to that
+// producer's abort marker, is skipped, as the Java consumer does. Skipped
+// offsets count as read: the committed watermark moves past them.
+//
+// kafka-go's protocol reader keeps no batch's last offset, so the position
+// after a fetch is where the next batch begins, or after the last record of
+// the last batch; a fetch whose records all lie before the fetch offset (the
+// tail of a batch emptied by compaction) moves on by one offset per fetch.
+// A partition that starts at "latest" resolves it to the high watermark,
+// which under read_committed may lie after the records of a transaction
+// still open.
 //
 // Every network call has a deadline: dials and metadata (NetworkTimeout),
 // fetches (MaxWait + NetworkTimeout), kafka-go's coordinator calls

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sort"
 	"sync"
@@ -148,6 +147,7 @@ func (p *partition) finish(offset int64) {
 // ---- fetcher ----
 
 func (p *partition) fetch() {
+	s := p.g.m.s
 	ctx := p.fetchCtx
 	offset := p.from
 	unknown := 0
@@ -181,9 +181,13 @@ func (p *partition) fetch() {
 				return
 			}
 		}
-		before := offset
-		offset, err = p.readLoop(ctx, conn, offset)
+		// The connection only resolved the position: fetches go through
+		// a Transport (fetch.go).
 		conn.Close()
+		tr := s.transport()
+		before := offset
+		offset, err = p.readLoop(ctx, tr, offset)
+		tr.CloseIdleConnections()
 		if ctx.Err() != nil {
 			return
 		}
@@ -246,52 +250,24 @@ func (p *partition) connect(ctx context.Context, offset int64) (*kafka.Conn, int
 	return nil, 0, err
 }
 
-// readLoop fetches batches until the connection must be replaced or ctx ends.
-// It returns the offset to resume from.
-func (p *partition) readLoop(ctx context.Context, conn *kafka.Conn, offset int64) (int64, error) {
-	s := p.g.m.s
-	// Closing the connection unblocks a pending fetch at once on stop.
-	unhook := context.AfterFunc(ctx, func() { conn.Close() })
-	defer unhook()
+// readLoop fetches batches until the transport must be replaced or ctx
+// ends. It returns the offset to resume from.
+func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset int64) (int64, error) {
 	for {
 		if ctx.Err() != nil {
 			return offset, ctx.Err()
 		}
-		_ = conn.SetReadDeadline(time.Now().Add(s.cfg.MaxWait + s.cfg.NetworkTimeout))
-		batch := conn.ReadBatchWith(kafka.ReadBatchConfig{
-			MinBytes: 1,
-			MaxBytes: s.cfg.FetchMaxBytes,
-			MaxWait:  s.cfg.MaxWait,
-		})
-		var msgs []kafka.Message
-		var err error
-		for {
-			_ = conn.SetReadDeadline(time.Now().Add(s.cfg.NetworkTimeout))
-			var m kafka.Message
-			if m, err = batch.ReadMessage(); err != nil {
-				break
-			}
-			msgs = append(msgs, m)
-		}
-		next := batch.Offset()
-		cerr := batch.Close()
-		_ = conn.SetReadDeadline(time.Time{})
-		if len(msgs) > 0 {
-			if n := msgs[len(msgs)-1].Offset + 1; n > next {
-				next = n
-			}
-		}
+		// fetchOnce is bounded by MaxWait + NetworkTimeout and returns at
+		// once when ctx ends.
+		msgs, next, err := p.fetchOnce(ctx, tr, offset)
 		if len(msgs) > 0 || next > offset {
 			if !p.send(fetched{msgs: msgs, next: next}) {
 				return next, ctx.Err()
 			}
 			offset = next
 		}
-		if errors.Is(err, io.EOF) {
-			err = cerr
-		}
 		switch {
-		case err == nil, errors.Is(err, io.EOF), errors.Is(err, kafka.RequestTimedOut):
+		case err == nil, errors.Is(err, kafka.RequestTimedOut):
 			continue
 		case errors.Is(err, kafka.OffsetOutOfRange):
 			// Reconnecting re-resolves the position against the retained range.

@@ -1,0 +1,140 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafka"
+)
+
+// TestIsolation: a partition holds plain records, an aborted transaction of
+// 10 records, a committed one of 10, more plain records, and the two
+// transaction markers. Under read_committed handlers see exactly the plain
+// and committed records; under read_uncommitted also the aborted ones;
+// under both, never a transaction marker, and the group's committed offset
+// reaches the end of the partition (markers and skipped records included).
+// On real Kafka and on kfake.
+func TestIsolation(t *testing.T) {
+	t.Parallel()
+	brokers := map[string]func(t *testing.T) []string{
+		"kafka": func(t *testing.T) []string { return testenv.Kafka(t) },
+		"kfake": func(t *testing.T) []string { _, b := testenv.KFake(t); return b },
+	}
+	for _, name := range []string{"kafka", "kfake"} {
+		for _, iso := range []string{"", kafka.IsolationReadUncommitted} {
+			t.Run(name+"/"+cmp(iso, "default"), func(t *testing.T) {
+				t.Parallel()
+				e := &env{t: t, brokers: brokers[name](t), parts: 1}
+				e.topic = fmt.Sprintf("t-iso-%s-%d-%d", name, time.Now().UnixNano()%1e6, topicSeq.Add(1))
+				e.group = e.topic + "-g"
+				testenv.CreateKafkaTopic(t, e.brokers, e.topic, 1)
+				produceTxns(t, e.brokers, e.topic)
+
+				var mu sync.Mutex
+				var seen []string
+				h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+					mu.Lock()
+					seen = append(seen, fmt.Sprintf("%s=%s", m.Key, m.Payload))
+					mu.Unlock()
+					return nil, nil
+				})
+				src := e.source(func(c *kafka.Config) { c.Isolation = iso })
+				r := run(t, worker(t, "iso", src, h))
+				ends := e.ends(e.topic, 1)
+				if ends[0] != 32 {
+					t.Fatalf("partition end = %d, want 32 (30 records, 2 markers)", ends[0])
+				}
+				eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+				if err := r.stop(t); err != nil {
+					t.Fatalf("Run returned %v, want nil", err)
+				}
+
+				want := txnRecords("plain1", 5)
+				if iso == kafka.IsolationReadUncommitted {
+					want = append(want, txnRecords("aborted", 10)...)
+				}
+				want = append(want, txnRecords("committed", 10)...)
+				want = append(want, txnRecords("plain2", 5)...)
+				mu.Lock()
+				got := slices.Clone(seen)
+				mu.Unlock()
+				for _, s := range got {
+					if !strings.Contains(s, `{"id":`) {
+						t.Errorf("handler saw a record that was not produced (a transaction marker?): %q", s)
+					}
+				}
+				if !slices.Equal(got, want) {
+					t.Errorf("handled, in order:\n got %q\nwant %q", got, want)
+				}
+			})
+		}
+	}
+}
+
+func cmp(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func txnRecords(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf(`%s-%d={"id":"%s-%d"}`, prefix, i, prefix, i)
+	}
+	return out
+}
+
+// produceTxns writes to partition 0 of topic, with franz-go: 5 plain
+// records, an aborted transaction of 10, a committed one of 10 and 5 plain
+// records. Each record's key is its id; its value is {"id":"<key>"}.
+func produceTxns(t *testing.T, brokers []string, topic string) {
+	t.Helper()
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner())}
+	plain, err := kgo.NewClient(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	tx, err := kgo.NewClient(append(opts, kgo.TransactionalID(topic+"-tx"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	put := func(c *kgo.Client, prefix string, n int) {
+		t.Helper()
+		for i := range n {
+			id := fmt.Sprintf("%s-%d", prefix, i)
+			r := &kgo.Record{Key: []byte(id), Value: []byte(`{"id":"` + id + `"}`)}
+			if err := c.ProduceSync(ctx, r).FirstErr(); err != nil {
+				t.Fatalf("produce %s: %v", id, err)
+			}
+		}
+	}
+	txn := func(prefix string, end kgo.TransactionEndTry) {
+		t.Helper()
+		if err := tx.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		put(tx, prefix, 10)
+		if err := tx.EndTransaction(ctx, end); err != nil {
+			t.Fatalf("ending the %s transaction: %v", prefix, err)
+		}
+	}
+	put(plain, "plain1", 5)
+	txn("aborted", kgo.TryAbort)
+	txn("committed", kgo.TryCommit)
+	put(plain, "plain2", 5)
+}
