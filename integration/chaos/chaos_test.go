@@ -16,7 +16,8 @@
 //     primary the driver kills with SIGKILL so that Sentinel promotes the
 //     replica (the old primary comes back as a replica).
 //
-// CHAOS_STORE=single or sentinel runs one of them. The default run is short
+// CHAOS_STORE=single or sentinel runs one of them; CHAOS_DURABILITY=1 gives
+// the sentinel store redis.durability {replicas: 1}. The default run is short
 // (about a minute for both). The long run (50,000 keys over both
 // transports, every fault):
 //
@@ -141,7 +142,14 @@ func runChaos(t *testing.T, p params, store string) {
 		redisCfg = `{url: "redis://` + redisProxy.Addr() + `/0", namespace: chaos, connect_timeout: 1s, grace: 5s}`
 	case "sentinel":
 		sent = testenv.StartSentinel(t)
-		redisCfg = `{sentinel: {master: ` + sent.Master + `, addrs: [` + strings.Join(sent.Addrs, ", ") + `]}, namespace: chaos, connect_timeout: 1s, grace: 5s}`
+		durability := ""
+		if os.Getenv("CHAOS_DURABILITY") != "" {
+			// Every claim and completion waits for the replica (SPEC §11.1):
+			// a failover then explains no repeat.
+			durability = "durability: {replicas: 1, timeout: 200ms}, "
+		}
+		redisCfg = `{sentinel: {master: ` + sent.Master + `, addrs: [` + strings.Join(sent.Addrs, ", ") + `]}, ` + durability +
+			`namespace: chaos, connect_timeout: 1s, grace: 5s}`
 	default:
 		t.Fatalf("CHAOS_STORE=%q: want single or sentinel", store)
 	}
