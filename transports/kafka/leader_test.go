@@ -20,6 +20,7 @@ import (
 // before the test ends.
 func TestLeaderMove(t *testing.T) {
 	nodes := testenv.KafkaCluster(t)
+	nodes.LockFaults(t) // the chaos run kills nodes of the same cluster
 	topic := fmt.Sprintf("moving-%d", time.Now().UnixNano())
 	testenv.CreateKafkaTopicRF(t, nodes.Brokers, topic, 1, 3)
 	e := &env{t: t, brokers: nodes.Brokers, topic: topic, group: topic + "-g", parts: 1}
