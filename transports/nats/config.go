@@ -25,8 +25,9 @@ type Config struct {
 	// server waits for an ack before redelivering. Heartbeats
 	// (Delivery.Heartbeat) reset it. Default 30s, the default lease. Set it
 	// to the deduplication lease (SPEC §9.2): the engine heartbeats on every
-	// lease renewal, a third of the lease apart, so an AckWait shorter than
-	// that redelivers a message while its handler still runs.
+	// lease renewal, a third of the lease apart, and as often while a
+	// duplicate waits for the key's owner, so an AckWait shorter than that
+	// redelivers a message while its handler still runs or while it waits.
 	AckWait time.Duration
 	// MaxAckPending is the MaxAckPending of a consumer the Source creates:
 	// how many messages the server lets be unacknowledged across every

@@ -31,7 +31,8 @@
 //
 //	Ack        Ack, or DoubleAck when Config.AckSync is set
 //	Nak        NakWithDelay(delay), or Nak when delay is zero
-//	Heartbeat  InProgress (resets AckWait while a handler runs)
+//	Heartbeat  InProgress (resets AckWait while a handler runs or a
+//	           duplicate waits for its key's owner)
 //	Attempt    the NumDelivered of the message metadata
 //	DeadLetter publish to Config.DeadLetterSubject (see below)
 //
