@@ -115,13 +115,19 @@ type filter struct {
 // batch ends where the next one begins; the last batch ends after its last
 // record. A response whose records all lie before offset (the tail of a
 // batch removed by compaction, or an empty batch a compacted transactional
-// producer left) advances by one offset: nothing is stored there.
+// producer left) advances by one offset: nothing is stored there. kafka-go
+// keeps no batch's last offset, which would let it jump the whole gap.
 func (f *filter) read(topic string, partition int, hwm, offset int64, batches []protocol.RecordReader) ([]kafka.Message, int64, error) {
 	sort.Slice(f.aborted, func(i, j int) bool { return f.aborted[i].FirstOffset < f.aborted[j].FirstOffset })
 	var msgs []kafka.Message
 	next := offset
 	for i, b := range batches {
 		base := batchOffset(b)
+		if base > next {
+			// Nothing is stored between the fetch offset and the first
+			// batch the broker returned.
+			next = base
+		}
 		if i+1 < len(batches) {
 			if end := batchOffset(batches[i+1]); end > next {
 				next = end
