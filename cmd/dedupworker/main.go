@@ -8,6 +8,7 @@
 //	dedupworker forget  -c config.yaml --handler orders KEY --yes
 //	dedupworker records -c config.yaml --handler orders --state claimed --older-than 10m
 //	dedupworker forget  -c config.yaml --handler orders --state dead_lettered --dry-run
+//	dedupworker stats   -c config.yaml --rate 500/s
 //	dedupworker version
 //
 // Exit codes: 0 ok (also after SIGTERM/SIGINT and a clean drain), 1 runtime
@@ -51,6 +52,7 @@ func commands() []command {
 		{"inspect", "show the stored record of a key", cmdInspect},
 		{"forget", "delete the record of a key, or of every key in a state (--state), so it is processed again", cmdForget},
 		{"records", "list the records of a handler, by state and age", cmdRecords},
+		{"stats", "records by state (sampled), bytes per record, memory, and what a rate's retention needs", cmdStats},
 		{"version", "print the version and commit", cmdVersion},
 	}
 }
