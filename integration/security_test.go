@@ -42,9 +42,11 @@ import (
 // store and its scripts run (README "## Security"). Found by running the
 // store conformance suite under it and removing what nothing needed; +info
 // is for the store health checks and the eviction count (SPEC §11.2),
-// which read INFO where CONFIG GET is refused.
+// which read INFO where CONFIG GET is refused; +scan and +pttl are for
+// dedupworker records and forget --state, +memory|usage for stats (SPEC
+// §11.6; records_security_test.go runs them as this user).
 const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done -@all " +
-	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe +info"
+	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe +info +scan +pttl +memory|usage"
 
 func secFreePort(t testing.TB) int {
 	t.Helper()

@@ -188,7 +188,10 @@ func (s *Store) readPage(ctx context.Context, node redis.Cmdable, keys []string)
 		if !ok {
 			continue
 		}
-		ttl := ttls[i].Val()
+		ttl, err := ttls[i].Result()
+		if err != nil {
+			return nil, err
+		}
 		if ttl < 0 {
 			ttl = 0 // -1: no expiry; -2: gone since the GET
 		}
