@@ -41,6 +41,28 @@ func (s *Source) transport() *kafka.Transport {
 	}
 }
 
+// lastStable returns the partition's last stable offset: the first offset of
+// its oldest open transaction, or its end when none is open.
+func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64, error) {
+	s := p.g.m.s
+	cl := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: tr, Timeout: s.cfg.NetworkTimeout}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+	defer cancel()
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics:         map[string][]kafka.OffsetRequest{s.cfg.Topic: {kafka.LastOffsetOf(p.id)}},
+		IsolationLevel: kafka.ReadCommitted,
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, po := range res.Topics[s.cfg.Topic] {
+		if po.Partition == p.id {
+			return po.LastOffset, po.Error
+		}
+	}
+	return 0, fmt.Errorf("kafka: list offsets response without partition %d", p.id)
+}
+
 // fetchOnce sends one Fetch request for the partition at offset and returns
 // the records a handler may see, in offset order, and the offset to fetch
 // next. It reads the response with kafka-go's protocol/fetch types rather
