@@ -204,7 +204,7 @@ func (p *processor) PrepareBatch(ctx context.Context, batch []consumer.Delivery)
 }
 
 func (p *processor) claimRequest(pr *prepared) ClaimRequest {
-	return ClaimRequest{Key: pr.ekey, Fingerprint: pr.fp, FingerprintVersion: FingerprintVersion, Lease: p.cfg.lease}
+	return ClaimRequest{Key: pr.ekey, Fingerprint: pr.fp, FingerprintVersion: FingerprintVersion, Lease: p.cfg.lease, Retention: p.cfg.retention}
 }
 
 func (p *processor) claim(ctx context.Context, reqs []ClaimRequest) ([]ClaimResult, error) {
@@ -313,7 +313,7 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 				p.inFlight(ctx, d, pr)
 				return
 			}
-			rec, err := p.waitInFlight(ctx, pr.ekey, res.Record)
+			rec, err := p.waitInFlight(ctx, d, pr.ekey, res.Record)
 			switch {
 			case ctx.Err() != nil:
 				p.abandon(ctx, d, &prepared{})
@@ -338,8 +338,15 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 // (completed, released, gone, or its owner's lease ran out: a crashed worker
 // is reclaimed as soon as its lease ends, not after the whole wait), or the
 // record still in flight when the wait is over.
-func (p *processor) waitInFlight(ctx context.Context, key string, rec *Record) (*Record, error) {
+//
+// While it waits it heartbeats d every third of the lease (with jitter),
+// the cadence of a running handler's renewals: a wait can be as long as the
+// lease, and NATS redelivers a message not heartbeated within AckWait
+// (which defaults to the lease).
+func (p *processor) waitInFlight(ctx context.Context, d consumer.Delivery, key string, rec *Record) (*Record, error) {
 	deadline := time.Now().Add(p.cfg.inFlightWait)
+	beatEvery := p.cfg.lease / 3
+	nextBeat := time.Now().Add(jitter(beatEvery))
 	for {
 		wait := time.Until(deadline)
 		if rec != nil && !rec.LeaseUntil.IsZero() {
@@ -353,6 +360,13 @@ func (p *processor) waitInFlight(ctx context.Context, key string, rec *Record) (
 			}
 			return rec, nil
 		}
+		if beatEvery > 0 {
+			if !time.Now().Before(nextBeat) {
+				p.heartbeat(ctx, d)
+				nextBeat = time.Now().Add(jitter(beatEvery))
+			}
+			wait = min(wait, time.Until(nextBeat))
+		}
 		wctx, cancel := context.WithTimeout(ctx, wait+p.e.timeout)
 		got, err := p.e.store.Wait(wctx, key, wait)
 		cancel()
@@ -363,6 +377,18 @@ func (p *processor) waitInFlight(ctx context.Context, key string, rec *Record) (
 			return nil, nil
 		}
 		rec = got // still claimed: renewed (wait on) or expired (claim)
+	}
+}
+
+// heartbeat tells the transport that d is still being worked on, within a
+// third of the lease or the store timeout; a failure is logged, not
+// returned: the next heartbeat may succeed, and a redelivery is a duplicate
+// the claim catches.
+func (p *processor) heartbeat(ctx context.Context, d consumer.Delivery) {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(p.cfg.lease/3, p.e.timeout))
+	defer cancel()
+	if err := d.Heartbeat(hctx); err != nil {
+		p.log.Warn("transport heartbeat failed", "err", err)
 	}
 }
 
@@ -393,6 +419,18 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	if res.Outcome == ClaimRecovered {
 		p.e.hooks.CorruptRecord(p.name)
 		p.log.Warn("stored value was not a valid record; replaced by a fresh claim", "key_hash", keyHash(pr.ekey))
+	}
+	if cl.Attempts > p.cfg.maxAttempts {
+		// The key has had its max_attempts runs, and the last of them
+		// ended with no outcome stored (its worker died, or it lost its
+		// lease): an error would have dead-lettered it. The attempts are
+		// counted in the record, across restarts (SPEC §7.2, §11.3), so a
+		// key that kills its worker on every run stops here instead of
+		// running for ever.
+		runs := cl.Attempts - 1
+		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.cfg.maxAttempts)
+		p.deadLetterOwned(ctx, d, cl, pr.key, "max_attempts", err, runs)
+		return true
 	}
 	run := &handlerRun{Context: ctx}
 	rs := &run.rs
@@ -651,11 +689,7 @@ func (r *renewer) once() (time.Duration, bool) {
 	}
 	p.e.hooks.LeaseRenewal(p.name, "ok")
 	r.leaseEnd = start.Add(lease)
-	hctx2, hcancel := context.WithTimeout(context.WithoutCancel(hctx), min(lease/3, p.e.timeout))
-	if err := r.d.Heartbeat(hctx2); err != nil {
-		p.log.Warn("transport heartbeat failed", "err", err)
-	}
-	hcancel()
+	p.heartbeat(hctx, r.d)
 	return jitter(interval), true
 }
 

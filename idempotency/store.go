@@ -98,6 +98,15 @@ type ClaimRequest struct {
 	// Lease is how long the claim is owned before another worker may reclaim
 	// it, measured on the store's clock.
 	Lease time.Duration
+	// Retention is how long the claim's record is kept after its lease
+	// runs out when nobody completes or releases it (its worker died): a
+	// claim of the key within that time is RECLAIMED with the attempt
+	// counted, so a key that kills its worker on every run reaches
+	// max_attempts however far apart the restarts come (SPEC §11.3). The
+	// engine passes the handler's retention, the deduplication window, so
+	// no record outlives the window it belongs to. A store keeps an
+	// expired claim at least its own grace; zero asks for no more.
+	Retention time.Duration
 }
 
 // Claim is an owned claim: the proof of ownership every later write presents.

@@ -409,3 +409,52 @@ func TestNATSShutdownInFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestNATSWaitingDuplicateHeartbeats: a duplicate that waits for the owner
+// of its key (SPEC §4.6) for 3× AckWait is heartbeated like the running
+// handler, so it is not redelivered, and it is acked as a duplicate once the
+// owner completes.
+func TestNATSWaitingDuplicateHeartbeats(t *testing.T) {
+	natsEachServer(t, func(t *testing.T, h *natsHarness) {
+		const lease = 1500 * time.Millisecond
+		started := make(chan struct{})
+		var once sync.Once
+		l := newNATSLedger()
+		outs := &natsOutcomes{}
+		handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+			key := l.start(ctx)
+			once.Do(func() { close(started) })
+			select {
+			case <-time.After(3*lease + 200*time.Millisecond): // the long work
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			}
+			l.complete(key)
+			return nil, nil
+		})
+		h.start(t, natsWorkerSpec{handler: handler, ackWait: lease, hooks: consumer.Hooks{outs},
+			opts: []idempotency.Option{idempotency.WithLease(lease), idempotency.WithInFlightWait(10 * lease)}})
+		h.publish(t, natsPlan{"slow"})
+		select {
+		case <-started:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the handler did not start")
+		}
+		h.publish(t, natsPlan{"slow"}) // waits for the running claim
+		h.drained(t, "c", 2, 30*time.Second)
+		starts, completes := l.totals()
+		if starts != 1 || completes != 1 {
+			t.Errorf("started %d, completed %d; want once", starts, completes)
+		}
+		info, err := h.consumerInfo(t, "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Delivered.Consumer != 2 || info.NumRedelivered != 0 {
+			t.Errorf("consumer sequence %d for 2 messages, %d redelivered: the waiting duplicate was redelivered", info.Delivered.Consumer, info.NumRedelivered)
+		}
+		if outs.get(consumer.OutcomeProcessed) != 1 || outs.get(consumer.OutcomeDuplicate) != 1 {
+			t.Errorf("outcomes %s, want processed 1, duplicate 1", outs)
+		}
+	})
+}

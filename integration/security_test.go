@@ -40,9 +40,13 @@ import (
 // SecACL is the least-privilege ACL of a dedupworker Redis user, for the
 // namespace NS: its keys, its notification channel, and the commands the
 // store and its scripts run (README "## Security"). Found by running the
-// store conformance suite under it and removing what nothing needed.
+// store conformance suite under it and removing what nothing needed; +info
+// is for the store health checks and the eviction count (SPEC §11.2),
+// which read INFO where CONFIG GET is refused; +scan and +pttl are for
+// dedupworker records and forget --state, +memory|usage for stats (SPEC
+// §11.6; records_security_test.go runs them as this user).
 const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done -@all " +
-	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe"
+	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe +info +scan +pttl +memory|usage"
 
 func secFreePort(t testing.TB) int {
 	t.Helper()
@@ -684,6 +688,12 @@ handlers:
 			// connection: the horizon warning names it.
 			if !strings.Contains(out, "stream SECV max_age 2h") {
 				t.Errorf("no warning naming the stream's max_age 2h:\n%s", out)
+			}
+			// The store health checks ran from INFO as this user, and
+			// say what CONFIG GET would have shown.
+			if !strings.Contains(out, `store risk "replicas"`) || !strings.Contains(out, "note: redis ") ||
+				!strings.Contains(out, "could not read save, appendfsync (CONFIG GET: NOPERM") {
+				t.Errorf("no replicas risk from INFO, or no note naming what CONFIG GET refused:\n%s", out)
 			}
 			secNoSecrets(t, "validate --online", out, secrets...)
 		})

@@ -1,17 +1,22 @@
 -- claim: claims a batch of keys atomically (SPEC §4.3).
 --
 -- KEYS:    the Redis keys of the batch (all in one hash slot on Cluster).
--- ARGV[1]: grace in ms (a CLAIMED key lives lease + grace).
--- ARGV, 4 per key from ARGV[2]: token, fingerprint, fingerprint version,
---          lease in ms; then, optionally, '1' (durable): a WAIT follows
---          this call on its connection (see below, DUPLICATE).
+-- ARGV[1]: grace in ms.
+-- ARGV, 5 per key from ARGV[2]: token, fingerprint, fingerprint version,
+--          lease in ms, retention in ms; then, optionally, '1' (durable): a
+--          WAIT follows this call on its connection (see below, DUPLICATE).
+-- A claim's key lives lease + max(grace, retention): an expired claim
+-- nobody completed or released (its worker died) is found and RECLAIMED,
+-- its attempt counted, for as long as the key's completion would be
+-- remembered, so a key that kills its worker on every run reaches
+-- max_attempts however slowly the worker restarts (SPEC §11.3).
 -- Returns a flat array, 2 entries per key in KEYS order: the outcome
 -- (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH), then a record
 -- as JSON: the claim just written for NEW/RECLAIMED/RECOVERED, the stored
 -- value untouched for the others.
 
 local grace = tonumber(ARGV[1])
-local durable = ARGV[2 + 4 * #KEYS] == '1'
+local durable = ARGV[2 + 5 * #KEYS] == '1'
 local now, now_us = clock()
 local now_s = string.format('%d', now)
 -- The fence of a key without a record: new_fence(nil, now_us), the server
@@ -24,14 +29,14 @@ local out = {}
 -- 6.2 refuses NX with GET (syntax error): then SET NX, and GET only when the
 -- key exists.
 local setget = true
--- The fingerprint version and the lease are the same for (nearly) every key
--- of a batch: each is converted once, when it changes. Number to text
--- conversions are a large part of a script's cost.
+-- The fingerprint version, the lease and the retention are the same for
+-- (nearly) every key of a batch: each is converted once, when it changes.
+-- Number to text conversions are a large part of a script's cost.
 local fpv_arg, fpv, fpv_s
-local lease_arg, lease, until_s, px_s
+local lease_arg, keep_arg, lease, until_s, px_s
 
 for i, key in ipairs(KEYS) do
-  local a = 2 + (i - 1) * 4
+  local a = 2 + (i - 1) * 5
   local token, fp = ARGV[a], ARGV[a + 1]
   if ARGV[a + 2] ~= fpv_arg then
     fpv_arg = ARGV[a + 2]
@@ -39,10 +44,11 @@ for i, key in ipairs(KEYS) do
     if fpv == nil then error('claim: fingerprint version ' .. fpv_arg .. ' is not a number') end
     fpv_s = tostring(fpv)
   end
-  if ARGV[a + 3] ~= lease_arg then
-    lease_arg = ARGV[a + 3]
+  if ARGV[a + 3] ~= lease_arg or ARGV[a + 4] ~= keep_arg then
+    lease_arg, keep_arg = ARGV[a + 3], ARGV[a + 4]
     lease = tonumber(lease_arg)
-    until_s, px_s = string.format('%d', now + lease), string.format('%d', lease + grace)
+    until_s = string.format('%d', now + lease)
+    px_s = string.format('%d', lease + math.max(grace, tonumber(keep_arg) or 0))
   end
   -- The claim a new key gets (fence now_us, attempts 1, no steps), written
   -- only when the key does not exist.

@@ -32,17 +32,21 @@
 // # Scripts and replies
 //
 //   - Claim: KEYS the batch; ARGV grace_ms, then per key token, fp, fpv,
-//     lease_ms, then optionally '1' (durable: a WAIT follows, and a
-//     DUPLICATE's record is written back unchanged so that it covers it). Reply: a flat array, two entries per key: the outcome name
-//     (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH) and a
-//     record as JSON — the claim just written for owned outcomes, the stored
-//     value for the others. TTL of a claim: lease + grace.
+//     lease_ms, retention_ms, then optionally '1' (durable: a WAIT
+//     follows, and a DUPLICATE's record is written back unchanged so that
+//     it covers it). Reply: a flat array, two entries per key: the outcome
+//     name (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH) and
+//     a record as JSON — the claim just written for owned outcomes, the
+//     stored value for the others. TTL of a claim: lease + max(grace,
+//     retention) (see Attempts).
 //   - Complete: KEYS the batch; ARGV channel, then per key token, outcome,
 //     result (base64 or ""), meta (JSON object or ""), retention_ms. Reply:
 //     an array of 1 (completed, key published on channel) or 0 (not owned).
 //     TTL: retention.
 //   - Renew: KEYS[1]; ARGV token, lease_ms, grace_ms. Reply: the new
-//     lease_until_ms, or 0 when not owned. TTL: lease + grace.
+//     lease_until_ms, or 0 when not owned. TTL: the new lease plus what
+//     the key had left beyond the old lease's end (PTTL), at least lease +
+//     grace: a renewed claim keeps the tail its claim gave it.
 //   - Release: KEYS[1]; ARGV token, keep_ms, channel[, undo]. Reply 1 or
 //     0. The record is kept as CLAIMED with released=true and
 //     lease_until_ms = now, for keep_ms, so fence, attempts and steps carry
@@ -71,6 +75,25 @@
 // steps belong to other content and must not be replayed); COMPLETED →
 // DUPLICATE; released → NEW with attempts+1, steps kept; lease expired →
 // RECLAIMED with attempts+1, steps kept; else IN_FLIGHT.
+//
+// # Attempts
+//
+// attempts counts the claims that made a new owner of a key, and the
+// engine dead-letters a key whose claim is past max_attempts (SPEC §7.2).
+// The count lives in the record, so it lasts as long as the record does.
+// SPEC §4.1 gives a CLAIMED key lease + grace; §11.3, which is newer and
+// takes precedence, asks that the count survive a worker that dies on the
+// key and comes back later than that (a crash loop under Kubernetes
+// back-off, minutes apart). So a claim's key lives lease + max(grace,
+// retention), retention being the handler's deduplication window, sent
+// with each key: a key that kills its worker on every run is RECLAIMED
+// with attempts+1 on every restart within the window, and dead-lettered
+// once past max_attempts, however slowly the worker restarts. The tail
+// costs nothing on the common path, where the completion (TTL retention)
+// or the release replaces the claim anyway; it keeps only abandoned
+// claims, and none longer than the key's completion would have been kept.
+// Retention, like the lease, is converted to text once per script call
+// when every key of the batch has the same.
 //
 // # Fences
 //

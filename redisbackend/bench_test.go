@@ -47,7 +47,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 					reqs[i] = idempotency.ClaimRequest{
 						Key:         fmt.Sprintf("bench:%d", benchSeq.Add(1)),
 						Fingerprint: "1:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8", FingerprintVersion: 1,
-						Lease: 30 * time.Second,
+						Lease: 30 * time.Second, Retention: 24 * time.Hour,
 					}
 				}
 				res, err := s.Claim(ctx, reqs)

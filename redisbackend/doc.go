@@ -78,6 +78,22 @@
 //   - A replica outage makes every write fail closed after Timeout: the
 //     workers stop until a replica is back (SPEC §7.3), by design.
 //
+// # Attempts and abandoned claims
+//
+// A record counts the claims of its key that made a new owner (attempts),
+// and the engine dead-letters a key whose claim is past max_attempts
+// (SPEC §7.2). A claim nobody completes or releases (its worker was killed)
+// is kept lease + max(Options.Grace, the request's Retention), and a
+// renewal keeps that tail, so that a worker restarting later than lease +
+// grace, as in a crash loop under Kubernetes back-off, still finds the
+// claim, reclaims it with attempts + 1 and, past max_attempts, dead-letters
+// the key instead of starting it again at attempt 1 (SPEC §11.3; newer
+// than §4.1's lease + grace, and taking precedence). The engine passes the
+// handler's retention, so an abandoned claim is kept no longer than the
+// key's completion would be. The common path pays nothing for it: one more
+// argument per key, converted once per call, and the completion or release
+// replaces the claim with its own TTL anyway.
+//
 // # Fences
 //
 // A claim that makes a new owner (NEW, RECLAIMED, RECOVERED) sets the

@@ -32,9 +32,10 @@ type Options struct {
 	// may not contain '{' or '}': a hash tag would pin every key to one
 	// cluster slot.
 	Namespace string
-	// Grace is how long a CLAIMED key outlives its lease (TTL = lease +
-	// grace), so an expired claim is seen and reclaimed rather than
-	// vanishing; also the least time a released record is kept. Default 60s.
+	// Grace is the least time a CLAIMED key outlives its lease (TTL =
+	// lease + max(grace, the claim's ClaimRequest.Retention)), so an
+	// expired claim is seen and reclaimed rather than vanishing; also the
+	// least time a released record is kept. Default 60s.
 	Grace time.Duration
 	// Logger receives the store's warnings (a lost subscription, a script
 	// reload). Default: discard.

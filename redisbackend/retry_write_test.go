@@ -51,7 +51,7 @@ func TestRetriedWriteIsWrittenAgain(t *testing.T) {
 	const key, token = "orders:1", "0123456789abcdef0123456789abcdef"
 	claimOnce := func() idempotency.ClaimResult {
 		t.Helper()
-		c := &call{script: s.claim, keys: []string{s.RedisKey(key)}, args: []any{s.graceMs, token, "1:f", 1, int64(60_000)}}
+		c := &call{script: s.claim, keys: []string{s.RedisKey(key)}, args: []any{s.graceMs, token, "1:f", 1, int64(60_000), int64(0)}}
 		if err := s.exec(ctx, "claim", []*call{c}); err != nil {
 			t.Fatal(err)
 		}

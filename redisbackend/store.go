@@ -150,6 +150,10 @@ func invalid(op, format string, args ...any) error {
 // single node, one per hash slot in one pipeline on a cluster. Results are in
 // request order. A key twice in reqs is refused with ErrInvalidRequest.
 //
+// A claim's key lives lease + max(grace, the request's Retention), and
+// renewals keep that tail: a claim whose worker died is RECLAIMED, its
+// attempt counted, until then (SPEC §11.3).
+//
 // When the call fails partway on a cluster (a node down), the slots that
 // answered hold claims nobody runs; they are reclaimed when their lease
 // expires. When it fails because too few replicas acknowledged it
@@ -179,15 +183,15 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 	groups := s.groups(len(reqs), func(i int) string { return reqs[i].Key })
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {
-		args := make([]any, 0, 1+4*len(g.idx))
+		args := make([]any, 0, 2+5*len(g.idx))
 		args = append(args, s.graceMs)
-		var lease msBox
+		var lease, retention msBox
 		for _, i := range g.idx {
 			r := &reqs[i]
 			// Pointers: go-redis writes a *string or *int as its value,
 			// and a pointer is not copied to the heap to fit in an
 			// interface, as a string or an int is.
-			args = append(args, &tokens[i], &r.Fingerprint, &r.FingerprintVersion, lease.of(r.Lease))
+			args = append(args, &tokens[i], &r.Fingerprint, &r.FingerprintVersion, lease.of(r.Lease), retention.of(r.Retention))
 		}
 		if s.replicas > 0 {
 			args = append(args, 1) // durable: duplicates are written back for the WAIT
@@ -339,7 +343,8 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 }
 
 // Renew extends an owned claim's lease to lease from now on the server's
-// clock, and the key's TTL to lease + grace.
+// clock. The key keeps outliving the lease by as much as it did (the claim's
+// max(grace, retention)), and by at least grace.
 func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duration) (time.Time, bool, error) {
 	const op = "renew"
 	if err := s.live(op); err != nil {

@@ -38,30 +38,43 @@ func addStoreFlags(fs *flag.FlagSet) storeFlags {
 }
 
 // open returns the store and the raw key named by the arguments, and the
-// function that closes the store. It connects through app.OpenStore, as
-// run and validate --online do, so -c FILE reaches Redis exactly as the
-// worker of that file does.
+// function that closes the store.
 func (f storeFlags) open(fs *flag.FlagSet) (*redisbackend.Store, string, func() error, error) {
 	if *f.handler == "" || fs.NArg() != 1 {
 		fs.Usage()
 		return nil, "", nil, usagef("--handler NAME and exactly one KEY are required")
 	}
+	s, _, closeStore, err := f.connect(fs)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return s, fs.Arg(0), closeStore, nil
+}
+
+// connect returns the store the flags name, the config file's contents (nil
+// with --redis), and the function that closes the store. It connects
+// through app.OpenStore, as run and validate --online do, so -c FILE
+// reaches Redis exactly as the worker of that file does.
+func (f storeFlags) connect(fs *flag.FlagSet) (*redisbackend.Store, *config.Config, func() error, error) {
 	var rc *config.Redis
+	var cfg *config.Config
 	switch {
 	case *f.file != "" && *f.redisURL != "":
-		return nil, "", nil, usagef("give -c FILE or --redis URL, not both")
+		return nil, nil, nil, usagef("give -c FILE or --redis URL, not both")
 	case *f.file != "":
 		if flagSet(fs, "namespace") {
-			return nil, "", nil, usagef("--namespace goes with --redis; with -c FILE the namespace is the file's redis.namespace")
+			return nil, nil, nil, usagef("--namespace goes with --redis; with -c FILE the namespace is the file's redis.namespace")
 		}
-		cfg, err := loadConfig(*f.file)
-		if err != nil {
-			return nil, "", nil, err
+		var err error
+		if cfg, err = loadConfig(*f.file); err != nil {
+			return nil, nil, nil, err
 		}
 		rc = &cfg.Redis
-		warnUnknownHandler(fs.Output(), *f.handler, *f.file, cfg)
+		if *f.handler != "" {
+			warnUnknownHandler(fs.Output(), *f.handler, *f.file, cfg)
+		}
 	case *f.redisURL == "":
-		return nil, "", nil, usagef("give -c FILE or --redis URL")
+		return nil, nil, nil, usagef("give -c FILE or --redis URL")
 	default:
 		rc = &config.Redis{URL: *f.redisURL, Namespace: *f.namespace, Grace: config.Duration(redisbackend.DefaultGrace),
 			ConnectTimeout: config.Duration(redisbackend.DefaultDialTimeout)}
@@ -70,9 +83,9 @@ func (f storeFlags) open(fs *flag.FlagSet) (*redisbackend.Store, string, func() 
 	defer cancel()
 	s, closeStore, err := app.OpenStore(ctx, rc, slog.New(slog.DiscardHandler))
 	if err != nil {
-		return nil, "", nil, err
+		return nil, nil, nil, err
 	}
-	return s, fs.Arg(0), closeStore, nil
+	return s, cfg, closeStore, nil
 }
 
 // warnUnknownHandler says when name is no handler of cfg: a misspelt
@@ -112,8 +125,27 @@ type recordView struct {
 	LeaseLeftMS  int64             `json:"lease_left_ms,omitempty"`
 	CompletedAt  time.Time         `json:"completed_at,omitzero"`
 	ResultBytes  int               `json:"result_bytes"`
+	TTLLeftMS    int64             `json:"ttl_left_ms,omitempty"` // records only: the key's time to live
 	Steps        []string          `json:"steps,omitempty"`
 	Meta         map[string]string `json:"meta,omitempty"`
+}
+
+// viewOf is the view of rec, the record of key (stored as ekey) of
+// handler, or of its absence when rec is nil.
+func viewOf(handler, key, ekey string, rec *idempotency.Record) recordView {
+	v := recordView{Handler: handler, Key: key, EffectiveKey: ekey, Found: rec != nil}
+	if rec != nil {
+		v.State, v.Released, v.Outcome, v.Fence, v.Attempts = string(rec.State), rec.Released, rec.Outcome, rec.Fence, rec.Attempts
+		v.ClaimedAt, v.CompletedAt, v.ResultBytes, v.Meta = rec.ClaimedAt, rec.CompletedAt, len(rec.Result), rec.Meta
+		if rec.State == idempotency.StateClaimed && !rec.Released {
+			v.LeaseLeftMS = max(time.Until(rec.LeaseUntil).Milliseconds(), 0)
+		}
+		for s := range rec.Steps {
+			v.Steps = append(v.Steps, s)
+		}
+		sort.Strings(v.Steps)
+	}
+	return v
 }
 
 func cmdInspect(args []string, stdout, stderr io.Writer) error {
@@ -141,18 +173,7 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	v := recordView{Handler: *sf.handler, Key: key, EffectiveKey: ekey, Found: rec != nil}
-	if rec != nil {
-		v.State, v.Released, v.Outcome, v.Fence, v.Attempts = string(rec.State), rec.Released, rec.Outcome, rec.Fence, rec.Attempts
-		v.ClaimedAt, v.CompletedAt, v.ResultBytes, v.Meta = rec.ClaimedAt, rec.CompletedAt, len(rec.Result), rec.Meta
-		if rec.State == idempotency.StateClaimed && !rec.Released {
-			v.LeaseLeftMS = max(time.Until(rec.LeaseUntil).Milliseconds(), 0)
-		}
-		for s := range rec.Steps {
-			v.Steps = append(v.Steps, s)
-		}
-		sort.Strings(v.Steps)
-	}
+	v := viewOf(*sf.handler, key, ekey, rec)
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -197,13 +218,22 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 }
 
 func cmdForget(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("forget", "forget (-c FILE | --redis URL [--namespace NS]) --handler NAME [--yes] KEY", `  dedupworker forget -c config.yaml --handler orders order-1042          # asks for confirmation
+	fs := newFlagSet("forget", "forget (-c FILE | --redis URL [--namespace NS]) --handler NAME ([--yes] KEY | --state S [--older-than D] (--dry-run|--yes))", `  dedupworker forget -c config.yaml --handler orders order-1042          # asks for confirmation
   dedupworker forget -c config.yaml --handler orders --yes order-1042    # in scripts
+  dedupworker forget -c config.yaml --handler orders --state dead_lettered --dry-run
+  dedupworker forget -c config.yaml --handler orders --state claimed --older-than 1h --yes
 `, stderr)
 	sf := addStoreFlags(fs)
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
+	bf := addBulkFlags(fs)
 	if err := parseInterspersed(fs, args); err != nil {
 		return err
+	}
+	if flagSet(fs, "state") {
+		return bulkForget(fs, sf, bf, *yes, stdout, stderr)
+	}
+	if flagSet(fs, "older-than") || *bf.dryRun {
+		return usagef("--older-than and --dry-run go with --state S (a bulk forget)")
 	}
 	store, key, closeStore, err := sf.open(fs)
 	if err != nil {

@@ -6,6 +6,9 @@
 //	dedupworker validate -c config.yaml   check a config (--print, --strict, --online)
 //	dedupworker inspect -c config.yaml --handler orders KEY
 //	dedupworker forget  -c config.yaml --handler orders KEY --yes
+//	dedupworker records -c config.yaml --handler orders --state claimed --older-than 10m
+//	dedupworker forget  -c config.yaml --handler orders --state dead_lettered --dry-run
+//	dedupworker stats   -c config.yaml --rate 500/s
 //	dedupworker version
 //
 // Exit codes: 0 ok (also after SIGTERM/SIGINT and a clean drain), 1 runtime
@@ -47,7 +50,9 @@ func commands() []command {
 		{"demo", "run a self-contained demo: embedded NATS and Kafka, duplicates on both", cmdDemo},
 		{"validate", "check a config file; --print shows it with defaults", cmdValidate},
 		{"inspect", "show the stored record of a key", cmdInspect},
-		{"forget", "delete the record of a key so it is processed again", cmdForget},
+		{"forget", "delete the record of a key, or of every key in a state (--state), so it is processed again", cmdForget},
+		{"records", "list the records of a handler, by state and age", cmdRecords},
+		{"stats", "records by state (sampled), bytes per record, memory, and what a rate's retention needs", cmdStats},
 		{"version", "print the version and commit", cmdVersion},
 	}
 }

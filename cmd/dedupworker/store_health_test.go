@@ -93,6 +93,7 @@ handlers:
   - name: orders
     source: {nats: {url: %q, stream: VSR_%s}}
     retention: 1h
+    missing_key: passthrough # no dead_letter: only the store may warn
     action: {exec: {command: [/bin/true]}}
 `, redisURL, url, id)
 	}

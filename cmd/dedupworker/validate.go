@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/app"
 	"github.com/idemkit/dedupworker/internal/config"
 )
@@ -25,7 +26,7 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 	file := fs.String("c", "", "the config `file` (required)")
 	printCfg := fs.Bool("print", false, "print the config with defaults filled in (secrets redacted)")
 	strict := fs.Bool("strict", false, "treat warnings as errors (exit 2)")
-	online := fs.Bool("online", false, "also connect to Redis and the brokers: check the deduplication horizon against the source's retention, and that each dead_letter and forward destination connects and exists (a JetStream stream captures the NATS subject, the Kafka topic exists)")
+	online := fs.Bool("online", false, "also connect to Redis and the brokers: check the deduplication horizon against the source's retention, and that each dead_letter and forward destination connects and exists (a JetStream stream captures the NATS subject, the Kafka topic exists); warn on a NATS AckWait below lease/3 plus one renewal, a forward stream's duplicate window below lease plus the retry horizon, and missing_key: reject without a dead_letter")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -114,6 +115,13 @@ func horizonWarnings(cfg *config.Config) []string {
 //     fails, so every message is retried, then dead-lettered); a missing
 //     Kafka topic is the same warning as for dead letters.
 //
+// For NATS it also warns (SPEC §11.5) when the configured ack_wait, or an
+// existing durable's AckWait, is shorter than lease/3 plus one renewal
+// (heartbeatGap), and when the stream of a forward subject keeps
+// Nats-Msg-Id for less than the lease plus the retry horizon
+// (duplicateWindowCheck). Any handler with missing_key: reject and no
+// dead_letter is warned about: its keyless messages are acked and lost.
+//
 // It runs the store health checks of run (SPEC §11.2): each risky Redis
 // setting is a warning; what the user may not read (CONFIG, INFO refused)
 // is a note, not a warning, so that --strict passes for a least-privilege
@@ -158,13 +166,16 @@ func onlineChecks(cfg *config.Config) (warnings, notes []string, _ error) {
 		if err != nil {
 			return nil, nil, err
 		}
+		if h.MissingKey == string(idempotency.MissingKeyReject) && h.DeadLetter == nil {
+			ws = append(ws, fmt.Sprintf("handlers[%d] (%s): missing_key: reject without a dead_letter: a message without a key is acked and lost; add a dead_letter, or set missing_key: passthrough", i, h.Name))
+		}
 		if keep == 0 {
 			ws = append(ws, fmt.Sprintf("handlers[%d] (%s): %s is unlimited: a replay from the start sees messages older than retention %s, which run again", i, h.Name, what, h.Retention))
 		} else if h.Retention.D() < keep {
 			ws = append(ws, fmt.Sprintf("handlers[%d] (%s): retention %s is shorter than %s %s: a replay of older messages runs them again", i, h.Name, h.Retention, what, config.Duration(keep)))
 		}
-		if f := h.Action.Forward; f != nil {
-			w, err := forwardCheck(ctx, i, h.Name, f)
+		if h.Action.Forward != nil {
+			w, err := forwardCheck(ctx, i, h)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -198,7 +209,46 @@ func natsSourceChecks(ctx context.Context, i int, h *config.Handler, ws []string
 		}
 		ws = appendNonEmpty(ws, w)
 	}
+	w, err := ackWaitCheck(ctx, st, i, h)
+	if err != nil {
+		return 0, "", ws, err
+	}
+	ws = appendNonEmpty(ws, w)
 	return st.CachedInfo().Config.MaxAge, "stream " + n.Stream + " max_age", ws, nil
+}
+
+// heartbeatGap is the longest time between two heartbeats of a running or
+// waiting delivery: a renewal is due every third of the lease, late by up to
+// its jitter (+10 %), and the heartbeat follows the renewal, which may take
+// up to its deadline, min(lease/3, the engine's default store timeout 5s).
+// An AckWait at or below it lets JetStream redeliver a message still in
+// hand.
+func heartbeatGap(lease time.Duration) time.Duration {
+	return lease/3 + lease/30 + min(lease/3, 5*time.Second)
+}
+
+// ackWaitCheck warns when the existing durable's AckWait, or the configured
+// ack_wait that run sets on it, is shorter than heartbeatGap. A missing
+// durable is quiet: run creates it with ack_wait.
+func ackWaitCheck(ctx context.Context, st jetstream.Stream, i int, h *config.Handler) (string, error) {
+	n := h.Source.NATS
+	gap := heartbeatGap(h.Lease.D())
+	if n.AckWait.D() < gap {
+		return fmt.Sprintf("handlers[%d] (%s): source.nats.ack_wait %s is shorter than lease/3 plus one renewal (%s for lease %s): JetStream redelivers messages still being handled or waiting; raise ack_wait to the lease",
+			i, h.Name, n.AckWait, config.Duration(gap), h.Lease), nil
+	}
+	cons, err := st.Consumer(ctx, n.Consumer)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("handlers[%d].source.nats.consumer %q: %w", i, n.Consumer, err)
+	}
+	if aw := cons.CachedInfo().Config.AckWait; aw < gap {
+		return fmt.Sprintf("handlers[%d] (%s): the existing durable %q has AckWait %s, shorter than lease/3 plus one renewal (%s for lease %s): until run updates it to ack_wait %s, JetStream redelivers messages still being handled or waiting",
+			i, h.Name, n.Consumer, config.Duration(aw), config.Duration(gap), h.Lease, n.AckWait), nil
+	}
+	return "", nil
 }
 
 // kafkaSourceChecks reads h's topic's retention.ms and checks its
@@ -240,7 +290,8 @@ func kafkaSourceChecks(ctx context.Context, i int, h *config.Handler, ws []strin
 // forwardCheck connects to a forward destination as the action does (its
 // own URL or brokers and credentials) and reports a subject no stream
 // captures or a missing topic.
-func forwardCheck(ctx context.Context, i int, handler string, f *config.Forward) (string, error) {
+func forwardCheck(ctx context.Context, i int, h *config.Handler) (string, error) {
+	f := h.Action.Forward
 	switch {
 	case f.NATS != nil:
 		js, done, err := openJetStream(ctx, fmt.Sprintf("handlers[%d].action.forward.nats", i), f.NATS.URL, f.NATS.NATSAuth)
@@ -248,7 +299,11 @@ func forwardCheck(ctx context.Context, i int, handler string, f *config.Forward)
 			return "", err
 		}
 		defer done()
-		return natsSubjectCheck(ctx, js, i, handler, "action.forward", f.NATS.Subject)
+		w, err := natsSubjectCheck(ctx, js, i, h.Name, "action.forward", f.NATS.Subject)
+		if w != "" || err != nil {
+			return w, err
+		}
+		return duplicateWindowCheck(ctx, js, i, h)
 	case f.Kafka != nil:
 		k := f.Kafka
 		c, done, err := openKafka(ctx, fmt.Sprintf("handlers[%d].action.forward.kafka", i), k.Brokers, k.SASL, k.TLS)
@@ -256,7 +311,33 @@ func forwardCheck(ctx context.Context, i int, handler string, f *config.Forward)
 			return "", err
 		}
 		defer done()
-		return kafkaTopicCheck(ctx, c, i, handler, "action.forward", k.Topic)
+		return kafkaTopicCheck(ctx, c, i, h.Name, "action.forward", k.Topic)
+	}
+	return "", nil
+}
+
+// duplicateWindowCheck warns when the duplicate window of the stream that
+// captures the forward subject is shorter than the time over which one key
+// can be forwarded twice: the lease (a worker that published, then crashed
+// before its completion, is reclaimed after it) plus the handler's retry
+// horizon (retryHorizon: a publish whose PubAck was lost is retried with
+// the same Nats-Msg-Id after each backoff, up to max_attempts). Only within
+// the window does JetStream drop the second publish (SPEC §9.3).
+func duplicateWindowCheck(ctx context.Context, js jetstream.JetStream, i int, h *config.Handler) (string, error) {
+	subject := h.Action.Forward.NATS.Subject
+	name, err := js.StreamNameBySubject(ctx, subject)
+	if err != nil {
+		return "", fmt.Errorf("handlers[%d].action.forward.nats.subject %q: looking up the stream that captures it: %w", i, subject, err)
+	}
+	st, err := js.Stream(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("handlers[%d].action.forward.nats.subject %q: reading stream %q: %w", i, subject, name, err)
+	}
+	hz := retryHorizon(h)
+	need := h.Lease.D() + hz
+	if dw := st.CachedInfo().Config.Duplicates; dw < need {
+		return fmt.Sprintf("handlers[%d] (%s): stream %s, which captures action.forward.nats.subject %q, has a duplicate window of %s, shorter than lease %s plus the retry horizon %s (max_attempts %d, backoff %s..%s): a forward repeated after it is stored twice; raise the stream's duplicate_window to at least %s",
+			i, h.Name, name, subject, config.Duration(dw), h.Lease, config.Duration(hz.Round(time.Second)), h.MaxAttempts, h.Backoff.Initial, h.Backoff.Max, config.Duration(need.Round(time.Second))), nil
 	}
 	return "", nil
 }

@@ -96,6 +96,7 @@ handlers:
   - name: relay
     source: {nats: {url: %q, stream: VFW_%s}}
     retention: 1h
+    missing_key: passthrough
     action: {forward: {nats: {subject: %s}}}
 `, redis, url, id, subject)
 	}
@@ -176,6 +177,7 @@ handlers:
   - name: relay
     source: {nats: {url: %q, stream: VKF_%s}}
     retention: 1h
+    missing_key: passthrough
     action: {forward: {kafka: {brokers: [%q], topic: %s}}}
 `, redis, url, id, brokers[0], out)
 	want := `handlers[0] (relay): action.forward.kafka.topic "` + out + `" does not exist`
@@ -238,5 +240,69 @@ handlers:
 `, url, id, closed, id)
 	if code, _, stderr := runCmd(t, "validate", "-c", path, "--online"); code != exitUsage || !strings.Contains(stderr, "handlers[0].dead_letter.nats.url") {
 		t.Fatalf("dead_letter.nats.url elsewhere: exit %d, stderr %q; want 2 naming the field", code, stderr)
+	}
+}
+
+// TestValidateOnlineNATSDurableAndWindows (SPEC §11.5): --online warns on an
+// existing durable whose AckWait is shorter than lease/3 plus one renewal,
+// on a configured ack_wait as short, on a forward stream whose duplicate
+// window is shorter than the lease plus the retry horizon, and on
+// missing_key: reject without a dead_letter; a config clear of all four
+// passes --strict.
+func TestValidateOnlineNATSDurableAndWindows(t *testing.T) {
+	t.Parallel()
+	url, js := natsSetup(t)
+	redis := safeRedis(t) // --strict: a store the health checks pass
+	id := randID()
+	createStreamMaxAge(t, js, "VDW_"+id, "vdw."+id, time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for name, dw := range map[string]time.Duration{"VDWS_": 10 * time.Second, "VDWL_": 5 * time.Minute} {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name + id, Subjects: []string{strings.ToLower(name) + id}, MaxAge: 10 * time.Minute, Duplicates: dw}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = js.DeleteStream(ctx, name+id)
+		})
+	}
+	if _, err := js.CreateConsumer(ctx, "VDW_"+id, jetstream.ConsumerConfig{Durable: "short", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(ctx, "VDW_"+id, jetstream.ConsumerConfig{Durable: "long", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	config := func(consumer, ackWait, missingKey, out string) string {
+		return writeConfig(t, `
+redis: {url: %q}
+handlers:
+  - name: relay
+    source: {nats: {url: %q, stream: VDW_%s, consumer: %s, ack_wait: %s}}
+    retention: 1h
+    lease: 30s
+    missing_key: %s
+    action: {forward: {nats: {subject: %s}}}
+`, redis, url, id, consumer, ackWait, missingKey, out)
+	}
+	// lease 30s: a heartbeat gap of 10s + 1s jitter + 5s renewal = 16s;
+	// retry horizon (5 attempts, backoff 1s..5m) 1.2+2.4+4.8+9.6 = 18s.
+	code, _, stderr := runCmd(t, "validate", "-c", config("short", "30s", "reject", "vdws_"+id), "--online")
+	for _, want := range []string{
+		`warning: handlers[0] (relay): the existing durable "short" has AckWait 2s, shorter than lease/3 plus one renewal (16s for lease 30s): until run updates it to ack_wait 30s`,
+		`warning: handlers[0] (relay): stream VDWS_` + id + `, which captures action.forward.nats.subject "vdws_` + id + `", has a duplicate window of 10s, shorter than lease 30s plus the retry horizon 18s (max_attempts 5, backoff 1s..5m0s)`,
+		`raise the stream's duplicate_window to at least 48s`,
+		`warning: handlers[0] (relay): missing_key: reject without a dead_letter: a message without a key is acked and lost`,
+	} {
+		if code != 0 || !strings.Contains(stderr, want) {
+			t.Errorf("exit %d, stderr lacks %q:\n%s", code, want, stderr)
+		}
+	}
+	code, _, stderr = runCmd(t, "validate", "-c", config("long", "5s", "passthrough", "vdwl_"+id), "--online")
+	if want := `warning: handlers[0] (relay): source.nats.ack_wait 5s is shorter than lease/3 plus one renewal (16s for lease 30s)`; code != 0 || !strings.Contains(stderr, want) {
+		t.Errorf("exit %d, stderr lacks %q:\n%s", code, want, stderr)
+	}
+	if code, _, stderr := runCmd(t, "validate", "-c", config("long", "30s", "passthrough", "vdwl_"+id), "--online", "--strict"); code != 0 || strings.Contains(stderr, "warning") {
+		t.Errorf("a durable, stream and config clear of the checks: exit %d, stderr %q; want exit 0 and no warning", code, stderr)
 	}
 }

@@ -22,8 +22,9 @@ type Harness struct {
 	// Store is the store under test, fresh and isolated from every other
 	// Harness (e.g. its own namespace).
 	Store idempotency.Store
-	// Grace is the store's grace: a CLAIMED key lives lease + grace, a
-	// released one at least grace. Needed with TTL.
+	// Grace is the store's grace: a CLAIMED key lives lease + max(grace,
+	// the request's Retention), a released one at least grace. Needed with
+	// TTL.
 	Grace time.Duration
 	// TTL returns how long the stored value of key has left to live (PTTL
 	// in Redis), or a negative duration when it has no TTL or is absent.

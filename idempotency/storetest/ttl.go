@@ -11,6 +11,7 @@ func ttlChecks() []check {
 	needs := func(h *Harness) bool { return h.TTL != nil && h.Grace > 0 }
 	return []check{
 		{name: "TTL/Claimed", needs: needs, run: testTTLClaimed},
+		{name: "TTL/ClaimedRetention", needs: needs, run: testTTLClaimedRetention},
 		{name: "TTL/Completed", needs: needs, run: testTTLCompleted},
 		{name: "TTL/Released", needs: needs, run: testTTLReleased},
 	}
@@ -49,6 +50,41 @@ func testTTLClaimed(t *testing.T, h *Harness) {
 	time.Sleep(expiry)
 	mustOwn(t, s, req(key2, fp("a"), 20*time.Second), idempotency.ClaimReclaimed)
 	wantTTL(t, h, key2, 20*time.Second+h.Grace, "reclaimed")
+}
+
+// A claim with a retention longer than the grace outlives its lease by the
+// retention, and keeps that tail when renewed and when reclaimed, so a key
+// whose worker dies on it is reclaimed with its attempts counted however
+// late the next claim comes (SPEC §11.3); a retention shorter than the
+// grace changes nothing.
+func testTTLClaimedRetention(t *testing.T, h *Harness) {
+	s, key := h.Store, newKey(t)
+	keep := h.Grace + 5*time.Minute
+	r := req(key, fp("a"), 10*time.Second)
+	r.Retention = keep
+	c := mustOwn(t, s, r, idempotency.ClaimNew)
+	wantTTL(t, h, key, 10*time.Second+keep, "CLAIMED with a retention")
+	if _, ok := renew(t, s, key, c.Token, 40*time.Second); !ok {
+		t.Fatal("Renew = false")
+	}
+	wantTTL(t, h, key, 40*time.Second+keep, "renewed with a retention")
+
+	key2 := newKey(t)
+	r2 := req(key2, fp("a"), shortLease)
+	r2.Retention = keep
+	mustOwn(t, s, r2, idempotency.ClaimNew)
+	time.Sleep(expiry)
+	r2.Lease = 20 * time.Second
+	if c := mustOwn(t, s, r2, idempotency.ClaimReclaimed); c.Attempts != 2 {
+		t.Errorf("reclaimed with attempts %d, want 2", c.Attempts)
+	}
+	wantTTL(t, h, key2, 20*time.Second+keep, "reclaimed with a retention")
+
+	key3 := newKey(t)
+	r3 := req(key3, fp("a"), 10*time.Second)
+	r3.Retention = h.Grace / 2
+	mustOwn(t, s, r3, idempotency.ClaimNew)
+	wantTTL(t, h, key3, 10*time.Second+h.Grace, "CLAIMED with a retention shorter than the grace")
 }
 
 func testTTLCompleted(t *testing.T, h *Harness) {

@@ -250,7 +250,7 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 		kc := kafka.Config{
 			Brokers: k.Brokers, Topic: k.Topic, GroupID: k.Group, Start: k.Start,
 			SessionTimeout: k.SessionTimeout.D(), CommitInterval: k.CommitInterval.D(),
-			Ordering: h.Ordering, Dialer: d, Logger: log,
+			Ordering: h.Ordering, Isolation: k.Isolation, Dialer: d, Logger: log,
 		}
 		if dl := h.DeadLetter; dl != nil {
 			kc.DeadLetterTopic = dl.Kafka.Topic

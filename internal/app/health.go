@@ -209,7 +209,7 @@ func (n *nodeSettings) risks(durable int) []StoreRisk {
 	if p, ok := n.conf["maxmemory-policy"]; ok && p != "noeviction" {
 		risk("eviction", "maxmemory-policy "+p,
 			"Redis evicts records when memory is full (every record has a TTL, so volatile-* policies evict them too), and an evicted record lets a duplicate run again",
-			"CONFIG SET maxmemory-policy noeviction, and size maxmemory for the records the retention holds (dedupworker stats); a full Redis then refuses writes and the worker fails closed")
+			"CONFIG SET maxmemory-policy noeviction, and size maxmemory for the records the retention holds (records × bytes per record); a full Redis then refuses writes and the worker fails closed")
 	}
 	aof, aofKnown := n.conf["appendonly"]
 	if save, saveKnown := n.conf["save"]; aofKnown && aof == "no" && saveKnown && strings.TrimSpace(save) == "" {

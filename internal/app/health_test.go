@@ -450,3 +450,21 @@ func TestRunDurability(t *testing.T) {
 		}
 	})
 }
+
+// A WAIT as long as the read timeout would have the pipeline time out
+// before WAIT answers: refused, naming the field.
+func TestOpenStoreDurabilityTimeoutUnderReadTimeout(t *testing.T) {
+	t.Parallel()
+	rc := testRedis(testenv.Redis(t), uniqueNS("durto"))
+	rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(3 * time.Second)}
+	_, _, err := OpenStore(testCtx(t), &rc, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "redis.durability.timeout 3s: must be shorter than the Redis read timeout 3s") {
+		t.Fatalf("durability timeout 3s with read timeout 3s: %v, want an error naming redis.durability.timeout", err)
+	}
+	rc.Durability.Timeout = config.Duration(2 * time.Second)
+	_, closeStore, err := OpenStore(testCtx(t), &rc, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatalf("durability timeout 2s: %v", err)
+	}
+	_ = closeStore()
+}

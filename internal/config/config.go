@@ -148,6 +148,9 @@ type KafkaSource struct {
 	CommitInterval Duration `yaml:"commit_interval"`
 	SASL           *SASL    `yaml:"sasl"`
 	TLS            *TLS     `yaml:"tls"`
+	// Isolation is read_committed (default: records of aborted
+	// transactions are never handled) or read_uncommitted (SPEC §11.3).
+	Isolation string `yaml:"isolation"`
 }
 
 // SASL configures Kafka authentication.
@@ -306,6 +309,7 @@ func (c *Config) fillDefaults() {
 		setDefault(&h.Mode, "enforce")
 		if k := h.Source.Kafka; k != nil {
 			setDefault(&k.Start, "earliest")
+			setDefault(&k.Isolation, "read_committed")
 			setDur(&k.SessionTimeout, 10*time.Second)
 			setDur(&k.CommitInterval, time.Second)
 			if k.Group == "" && h.Name != "" {
@@ -513,6 +517,8 @@ func (h *Handler) validate(p string, fail failFunc) error {
 			return fail(sp+".topic", "required")
 		case k.Start != "earliest" && k.Start != "latest":
 			return fail(sp+".start", "%q: want earliest or latest", k.Start)
+		case k.Isolation != "read_committed" && k.Isolation != "read_uncommitted":
+			return fail(sp+".isolation", "%q: want read_committed or read_uncommitted", k.Isolation)
 		}
 		if err := validateSASL(sp+".sasl", k.SASL, fail); err != nil {
 			return err

@@ -65,6 +65,7 @@ func TestParseErrorsNameFieldAndLine(t *testing.T) {
 		{"two sources", "handlers:\n  - name: a\n    source:\n      kafka: {brokers: [b:1], topic: t}\n      nats: {url: nats://x, stream: S}\n    action: {exec: {command: [x]}}\n", "handlers[0].source", 3, "two sources"},
 		{"two actions", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action:\n      exec: {command: [x]}\n      http: {url: http://x}\n", "handlers[0].action", 4, "two actions"},
 		{"missing required", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1]}}\n    action: {exec: {command: [x]}}\n", "handlers[0].source.kafka.topic", 3, "required"},
+		{"bad isolation", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t, isolation: dirty}}\n    action: {exec: {command: [x]}}\n", "handlers[0].source.kafka.isolation", 3, "want read_committed or read_uncommitted"},
 		{"bad key source", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    key: [uuid]\n    action: {exec: {command: [x]}}\n", "handlers[0].key[0]", 4, "want header"},
 		{"http tls on http://", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {http: {url: 'http://x/hook', tls: {ca_file: ca.pem}}}\n", "handlers[0].action.http.tls", 4, "https:// URL"},
 		{"http tls cert without key", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {http: {url: 'https://x/hook', tls: {cert_file: c.pem}}}\n", "handlers[0].action.http.tls", 4, "cert_file and key_file together"},

@@ -101,7 +101,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"op"}),
 		storeRisk: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dedup_store_risk",
-			Help: "1 when the store health check found the Redis settings risk running a key twice (eviction, persistence, replicas, appendfsync), else 0 (SPEC §11.2).",
+			Help: "1 when the store health check found the Redis settings risk running a key twice (eviction, persistence, replicas, appendfsync), else 0, also when the setting could not be read (SPEC §11.2).",
 		}, []string{"check"}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dedup_store_evictions_total",

@@ -109,9 +109,10 @@
 // after a fetch is where the next batch begins, or after the last record of
 // the last batch; a fetch whose records all lie before the fetch offset (the
 // tail of a batch emptied by compaction) moves on by one offset per fetch.
-// A partition that starts at "latest" resolves it to the high watermark,
-// which under read_committed may lie after the records of a transaction
-// still open.
+// Under read_committed a partition that starts at "latest" starts at the
+// last stable offset, as Kafka's own consumer does: the end of the partition
+// would lie after the records of a transaction still open, which then would
+// never be read.
 //
 // Every network call has a deadline: dials and metadata (NetworkTimeout),
 // fetches (MaxWait + NetworkTimeout), kafka-go's coordinator calls

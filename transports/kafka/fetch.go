@@ -41,6 +41,28 @@ func (s *Source) transport() *kafka.Transport {
 	}
 }
 
+// lastStable returns the partition's last stable offset: the first offset of
+// its oldest open transaction, or its end when none is open.
+func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64, error) {
+	s := p.g.m.s
+	cl := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: tr, Timeout: s.cfg.NetworkTimeout}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+	defer cancel()
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics:         map[string][]kafka.OffsetRequest{s.cfg.Topic: {kafka.LastOffsetOf(p.id)}},
+		IsolationLevel: kafka.ReadCommitted,
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, po := range res.Topics[s.cfg.Topic] {
+		if po.Partition == p.id {
+			return po.LastOffset, po.Error
+		}
+	}
+	return 0, fmt.Errorf("kafka: list offsets response without partition %d", p.id)
+}
+
 // fetchOnce sends one Fetch request for the partition at offset and returns
 // the records a handler may see, in offset order, and the offset to fetch
 // next. It reads the response with kafka-go's protocol/fetch types rather
@@ -115,13 +137,19 @@ type filter struct {
 // batch ends where the next one begins; the last batch ends after its last
 // record. A response whose records all lie before offset (the tail of a
 // batch removed by compaction, or an empty batch a compacted transactional
-// producer left) advances by one offset: nothing is stored there.
+// producer left) advances by one offset: nothing is stored there. kafka-go
+// keeps no batch's last offset, which would let it jump the whole gap.
 func (f *filter) read(topic string, partition int, hwm, offset int64, batches []protocol.RecordReader) ([]kafka.Message, int64, error) {
 	sort.Slice(f.aborted, func(i, j int) bool { return f.aborted[i].FirstOffset < f.aborted[j].FirstOffset })
 	var msgs []kafka.Message
 	next := offset
 	for i, b := range batches {
 		base := batchOffset(b)
+		if base > next {
+			// Nothing is stored between the fetch offset and the first
+			// batch the broker returned.
+			next = base
+		}
 		if i+1 < len(batches) {
 			if end := batchOffset(batches[i+1]); end > next {
 				next = end

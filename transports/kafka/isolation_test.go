@@ -49,10 +49,10 @@ func TestIsolation(t *testing.T) {
 				})
 				src := e.source(func(c *kafka.Config) { c.Isolation = iso })
 				r := run(t, worker(t, "iso", src, h))
-				ends := e.ends(e.topic, 1)
-				if ends[0] != 32 {
-					t.Fatalf("partition end = %d, want 32 (30 records, 2 markers)", ends[0])
-				}
+				// 30 records and 2 markers; the broker writes a marker after
+				// EndTransaction returns.
+				ends := map[int]int64{0: 32}
+				eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
 				eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
 				if err := r.stop(t); err != nil {
 					t.Fatalf("Run returned %v, want nil", err)
@@ -137,4 +137,172 @@ func produceTxns(t *testing.T, brokers []string, topic string) {
 	txn("aborted", kgo.TryAbort)
 	txn("committed", kgo.TryCommit)
 	put(plain, "plain2", 5)
+}
+
+// TestOpenTransaction: under read_committed the broker returns nothing from
+// the first offset of an open transaction on (the last stable offset), also
+// plain records written after it; they are handled once it commits, and
+// the committed offset then reaches the end. On real Kafka and on kfake.
+func TestOpenTransaction(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"kafka", "kfake"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var brokers []string
+			if name == "kafka" {
+				brokers = testenv.Kafka(t)
+			} else {
+				_, brokers = testenv.KFake(t)
+			}
+			e := &env{t: t, brokers: brokers, parts: 1}
+			e.topic = fmt.Sprintf("t-open-%s-%d-%d", name, time.Now().UnixNano()%1e6, topicSeq.Add(1))
+			e.group = e.topic + "-g"
+			testenv.CreateKafkaTopic(t, e.brokers, e.topic, 1)
+
+			opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(e.topic), kgo.RecordPartitioner(kgo.ManualPartitioner())}
+			plain, err := kgo.NewClient(opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer plain.Close()
+			tx, err := kgo.NewClient(append(opts, kgo.TransactionalID(e.topic+"-tx"))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			put := func(c *kgo.Client, ids ...string) {
+				t.Helper()
+				for _, id := range ids {
+					if err := c.ProduceSync(ctx, &kgo.Record{Key: []byte(id), Value: []byte(id)}).FirstErr(); err != nil {
+						t.Fatalf("produce %s: %v", id, err)
+					}
+				}
+			}
+			put(plain, "p0", "p1")
+			if err := tx.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+			put(tx, "t0", "t1", "t2")
+			put(plain, "p2")
+
+			var mu sync.Mutex
+			var seen []string
+			h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+				mu.Lock()
+				seen = append(seen, string(m.Key))
+				mu.Unlock()
+				return nil, nil
+			})
+			r := run(t, worker(t, "open", e.source(nil), h))
+			// The committed offset stops at the open transaction's first
+			// record (offset 2): nothing after it was fetched.
+			eventually(t, 30*time.Second, "committed offset at the open transaction", func() bool { return e.committed()[0] >= 2 })
+			mu.Lock()
+			before := slices.Clone(seen)
+			mu.Unlock()
+			if c := e.committed()[0]; c != 2 || !slices.Equal(before, []string{"p0", "p1"}) {
+				t.Fatalf("while the transaction is open: committed %d, handled %q; want 2 and [p0 p1]", c, before)
+			}
+
+			if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+			// The broker writes the commit marker after EndTransaction
+			// returns.
+			ends := map[int]int64{0: 7}
+			eventually(t, 30*time.Second, "the commit marker at offset 6", func() bool { return e.ends(e.topic, 1)[0] == 7 })
+			eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+			if err := r.stop(t); err != nil {
+				t.Fatalf("Run returned %v, want nil", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if want := []string{"p0", "p1", "t0", "t1", "t2", "p2"}; !slices.Equal(seen, want) {
+				t.Errorf("handled %q, want %q", seen, want)
+			}
+		})
+	}
+}
+
+// TestStartLatestOpenTransaction: a new group starting at "latest" under
+// read_committed starts at the last stable offset, before the records of a
+// transaction still open, as Kafka's own consumer does, so they are handled
+// once it commits; the end of the partition would have passed them for
+// good. On real Kafka and on kfake.
+func TestStartLatestOpenTransaction(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"kafka", "kfake"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var brokers []string
+			if name == "kafka" {
+				brokers = testenv.Kafka(t)
+			} else {
+				_, brokers = testenv.KFake(t)
+			}
+			e := &env{t: t, brokers: brokers, parts: 1}
+			e.topic = fmt.Sprintf("t-latest-%s-%d-%d", name, time.Now().UnixNano()%1e6, topicSeq.Add(1))
+			e.group = e.topic + "-g"
+			testenv.CreateKafkaTopic(t, e.brokers, e.topic, 1)
+
+			opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(e.topic), kgo.RecordPartitioner(kgo.ManualPartitioner())}
+			plain, err := kgo.NewClient(opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer plain.Close()
+			tx, err := kgo.NewClient(append(opts, kgo.TransactionalID(e.topic+"-tx"))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			put := func(c *kgo.Client, ids ...string) {
+				t.Helper()
+				for _, id := range ids {
+					if err := c.ProduceSync(ctx, &kgo.Record{Key: []byte(id), Value: []byte(id)}).FirstErr(); err != nil {
+						t.Fatalf("produce %s: %v", id, err)
+					}
+				}
+			}
+			put(plain, "p0")
+			if err := tx.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+			put(tx, "t0", "t1")
+
+			var mu sync.Mutex
+			var seen []string
+			h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+				mu.Lock()
+				seen = append(seen, string(m.Key))
+				mu.Unlock()
+				return nil, nil
+			})
+			r := run(t, worker(t, "latest", e.source(func(c *kafka.Config) { c.Start = kafka.StartLatest }), h))
+			// The member commits the position it resolved: 1, or 3 (the
+			// end) when it passed the open transaction.
+			eventually(t, 30*time.Second, "a committed offset", func() bool { return e.committed()[0] >= 1 })
+			if c := e.committed()[0]; c != 1 {
+				t.Fatalf("start at latest: committed %d, want 1 (the open transaction's first offset)", c)
+			}
+			if err := tx.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+			ends := map[int]int64{0: 4}
+			eventually(t, 30*time.Second, "the commit marker at offset 3", func() bool { return e.ends(e.topic, 1)[0] == 4 })
+			eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+			if err := r.stop(t); err != nil {
+				t.Fatalf("Run returned %v, want nil", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if want := []string{"t0", "t1"}; !slices.Equal(seen, want) {
+				t.Errorf("handled %q, want %q", seen, want)
+			}
+		})
+	}
 }

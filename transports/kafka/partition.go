@@ -155,8 +155,10 @@ func (p *partition) fetch() {
 		if attempt > 0 && !sleepCtx(ctx, backoff(attempt)) {
 			return
 		}
-		conn, pos, err := p.connect(ctx, offset)
+		tr := s.transport()
+		conn, pos, err := p.connect(ctx, tr, offset)
 		if err != nil {
+			tr.CloseIdleConnections()
 			if ctx.Err() != nil {
 				return
 			}
@@ -178,13 +180,13 @@ func (p *partition) fetch() {
 			offset = pos
 			if !p.send(fetched{next: pos}) {
 				conn.Close()
+				tr.CloseIdleConnections()
 				return
 			}
 		}
 		// The connection only resolved the position: fetches go through
-		// a Transport (fetch.go).
+		// the Transport (fetch.go).
 		conn.Close()
-		tr := s.transport()
 		before := offset
 		offset, err = p.readLoop(ctx, tr, offset)
 		tr.CloseIdleConnections()
@@ -210,8 +212,11 @@ func (p *partition) fail(err error) {
 }
 
 // connect dials the partition leader and positions at offset, resolving
-// FirstOffset/LastOffset and offsets that fell out of retention.
-func (p *partition) connect(ctx context.Context, offset int64) (*kafka.Conn, int64, error) {
+// FirstOffset/LastOffset and offsets that fell out of retention. Under
+// read_committed LastOffset is the last stable offset, asked through tr:
+// the end of the partition would pass the records of an open transaction,
+// which then would never be read.
+func (p *partition) connect(ctx context.Context, tr *kafka.Transport, offset int64) (*kafka.Conn, int64, error) {
 	s := p.g.m.s
 	var err error
 	for _, b := range s.cfg.Brokers {
@@ -224,6 +229,9 @@ func (p *partition) connect(ctx context.Context, offset int64) (*kafka.Conn, int
 		}
 		_ = conn.SetDeadline(time.Now().Add(s.cfg.NetworkTimeout))
 		first, last, oerr := conn.ReadOffsets()
+		if oerr == nil && offset == kafka.LastOffset && s.cfg.Isolation == IsolationReadCommitted {
+			last, oerr = p.lastStable(ctx, tr)
+		}
 		if oerr != nil {
 			conn.Close()
 			return nil, 0, oerr

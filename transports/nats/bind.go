@@ -46,8 +46,8 @@ func (s *Source) bindOnce(ctx context.Context, concurrency int) (jetstream.Consu
 	cons, err := s.js.Consumer(c, s.cfg.Stream, s.cfg.Consumer)
 	switch {
 	case err == nil:
-		if err := s.checkExisting(cons.CachedInfo(), concurrency); err != nil {
-			return nil, &fatalError{err}
+		if cons, err = s.reconcile(c, cons, concurrency); err != nil {
+			return nil, err
 		}
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return nil, &fatalError{s.goneErr(err)}
@@ -86,13 +86,13 @@ func (s *Source) create(ctx context.Context, concurrency int) (jetstream.Consume
 		s.log.Info("created the durable consumer", "ack_wait", cfg.AckWait, "max_ack_pending", cfg.MaxAckPending, "filter", cfg.FilterSubject)
 		return cons, nil
 	case errors.Is(err, jetstream.ErrConsumerExists):
-		// Another worker created it meanwhile, with another configuration:
-		// bind to theirs unchanged.
+		// Another worker created it meanwhile, maybe with another
+		// configuration: use it as any existing consumer.
 		cons, err = s.js.Consumer(ctx, s.cfg.Stream, s.cfg.Consumer)
 		if err != nil {
 			return nil, fmt.Errorf("dedup: nats: consumer %q of stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
 		}
-		return cons, s.checkExisting(cons.CachedInfo(), concurrency)
+		return s.reconcile(ctx, cons, concurrency)
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return nil, &fatalError{s.goneErr(err)}
 	default:
@@ -105,9 +105,55 @@ func (s *Source) create(ctx context.Context, concurrency int) (jetstream.Consume
 	}
 }
 
+// reconcile checks an existing consumer (checkExisting) and makes it follow
+// Config (SPEC §11.5): a different AckWait, or a MaxAckPending below the
+// configured one (Config.MaxAckPending, else the concurrency), is updated
+// with an Info line naming the old and new values; a MaxAckPending above
+// the configured one is kept, with a warning, because other workers on the
+// durable may count on it. With BindOnly nothing is updated: each
+// difference is a warning. A failed update is a warning too, and the
+// consumer is used as it is: it still delivers, only with its own settings.
+func (s *Source) reconcile(ctx context.Context, cons jetstream.Consumer, concurrency int) (jetstream.Consumer, error) {
+	info := cons.CachedInfo()
+	if err := s.checkExisting(info); err != nil {
+		return nil, &fatalError{err}
+	}
+	if info == nil {
+		return cons, nil
+	}
+	old := info.Config
+	want := old
+	wantPending := cmp.Or(s.cfg.MaxAckPending, concurrency)
+	switch {
+	case old.MaxAckPending > 0 && old.MaxAckPending < wantPending:
+		want.MaxAckPending = wantPending
+	case old.MaxAckPending > wantPending || old.MaxAckPending < 0:
+		s.log.Warn("the existing consumer's MaxAckPending is above the configured max_ack_pending; kept, since other workers on it may need it: lower it on the server (nats consumer edit) if it is too high",
+			"max_ack_pending", old.MaxAckPending, "configured", wantPending)
+	}
+	if s.cfg.AckWait > 0 && old.AckWait != s.cfg.AckWait {
+		want.AckWait = s.cfg.AckWait
+	}
+	if want.MaxAckPending == old.MaxAckPending && want.AckWait == old.AckWait {
+		return cons, nil
+	}
+	attrs := []any{"old_ack_wait", old.AckWait, "ack_wait", want.AckWait, "old_max_ack_pending", old.MaxAckPending, "max_ack_pending", want.MaxAckPending}
+	if s.cfg.BindOnly {
+		s.log.Warn("the existing consumer differs from the configuration; BindOnly is set, so it is not updated", attrs...)
+		return cons, nil
+	}
+	updated, err := s.js.UpdateConsumer(ctx, s.cfg.Stream, want)
+	if err != nil {
+		s.log.Warn("updating the existing consumer failed; it is used as it is", append(attrs, "err", err)...)
+		return cons, nil
+	}
+	s.log.Info("updated the existing consumer to follow the configuration", attrs...)
+	return updated, nil
+}
+
 // checkExisting refuses a consumer the Source cannot drive and warns where
-// an existing consumer differs from Config (it is bound to unchanged).
-func (s *Source) checkExisting(info *jetstream.ConsumerInfo, concurrency int) error {
+// an existing consumer differs from Config in what reconcile leaves alone.
+func (s *Source) checkExisting(info *jetstream.ConsumerInfo) error {
 	if info == nil {
 		return nil
 	}
@@ -120,9 +166,6 @@ func (s *Source) checkExisting(info *jetstream.ConsumerInfo, concurrency int) er
 	}
 	if s.cfg.Subject != "" && c.FilterSubject != s.cfg.Subject {
 		s.log.Warn("the existing consumer has another filter subject; bound unchanged", "configured", s.cfg.Subject, "existing", c.FilterSubject, "existing_filters", c.FilterSubjects)
-	}
-	if c.MaxAckPending > 0 && c.MaxAckPending < concurrency {
-		s.log.Warn("the existing consumer's MaxAckPending is below the concurrency and caps it", "max_ack_pending", c.MaxAckPending, "concurrency", concurrency)
 	}
 	if c.MaxDeliver > 0 {
 		s.log.Warn("the existing consumer has a MaxDeliver: the server stops redelivering after it, whatever the worker's max attempts", "max_deliver", c.MaxDeliver)

@@ -14,25 +14,31 @@ type Config struct {
 	// Stream is the JetStream stream to consume. Required.
 	Stream string
 	// Consumer is the durable name of the pull consumer. Required. It is
-	// created when it does not exist (unless BindOnly) and bound to
-	// unchanged when it does.
+	// created when it does not exist (unless BindOnly); when it does, its
+	// AckWait and MaxAckPending are updated to follow AckWait and
+	// MaxAckPending (SPEC §11.5; not with BindOnly) and the rest is used as
+	// it is.
 	Consumer string
 	// Subject is the filter subject of a consumer the Source creates; empty
 	// means every subject of the stream. It is ignored (with a warning) when
 	// the consumer already exists with another filter.
 	Subject string
-	// AckWait is the AckWait of a consumer the Source creates: how long the
+	// AckWait is the AckWait of the consumer, set when the Source creates it
+	// and updated when an existing one differs: how long the
 	// server waits for an ack before redelivering. Heartbeats
 	// (Delivery.Heartbeat) reset it. Default 30s, the default lease. Set it
 	// to the deduplication lease (SPEC §9.2): the engine heartbeats on every
-	// lease renewal, a third of the lease apart, so an AckWait shorter than
-	// that redelivers a message while its handler still runs.
+	// lease renewal, a third of the lease apart, and as often while a
+	// duplicate waits for the key's owner, so an AckWait shorter than that
+	// redelivers a message while its handler still runs or while it waits.
 	AckWait time.Duration
-	// MaxAckPending is the MaxAckPending of a consumer the Source creates:
-	// how many messages the server lets be unacknowledged across every
-	// worker bound to the consumer. Default (0): the handler's concurrency
-	// (SPEC §8.1), which suits one worker; for N workers sharing the durable
-	// consumer set N × concurrency, or they share one worker's capacity.
+	// MaxAckPending is the MaxAckPending of the consumer, set when the
+	// Source creates it and raised when an existing one is lower (a higher
+	// one is kept, with a warning: other workers may need it): how many
+	// messages the server lets be unacknowledged across every worker bound
+	// to the consumer. Default (0): the handler's concurrency (SPEC §8.1),
+	// which suits one worker; for N workers sharing the durable consumer set
+	// N × concurrency, or they share one worker's capacity (SPEC §11.5).
 	MaxAckPending int
 	// Batch caps how many messages the pull subscription asks for ahead
 	// (its PullMaxMessages: the client holds at most about twice this many
@@ -63,7 +69,9 @@ type Config struct {
 	// none (DeadLetter returns consumer.ErrNoDeadLetter). It must not be
 	// matched by the consumer's own filter in the same stream.
 	DeadLetterSubject string
-	// BindOnly makes a missing consumer an error instead of creating it.
+	// BindOnly makes a missing consumer an error instead of creating it, and
+	// leaves an existing one unchanged (each difference from AckWait and
+	// MaxAckPending is a warning).
 	BindOnly bool
 	// Logger receives the Source's logs; nil discards them.
 	Logger *slog.Logger

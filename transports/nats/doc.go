@@ -2,9 +2,10 @@
 // consumer.Source over a durable pull consumer of nats.go's jetstream package.
 //
 // The Source binds to the durable consumer named in Config when it exists,
-// unchanged, and creates it when it does not (AckExplicit, AckWait from
-// Config, MaxDeliver unlimited because the worker counts attempts, and
-// MaxAckPending equal to the handler's concurrency; SPEC §9.2).
+// and creates it when it does not (AckExplicit, AckWait from Config,
+// MaxDeliver unlimited because the worker counts attempts, and MaxAckPending
+// from Config or the handler's concurrency; SPEC §9.2). An existing consumer
+// follows Config's AckWait and a larger MaxAckPending (SPEC §11.5).
 //
 // It keeps one pull subscription open for the whole of Consume (jetstream's
 // Consume, whose callback only hands each message on): the server pushes
@@ -31,7 +32,8 @@
 //
 //	Ack        Ack, or DoubleAck when Config.AckSync is set
 //	Nak        NakWithDelay(delay), or Nak when delay is zero
-//	Heartbeat  InProgress (resets AckWait while a handler runs)
+//	Heartbeat  InProgress (resets AckWait while a handler runs or a
+//	           duplicate waits for its key's owner)
 //	Attempt    the NumDelivered of the message metadata
 //	DeadLetter publish to Config.DeadLetterSubject (see below)
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -129,12 +131,14 @@ func TestFetchAck(t *testing.T) {
 	})
 }
 
-// TestBindsExistingUnchanged: an existing consumer is used as it is.
-func TestBindsExistingUnchanged(t *testing.T) {
+// TestExistingConsumerFollowsConfig (SPEC §11.5): an existing consumer
+// gets the configured AckWait and a MaxAckPending raised to the configured
+// one, with an Info line naming old and new values; its filter is kept.
+func TestExistingConsumerFollowsConfig(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		ctx := ctxT(t, 5*time.Second)
 		_, err := e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
-			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 11 * time.Second, MaxAckPending: 100,
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 11 * time.Second, MaxAckPending: 1,
 			FilterSubject: e.subj + ".1",
 		})
 		if err != nil {
@@ -142,7 +146,8 @@ func TestBindsExistingUnchanged(t *testing.T) {
 		}
 		e.publish(t, 6) // m1 and m4 are on .1
 		s := newSeen()
-		src := newSource(t, e, natstr.Config{Subject: e.subj + ".>", AckWait: 3 * time.Second})
+		logs := &testenv.SyncBuffer{}
+		src := newSource(t, e, natstr.Config{Subject: e.subj + ".>", AckWait: 3 * time.Second, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 		run(t, consumer.Config{}, src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 			s.add(string(m.Payload), 0)
 			return nil, nil
@@ -152,8 +157,48 @@ func TestBindsExistingUnchanged(t *testing.T) {
 			t.Errorf("handled %v, want m1 and m4 once", s.runs)
 		}
 		c := e.consumerInfo(t, "c").Config
-		if c.MaxAckPending != 100 || c.AckWait != 11*time.Second || c.FilterSubject != e.subj+".1" {
-			t.Errorf("existing consumer changed: MaxAckPending %d AckWait %s filter %q", c.MaxAckPending, c.AckWait, c.FilterSubject)
+		if c.MaxAckPending != 2 || c.AckWait != 3*time.Second || c.FilterSubject != e.subj+".1" {
+			t.Errorf("existing consumer: MaxAckPending %d (want 2) AckWait %s (want 3s) filter %q (want kept)", c.MaxAckPending, c.AckWait, c.FilterSubject)
+		}
+		for _, want := range []string{`level=INFO msg="updated the existing consumer to follow the configuration"`, `old_ack_wait=11s ack_wait=3s old_max_ack_pending=1 max_ack_pending=2`} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("logs lack %s:\n%s", want, logs)
+			}
+		}
+	})
+}
+
+// TestExistingConsumerLargerMaxAckPendingKept: a MaxAckPending above the
+// configured one is kept with a warning; with BindOnly a different AckWait
+// is a warning, not an update.
+func TestExistingConsumerLargerMaxAckPendingKept(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		ctx := ctxT(t, 5*time.Second)
+		_, err := e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 11 * time.Second, MaxAckPending: 100,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.publish(t, 3)
+		logs := &testenv.SyncBuffer{}
+		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
+		src := newSource(t, e, natstr.Config{AckWait: 3 * time.Second, BindOnly: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(2))
+		e.drained(t, "c", 10*time.Second)
+		c := e.consumerInfo(t, "c").Config
+		if c.MaxAckPending != 100 || c.AckWait != 11*time.Second {
+			t.Errorf("existing consumer changed: MaxAckPending %d AckWait %s", c.MaxAckPending, c.AckWait)
+		}
+		for _, want := range []string{
+			`level=WARN msg="the existing consumer's MaxAckPending is above the configured max_ack_pending; kept`,
+			`max_ack_pending=100 configured=2`,
+			`level=WARN msg="the existing consumer differs from the configuration; BindOnly is set, so it is not updated"`,
+			`old_ack_wait=11s ack_wait=3s old_max_ack_pending=100 max_ack_pending=100`,
+		} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("logs lack %s:\n%s", want, logs)
+			}
 		}
 	})
 }

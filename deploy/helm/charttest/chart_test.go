@@ -833,3 +833,36 @@ func TestDefaultGracePeriod(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSMaxAckPending (SPEC §11.5): every pod binds to one durable, so the
+// chart sets its max_ack_pending to the most pods there can be times each
+// pod's concurrency, unless the config sets it.
+func TestNATSMaxAckPending(t *testing.T) {
+	needHelm(t)
+	keda := filepath.Join(chartDir, "ci", "nats-keda-values.yaml") // concurrency 32, keda max 8, replicaCount 1
+	for sets, want := range map[string]int{
+		"":                                  8 * 32,
+		"keda.maxReplicaCount=3":            3 * 32,
+		"keda.enabled=false":                1 * 32,
+		"keda.enabled=false,replicaCount=4": 4 * 32,
+		"keda.enabled=false,autoscaling.enabled=true,autoscaling.maxReplicas=5": 5 * 32,
+		"config.handlers[0].source.nats.max_ack_pending=7":                      7,
+	} {
+		var args []string
+		if sets != "" {
+			args = append(args, sets)
+		}
+		out, err := render(t, []string{keda}, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env := containerEnv(t, decodeAll(t, out).deployment)
+		cfg, err := config.Parse([]byte(renderedConfig(t, decodeAll(t, out))), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+		if err != nil {
+			t.Fatalf("--set %q: %v", sets, err)
+		}
+		if got := cfg.Handlers[0].Source.NATS.MaxAckPending; got != want {
+			t.Errorf("--set %q: max_ack_pending %d, want %d", sets, got, want)
+		}
+	}
+}

@@ -211,6 +211,18 @@ literal secret (which would otherwise be stored in the ConfigMap).
 {{- include "dedupworker.checkNatsAuth" (dict "nats" $fwd.nats "path" (printf "%s.action.forward.nats" $p)) -}}
 {{- include "dedupworker.checkNatsAuth" (dict "nats" $dl.nats "path" (printf "%s.dead_letter.nats" $p)) -}}
 {{- with $src.nats -}}
+{{- if not (hasKey . "max_ack_pending") -}}
+{{- /* Every pod binds to one durable: its MaxAckPending is the pods at most
+       (keda.maxReplicaCount, autoscaling.maxReplicas or replicaCount) times
+       each pod's concurrency (the binary's default 16), SPEC §11.5. */ -}}
+{{- $pods := $.Values.replicaCount -}}
+{{- if $.Values.keda.enabled -}}
+{{- $pods = $.Values.keda.maxReplicaCount -}}
+{{- else if $.Values.autoscaling.enabled -}}
+{{- $pods = $.Values.autoscaling.maxReplicas -}}
+{{- end -}}
+{{- $_ := set . "max_ack_pending" (mul (int $pods) (int ($h.concurrency | default 16))) -}}
+{{- end -}}
 {{- if and $natsRef.name (not .creds_file) (not .password) (not .token) -}}
 {{- if eq $natsType "creds" -}}
 {{- $_ := set . "creds_file" (printf "%s/nats/nats.creds" $secretDir) -}}

@@ -27,4 +27,8 @@ A HorizontalPodAutoscaler scales the Deployment between {{ .Values.autoscaling.m
 Pods get {{ include "dedupworker.gracePeriod" . }}s after SIGTERM; config.shutdown_timeout is {{ include "dedupworker.shutdownSeconds" . }}s.
 Inspect or forget a key from inside a pod:
   kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker inspect -c /etc/dedupworker/config.yaml --handler NAME KEY
+List a handler's records by state, delete them in bulk, and size the store:
+  kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker records -c /etc/dedupworker/config.yaml --handler NAME --state claimed --older-than 10m
+  kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker forget -c /etc/dedupworker/config.yaml --handler NAME --state dead_lettered --dry-run
+  kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker stats -c /etc/dedupworker/config.yaml --rate 100/s
 {{- end -}}

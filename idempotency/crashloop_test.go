@@ -1,0 +1,59 @@
+package idempotency_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/fakedelivery"
+)
+
+// A key whose max_attempts runs all died with their worker (each claimed,
+// none completed, released or dead-lettered) is dead-lettered on its next
+// claim without running the handler again (SPEC §7.2, §11.3), and the
+// engine's claims ask the store to keep an abandoned claim for the
+// handler's retention, so the count is there however late that claim comes.
+func TestClaimPastMaxAttemptsDeadLettersWithoutRunning(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	const lease = 100 * time.Millisecond
+	h := &countingHandler{}
+	p := f.processor(t, h, idempotency.WithMaxAttempts(3), idempotency.WithLease(lease))
+	ctx := context.Background()
+	key := idempotency.EffectiveKey("orders", "crasher")
+	fp := idempotency.Fingerprint(fakedelivery.New("crasher", "x").Message(), nil)
+
+	// Three runs whose worker died: claims nobody settles, each found
+	// after its lease ran out. The wait is the dead worker's downtime.
+	for run := 1; run <= 3; run++ {
+		res, err := f.store.Claim(ctx, []idempotency.ClaimRequest{{
+			Key: key, Fingerprint: fp, FingerprintVersion: idempotency.FingerprintVersion, Lease: lease, Retention: time.Hour,
+		}})
+		if err != nil || res[0].Claim == nil || res[0].Claim.Attempts != run {
+			t.Fatalf("run %d: claim %+v, %v; want owned with attempts %d", run, res, err, run)
+		}
+		timer := time.NewTimer(lease + 50*time.Millisecond)
+		<-timer.C
+	}
+
+	d := fakedelivery.New("crasher", "x")
+	p.Process(ctx, d)
+	d.ExpectAck(t)
+	if n := h.runs.Load(); n != 0 {
+		t.Fatalf("handler ran %d times on a key past max_attempts, want 0", n)
+	}
+	_, _, dead := d.State()
+	if len(dead) != 1 || dead[0].Reason != "max_attempts" || dead[0].Attempts != 3 || !strings.Contains(dead[0].Err, "without an outcome") {
+		t.Fatalf("dead letters %+v: want one, reason max_attempts, 3 attempts, saying the runs ended without an outcome", dead)
+	}
+	rec, err := f.store.Get(ctx, key)
+	if err != nil || rec == nil || rec.State != idempotency.StateCompleted || rec.Outcome != idempotency.RecordOutcomeDeadLettered {
+		t.Fatalf("record %+v, %v: want COMPLETED dead_lettered", rec, err)
+	}
+	if f.oc.get(consumer.OutcomeDeadLettered) != 1 {
+		t.Fatalf("outcomes %v, want one dead-lettered", f.oc.m)
+	}
+}
