@@ -459,9 +459,21 @@ func publish(ctx context.Context, js jetstream.JetStream, brokers []string, topi
 				return ctx.Err()
 			}
 		}
-		if len(kmsgs) > 0 {
-			if err := w.WriteMessages(ctx, kmsgs...); err != nil {
+		// A killed broker leads its partitions until the controller fences
+		// it: a producer retries the chunk, as any producer would (copies
+		// written twice are duplicates, which the workers must ack).
+		for len(kmsgs) > 0 {
+			err := w.WriteMessages(ctx, kmsgs...)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
 				return err
+			}
+			select {
+			case <-time.After(500 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
 		select {
