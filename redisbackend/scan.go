@@ -277,3 +277,14 @@ func (s *Store) ForgetIf(ctx context.Context, keys []string, class Class, olderT
 	}
 	return r, nil
 }
+
+// Time is the Redis server's clock (TIME; on a Cluster, one primary's):
+// the clock every lease and record time is on.
+func (s *Store) Time(ctx context.Context) (time.Time, error) {
+	const op = "time"
+	if err := s.live(op); err != nil {
+		return time.Time{}, err
+	}
+	t, err := s.client.Time(ctx).Result()
+	return t, storeErr(op, err)
+}

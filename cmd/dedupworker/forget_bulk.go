@@ -62,7 +62,7 @@ func bulkForget(fs *flag.FlagSet, sf storeFlags, bf bulkFlags, yes bool, stdout,
 	defer cancel()
 	handler := *sf.handler
 	var keys []string
-	st, err := scanSelected(ctx, store, handler, sel, stderr, func(r redisbackend.ScannedRecord) bool {
+	st, _, err := scanSelected(ctx, store, handler, sel, stderr, func(r redisbackend.ScannedRecord) bool {
 		keys = append(keys, r.Key)
 		return true
 	})

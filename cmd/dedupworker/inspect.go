@@ -100,7 +100,7 @@ func warnUnknownHandler(w io.Writer, name, file string, cfg *config.Config) {
 		}
 		names[i] = h.Name
 	}
-	fmt.Fprintf(w, "warning: --handler %q is not a handler of %s (it has %s); looking the key up anyway\n", name, file, strings.Join(names, ", "))
+	fmt.Fprintf(w, "warning: --handler %q is not a handler of %s (it has %s); reading the store anyway\n", name, file, strings.Join(names, ", "))
 }
 
 // flagSet reports whether the flag name was given on the command line.

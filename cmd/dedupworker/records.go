@@ -97,15 +97,21 @@ func (p *progress) done() {
 }
 
 // scanSelected scans the records of handler and calls fn with each one sel
-// selects, until fn returns false.
-func scanSelected(ctx context.Context, store *redisbackend.Store, handler string, sel selection, stderr io.Writer, fn func(redisbackend.ScannedRecord) bool) (redisbackend.ScanStats, error) {
+// selects, until fn returns false. Ages are on the Redis server's clock, as
+// the records' times are and as forget_if.lua measures them, so that the
+// scan and the script agree on what is older than --older-than; now is the
+// server's time when the scan started.
+func scanSelected(ctx context.Context, store *redisbackend.Store, handler string, sel selection, stderr io.Writer, fn func(redisbackend.ScannedRecord) bool) (_ redisbackend.ScanStats, now time.Time, _ error) {
+	now, err := store.Time(ctx)
+	if err != nil {
+		return redisbackend.ScanStats{}, now, err
+	}
 	p := newProgress(stderr)
 	defer p.done()
 	var last redisbackend.ScanStats
 	matched := 0
-	err := store.Scan(ctx, handler, 0, func(page []redisbackend.ScannedRecord, st redisbackend.ScanStats) (bool, error) {
+	err = store.Scan(ctx, handler, 0, func(page []redisbackend.ScannedRecord, st redisbackend.ScanStats) (bool, error) {
 		last = st
-		now := time.Now()
 		for _, r := range page {
 			if sel.matches(r, now) {
 				matched++
@@ -117,7 +123,7 @@ func scanSelected(ctx context.Context, store *redisbackend.Store, handler string
 		p.update(st, matched)
 		return true, nil
 	})
-	return last, err
+	return last, now, err
 }
 
 // scanTimeout bounds a whole scan: SCAN of millions of keys takes seconds
@@ -159,7 +165,7 @@ func cmdRecords(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 	handler := *sf.handler
 	var found []redisbackend.ScannedRecord
-	st, err := scanSelected(ctx, store, handler, sel, stderr, func(r redisbackend.ScannedRecord) bool {
+	st, now, err := scanSelected(ctx, store, handler, sel, stderr, func(r redisbackend.ScannedRecord) bool {
 		found = append(found, r)
 		return *limit == 0 || len(found) < *limit
 	})
@@ -171,13 +177,15 @@ func cmdRecords(args []string, stdout, stderr io.Writer) error {
 	for i, r := range found {
 		views[i] = viewOf(handler, strings.TrimPrefix(r.Key, handler+":"), r.Key, r.Record)
 		views[i].TTLLeftMS = r.TTL.Milliseconds()
+		if redisbackend.ClassOf(r.Record) == redisbackend.ClassClaimed { // on the server's clock, as the lease is
+			views[i].LeaseLeftMS = max(r.Record.LeaseUntil.Sub(now).Milliseconds(), 0)
+		}
 	}
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(views)
 	}
-	now := time.Now()
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSTATE\tOUTCOME\tFENCE\tATTEMPTS\tAGE\tLEASE LEFT\tTTL LEFT")
 	for i, v := range views {

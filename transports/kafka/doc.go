@@ -93,10 +93,12 @@
 // isolation level, so the broker stops at the last stable offset (records of
 // open transactions wait), but readFetchResponseHeaderV10 (read.go) reads
 // and drops the response's aborted transactions, and messageSetReader
-// (message_reader.go) drops each batch's attributes and producer id, so a
-// Batch returns the records of aborted transactions and the transaction
-// markers as ordinary messages (a marker: a 4-byte key, a 6-byte value);
-// Client.Fetch (fetch.go) drops the aborted transactions too. Measured on
+// (message_reader.go) reads each batch's attributes and producer id but
+// exposes neither on Batch or Message, so a Batch returns the records of
+// aborted transactions and the transaction markers as ordinary messages (a
+// marker: a 4-byte key, a 6-byte value); Client.Fetch (fetch.go) drops the
+// aborted transactions too, and its RecordStream skips control batches
+// without saying where. Measured on
 // Kafka 3.9 with a franz-go producer: both isolation levels returned every
 // aborted record and both markers. So the fetcher reads the protocol/fetch
 // response itself (fetch.go): control batches are skipped under either
@@ -109,6 +111,8 @@
 // after a fetch is where the next batch begins, or after the last record of
 // the last batch; a fetch whose records all lie before the fetch offset (the
 // tail of a batch emptied by compaction) moves on by one offset per fetch.
+// Each fetcher's Transport refreshes the topic's metadata in the background
+// (kafka-go's MetadataTTL, 6s).
 // Under read_committed a partition that starts at "latest" starts at the
 // last stable offset, as Kafka's own consumer does: the end of the partition
 // would lie after the records of a transaction still open, which then would

@@ -18,7 +18,7 @@ import (
 const controlAbort = 0
 
 // transport returns a kafka-go Transport for fetch requests, with the
-// dialer's TLS, SASL, client id and dial function. A fetcher makes a new one
+// dialer's TLS, SASL, client id, resolver and dial function. A fetcher makes a new one
 // on every reconnect, so its first request reads fresh metadata and is routed
 // to the current leader.
 func (s *Source) transport() *kafka.Transport {
@@ -30,6 +30,32 @@ func (s *Source) transport() *kafka.Transport {
 			nd.FallbackDelay = -1
 		}
 		dial = nd.DialContext
+	}
+	if r := d.Resolver; r != nil {
+		// As kafka.Dialer does: the resolver's first answer replaces the
+		// host; the address's own port wins over the resolver's.
+		base := dial
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, port, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			resolved, err := r.LookupHost(ctx, host)
+			if err != nil {
+				return nil, fmt.Errorf("kafka: resolving %s: %w", host, err)
+			}
+			if len(resolved) > 0 {
+				rh, rp, serr := net.SplitHostPort(resolved[0])
+				if serr != nil {
+					rh, rp = resolved[0], ""
+				}
+				host = rh
+				if port == "" {
+					port = rp
+				}
+			}
+			return base(ctx, network, net.JoinHostPort(host, port))
+		}
 	}
 	return &kafka.Transport{
 		Dial:           dial,
