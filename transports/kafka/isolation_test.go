@@ -148,38 +148,8 @@ func TestOpenTransaction(t *testing.T) {
 	for _, name := range []string{"kafka", "kfake"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			var brokers []string
-			if name == "kafka" {
-				brokers = testenv.Kafka(t)
-			} else {
-				_, brokers = testenv.KFake(t)
-			}
-			e := &env{t: t, brokers: brokers, parts: 1}
-			e.topic = fmt.Sprintf("t-open-%s-%d-%d", name, time.Now().UnixNano()%1e6, topicSeq.Add(1))
-			e.group = e.topic + "-g"
-			testenv.CreateKafkaTopic(t, e.brokers, e.topic, 1)
-
-			opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(e.topic), kgo.RecordPartitioner(kgo.ManualPartitioner())}
-			plain, err := kgo.NewClient(opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer plain.Close()
-			tx, err := kgo.NewClient(append(opts, kgo.TransactionalID(e.topic+"-tx"))...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			put := func(c *kgo.Client, ids ...string) {
-				t.Helper()
-				for _, id := range ids {
-					if err := c.ProduceSync(ctx, &kgo.Record{Key: []byte(id), Value: []byte(id)}).FirstErr(); err != nil {
-						t.Fatalf("produce %s: %v", id, err)
-					}
-				}
-			}
+			f := newTxnFixture(t, name, "open")
+			e, plain, tx, ctx, put := f.e, f.plain, f.tx, f.ctx, f.put
 			put(plain, "p0", "p1")
 			if err := tx.BeginTransaction(); err != nil {
 				t.Fatal(err)
@@ -236,38 +206,8 @@ func TestStartLatestOpenTransaction(t *testing.T) {
 	for _, name := range []string{"kafka", "kfake"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			var brokers []string
-			if name == "kafka" {
-				brokers = testenv.Kafka(t)
-			} else {
-				_, brokers = testenv.KFake(t)
-			}
-			e := &env{t: t, brokers: brokers, parts: 1}
-			e.topic = fmt.Sprintf("t-latest-%s-%d-%d", name, time.Now().UnixNano()%1e6, topicSeq.Add(1))
-			e.group = e.topic + "-g"
-			testenv.CreateKafkaTopic(t, e.brokers, e.topic, 1)
-
-			opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(e.topic), kgo.RecordPartitioner(kgo.ManualPartitioner())}
-			plain, err := kgo.NewClient(opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer plain.Close()
-			tx, err := kgo.NewClient(append(opts, kgo.TransactionalID(e.topic+"-tx"))...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			put := func(c *kgo.Client, ids ...string) {
-				t.Helper()
-				for _, id := range ids {
-					if err := c.ProduceSync(ctx, &kgo.Record{Key: []byte(id), Value: []byte(id)}).FirstErr(); err != nil {
-						t.Fatalf("produce %s: %v", id, err)
-					}
-				}
-			}
+			f := newTxnFixture(t, name, "latest")
+			e, plain, tx, ctx, put := f.e, f.plain, f.tx, f.ctx, f.put
 			put(plain, "p0")
 			if err := tx.BeginTransaction(); err != nil {
 				t.Fatal(err)
@@ -304,5 +244,52 @@ func TestStartLatestOpenTransaction(t *testing.T) {
 				t.Errorf("handled %q, want %q", seen, want)
 			}
 		})
+	}
+}
+
+// txnFixture is a subtest's topic on real Kafka ("kafka") or kfake, with a
+// plain and a transactional producer on it.
+type txnFixture struct {
+	t         *testing.T
+	e         *env
+	plain, tx *kgo.Client
+	ctx       context.Context
+}
+
+func newTxnFixture(t *testing.T, broker, prefix string) *txnFixture {
+	t.Helper()
+	var brokers []string
+	if broker == "kafka" {
+		brokers = testenv.Kafka(t)
+	} else {
+		_, brokers = testenv.KFake(t)
+	}
+	e := &env{t: t, brokers: brokers, parts: 1}
+	e.topic = fmt.Sprintf("t-%s-%s-%d-%d", prefix, broker, time.Now().UnixNano()%1e6, topicSeq.Add(1))
+	e.group = e.topic + "-g"
+	testenv.CreateKafkaTopic(t, e.brokers, e.topic, 1)
+	opts := []kgo.Opt{kgo.SeedBrokers(brokers...), kgo.DefaultProduceTopic(e.topic), kgo.RecordPartitioner(kgo.ManualPartitioner())}
+	plain, err := kgo.NewClient(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(plain.Close)
+	tx, err := kgo.NewClient(append(opts, kgo.TransactionalID(e.topic+"-tx"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tx.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return &txnFixture{t: t, e: e, plain: plain, tx: tx, ctx: ctx}
+}
+
+// put produces one record per id (key and value the id) with c.
+func (f *txnFixture) put(c *kgo.Client, ids ...string) {
+	f.t.Helper()
+	for _, id := range ids {
+		if err := c.ProduceSync(f.ctx, &kgo.Record{Key: []byte(id), Value: []byte(id)}).FirstErr(); err != nil {
+			f.t.Fatalf("produce %s: %v", id, err)
+		}
 	}
 }
