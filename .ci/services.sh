@@ -20,10 +20,17 @@ cd "$(dirname "$0")/.."
 log() { printf '[services] %s\n' "$*" >&2; }
 answers() { timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
 
+run_dir="${TMPDIR:-/tmp}"
 if [ "${1:-start}" = stop ]; then
 	bash .ci/kafka.sh stop all
 	bash .ci/redis-sentinel.sh stop
 	bash .ci/redis-cluster.sh stop
+	# Redis on 6379 and NATS, by the pids this script recorded.
+	for f in "$run_dir/dedup-redis-6379.pid" "$run_dir/dedup-nats/nats.pid"; do
+		pid=$(cat "$f" 2>/dev/null) || continue
+		kill "$pid" 2>/dev/null || true
+		rm -f "$f"
+	done
 	exit 0
 fi
 
@@ -52,14 +59,15 @@ fi
 if ! answers 6379; then
 	log "starting redis-server on 127.0.0.1:6379"
 	redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-		--logfile "${TMPDIR:-/tmp}/dedup-redis-6379.log"
+		--logfile "$run_dir/dedup-redis-6379.log" --pidfile "$run_dir/dedup-redis-6379.pid"
 fi
 
 if ! answers 4222; then
 	log "starting nats-server with JetStream on 127.0.0.1:4222"
-	sd="${TMPDIR:-/tmp}/dedup-nats"
+	sd="$run_dir/dedup-nats"
 	mkdir -p "$sd"
 	setsid nohup nats-server -a 127.0.0.1 -p 4222 -js -sd "$sd" >"$sd/nats.log" 2>&1 </dev/null &
+	echo $! >"$sd/nats.pid"
 fi
 
 bash .ci/redis-cluster.sh start
@@ -71,5 +79,5 @@ for _ in $(seq 1 100); do
 	sleep 0.1
 done
 answers 6379 || { log "redis-server did not start on 6379"; exit 1; }
-answers 4222 || { log "nats-server did not start on 4222"; cat "${TMPDIR:-/tmp}/dedup-nats/nats.log" >&2; exit 1; }
+answers 4222 || { log "nats-server did not start on 4222"; cat "$run_dir/dedup-nats/nats.log" >&2; exit 1; }
 log "all services up"
