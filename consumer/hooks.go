@@ -50,9 +50,10 @@ type HookInflight interface {
 }
 
 // HookStoreCall is called after every call to the deduplication store. op is
-// one of claim, complete, renew, release, wait, get, delete, step; a store
-// may report its own parts of a call under other names (the Redis store:
-// replica_wait, the time of one WAIT for replicas, SPEC §11.1).
+// one of claim, complete, renew, release, inflight (a wait for a key in
+// flight elsewhere), get, delete, step; a store may report its own parts of
+// a call under other names (the Redis store: wait, the time of one WAIT for
+// replicas, SPEC §11.1).
 type HookStoreCall interface {
 	OnStoreCall(op string, took time.Duration, err error)
 }

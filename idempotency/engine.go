@@ -319,7 +319,7 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 				p.abandon(ctx, d, &prepared{})
 				return
 			case err != nil:
-				p.storeDown(ctx, d, "wait", err)
+				p.storeDown(ctx, d, "inflight", err)
 				return
 			case rec != nil:
 				p.inFlight(ctx, d, pr)

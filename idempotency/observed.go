@@ -44,7 +44,7 @@ func (o observed) SaveStep(ctx context.Context, key, token, step string, result 
 }
 
 func (o observed) Wait(ctx context.Context, key string, max time.Duration) (r *Record, err error) {
-	defer func(start time.Time) { o.done("wait", start, err) }(time.Now())
+	defer func(start time.Time) { o.done("inflight", start, err) }(time.Now())
 	return o.s.Wait(ctx, key, max)
 }
 

@@ -42,7 +42,7 @@
 // idempotency.ErrStoreUnavailable: the engine runs no handler on such a
 // claim and sends no ack after such a completion, and retries with backoff
 // (SPEC §7.3). Each WAIT's time, on the server's clock, goes to
-// consumer.HookStoreCall as op "replica_wait"; each failed call to
+// consumer.HookStoreCall as op "wait"; each failed call to
 // consumer.HookDurabilityShortfall (Options.Hooks). With Replicas 0 (the
 // default) nothing is added: no WAIT, no TIME, no other pipeline.
 //

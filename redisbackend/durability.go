@@ -13,11 +13,11 @@ import (
 )
 
 // OpReplicaWait is the op under which the store reports the time of each
-// WAIT to consumer.HookStoreCall (dedup_store_duration_seconds): the
-// server's time between the script's end and WAIT's answer. It is not
-// "wait", which the engine uses for Store.Wait, a wait for a key in flight
-// elsewhere that lasts up to a lease.
-const OpReplicaWait = "replica_wait"
+// WAIT to consumer.HookStoreCall (dedup_store_duration_seconds{op="wait"},
+// SPEC §11.1): the server's time between the script's end and WAIT's
+// answer. A wait for a key in flight elsewhere (Store.Wait, up to a lease)
+// is op "inflight".
+const OpReplicaWait = "wait"
 
 // ErrReplicaShortfall is the cause of a write that fewer replicas than
 // Options.Durability.Replicas acknowledged within its timeout. The error

@@ -48,7 +48,7 @@ type Options struct {
 	// (SPEC §11.1). The zero value does not wait.
 	Durability Durability
 	// Hooks receive the store's own measurements: consumer.HookStoreCall
-	// with op "replica_wait" (OpReplicaWait) for every WAIT, and
+	// with op "wait" (OpReplicaWait) for every WAIT, and
 	// consumer.HookDurabilityShortfall for every call that failed for want
 	// of replicas. The engine's own hooks (idempotency.Config.Hooks) time
 	// the Store's methods; these see inside them. Default: none.

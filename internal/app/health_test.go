@@ -431,8 +431,8 @@ func TestRunDurability(t *testing.T) {
 		if n := f.runs.Load(); n != 3 {
 			t.Errorf("%d handler runs, want 3", n)
 		}
-		if got := f.metric(t, `dedup_store_duration_seconds_count{op="replica_wait"}`); got < 2 {
-			t.Errorf(`dedup_store_duration_seconds_count{op="replica_wait"} = %v, want the WAITs timed`, got)
+		if got := f.metric(t, `dedup_store_duration_seconds_count{op="wait"}`); got < 2 {
+			t.Errorf(`dedup_store_duration_seconds_count{op="wait"} = %v, want the WAITs timed`, got)
 		}
 	})
 	t.Run("no replica", func(t *testing.T) {

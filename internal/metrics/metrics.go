@@ -23,10 +23,11 @@ var Outcomes = []consumer.Outcome{
 	consumer.OutcomeStoreError, consumer.OutcomeCancelled,
 }
 
-// StoreOps lists the op label values of the store metrics. replica_wait is
-// the Redis store's WAIT for replicas (SPEC §11.1), reported from inside
-// its claims, completions, releases and steps when durability is on.
-var StoreOps = []string{"claim", "complete", "renew", "release", "step", "wait", "get", "delete", "ping", "replica_wait"}
+// StoreOps lists the op label values of the store metrics. wait is the
+// Redis store's WAIT for replicas (SPEC §11.1), reported from inside its
+// claims, completions, releases and steps when durability is on; inflight
+// is a wait for a key in flight elsewhere (SPEC §4.6).
+var StoreOps = []string{"claim", "complete", "renew", "release", "step", "inflight", "get", "delete", "ping", "wait"}
 
 // DurableOps lists the op label values of dedup_durability_shortfalls_total:
 // the store writes that wait for replicas.
