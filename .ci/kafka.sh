@@ -41,7 +41,7 @@ jars() {
 	if [ ! -f "$lib/kafka_2.13-3.9.2.jar" ]; then
 		command -v mvn >/dev/null || { log "mvn is not installed (apt-get install maven)"; exit 1; }
 		log "copying Kafka 3.9.2 jars from Maven Central into $lib"
-		mvn -B -q -f "$root/.ci/kafka/pom.xml" \
+		mvn -B -q -Dstyle.color=never -f "$root/.ci/kafka/pom.xml" \
 			org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
 			-DincludeScope=runtime -DoutputDirectory="$lib"
 	fi
