@@ -21,7 +21,7 @@ import (
 // after PollFloor, doubling to PollCap, whether or not a notification comes.
 // A done ctx ends it with ctx's error.
 func (s *Store) Wait(ctx context.Context, key string, max time.Duration) (*idempotency.Record, error) {
-	const op = "inflight"
+	const op = "wait" // errors name the method; the engine times it as op "inflight"
 	if err := s.live(op); err != nil {
 		return nil, err
 	}
