@@ -338,9 +338,6 @@ func TestBulkForgetKeepsRecordsChangedSinceTheScan(t *testing.T) {
 // 100 000 completed records deleted by one bulk forget on standalone Redis:
 // the wall time is logged, not asserted.
 func TestBulkForget100k(t *testing.T) {
-	if testing.Short() {
-		t.Skip("seeds 100 000 records")
-	}
 	client := testenv.RedisClient(t)
 	ns := "bulk100k-" + randID()
 	start := time.Now()

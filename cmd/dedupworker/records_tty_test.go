@@ -18,7 +18,7 @@ func runOnTerminal(t *testing.T, input string, args ...string) string {
 	t.Helper()
 	scriptBin, err := exec.LookPath("script")
 	if err != nil {
-		t.Skip("no script(1) to give the command a terminal")
+		testenv.Unavailable(t, "script(1) (util-linux) to give the command a terminal", err.Error())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -11,10 +11,10 @@ import (
 // procPool runs Runner.Process calls on long-lived goroutines for lanes that
 // hold a slot of the member's semaphore. A lane is a goroutine of its own
 // (with key ordering and keyless messages, one per message), and running
-// Process on it grew its fresh stack, through the engine and the Redis
-// client, every time: runtime.newstack and copystack were 17 % of the
-// Kafka worker's CPU (docs/PERFORMANCE.md). Pooled goroutines keep their
-// grown stacks; the lane waits, on a shallow stack, for its call to return.
+// Process on it would grow its fresh stack, through the engine and the
+// Redis client, every time. Pooled goroutines keep their grown stacks; the
+// lane waits, on a shallow stack, for its call to return (runtime.newstack
+// in dedupbench's Kafka CPU profile, see docs/PERFORMANCE.md).
 //
 // Callers hold a semaphore slot, so at most size calls run at once, and the
 // pool never starts more than size goroutines: when all exist and none is

@@ -54,8 +54,7 @@ type Config struct {
 	// error (a server restart, a consumer deleted on a server that does not
 	// say so) is noticed once heartbeats are missing for the expiry: the
 	// request is renewed and the consumer looked up. It does not delay
-	// noticing cancellation, which Consume does at once (it used to bound
-	// that, as the wait of a fetch in progress). Default 1s.
+	// noticing cancellation, which Consume does at once. Default 1s.
 	FetchMaxWait time.Duration
 	// RequestTimeout is the deadline of every JetStream API call the Source
 	// makes (consumer lookup and creation, stream lookup, dead-letter
