@@ -144,14 +144,25 @@ func CreateKafkaTopicRF(t testing.TB, brokers []string, topic string, partitions
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{
-		Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: rf}},
-	})
-	if err != nil {
-		t.Fatalf("testenv: creating topic %q: %v", topic, err)
-	}
-	if err := resp.Errors[topic]; err != nil {
-		t.Fatalf("testenv: creating topic %q: %v", topic, err)
+	// A broker just started again (a fault test's) may close a request's
+	// connection while it loads: such a failure is retried until the
+	// deadline; an answer from the broker (the topic exists, a bad
+	// setting) is not.
+	for {
+		resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{
+			Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: rf}},
+		})
+		if err == nil {
+			if err := resp.Errors[topic]; err != nil {
+				t.Fatalf("testenv: creating topic %q: %v", topic, err)
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("testenv: creating topic %q: %v", topic, err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	WaitKafkaLeaders(t, brokers, topic, partitions)
 }
