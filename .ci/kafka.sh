@@ -161,10 +161,23 @@ EOF
 	chmod +x "$d/start.sh"
 }
 
-running() { # node dir
+# running NODE_DIR: the pid file names a live Kafka started from NODE_DIR. The
+# directory is matched too: on a machine restored from a snapshot of /tmp, the
+# recorded pid may now belong to another node, or to anything else.
+running() {
 	local pid
 	pid=$(cat "$1/pid" 2>/dev/null) || return 1
-	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && grep -q kafka.Kafka "/proc/$pid/cmdline" 2>/dev/null
+	[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null &&
+		tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "file:$1/log4j.properties"
+}
+
+# fresh NODE_DIR...: none of the nodes runs, so their state is from a run that
+# ended without stopping them (a crash, a snapshot). Test data is disposable:
+# start from an empty log rather than recover a quorum that may never form.
+fresh() {
+	local d
+	for d in "$@"; do running "$d" && return 0; done
+	for d in "$@"; do rm -rf "$d/data" "$d/pid" "$d/server.log" "$d/stdout.log"; done
 }
 
 launch() { # node dir, port
@@ -199,6 +212,7 @@ brokers() { # number of brokers kcat sees on PORT, or 0
 start_single() {
 	jars; tls
 	local d="$DIR/single"
+	fresh "$d"
 	# A running node keeps the files it was started with.
 	running "$d" || setup "$d" 1 9092 9093 "1@127.0.0.1:9093" 9096 9097 1 sasl "dedupsingle0000000000A"
 	launch "$d" 9092
@@ -215,6 +229,7 @@ cluster_node() { # N: setup args for node N
 start_cluster() {
 	jars
 	local n
+	fresh "$DIR/cluster/node1" "$DIR/cluster/node2" "$DIR/cluster/node3"
 	for n in 1 2 3; do
 		# shellcheck disable=SC2046
 		running "$DIR/cluster/node$n" || setup $(cluster_node "$n")

@@ -29,8 +29,10 @@ stop() {
   for port in "${PORTS[@]}"; do
     [ -f "$DIR/$port/redis.pid" ] || continue
     pid=$(cat "$DIR/$port/redis.pid")
-    # Only a pid this script recorded, and only while it is still a redis-server.
-    if [ -n "$pid" ] && grep -q redis-server "/proc/$pid/cmdline" 2>/dev/null; then
+    # Only a pid this script recorded, and only while it is still the
+    # redis-server of that port: on a machine restored from a snapshot of
+    # /tmp the pid may now be another server's.
+    if [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qE "^redis-server [^ ]*:$port( |\$)"; then
       cli "$port" shutdown nosave >/dev/null 2>&1 || kill "$pid" 2>/dev/null || true
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     fi

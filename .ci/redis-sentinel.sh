@@ -40,10 +40,15 @@ healthy() {
 	cli "$addr" info replication | tr -d '\r' | grep -q ',state=online,'
 }
 
-ours() { # dir: the pid file's process is still a redis server of ours
-	local pid
+# ours DIR: the pid file's process is still the redis server of DIR, whose
+# name is its port. Redis titles itself "redis-server 127.0.0.1:PORT"; the
+# port is matched because on a machine restored from a snapshot of /tmp the
+# recorded pid may now be another server's.
+ours() {
+	local pid port
+	port=$(basename "$1")
 	pid=$(cat "$1/redis.pid" 2>/dev/null) || return 1
-	[ -n "$pid" ] && grep -q redis "/proc/$pid/cmdline" 2>/dev/null
+	[ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qE "^redis-(server|sentinel) [^ ]*:$port( |\$)"
 }
 
 stop() {

@@ -25,11 +25,13 @@ if [ "${1:-start}" = stop ]; then
 	bash .ci/kafka.sh stop all
 	bash .ci/redis-sentinel.sh stop
 	bash .ci/redis-cluster.sh stop
-	# Redis on 6379 and NATS, by the pids this script recorded.
-	for f in "$run_dir/dedup-redis-6379.pid" "$run_dir/dedup-nats/nats.pid"; do
-		pid=$(cat "$f" 2>/dev/null) || continue
-		kill "$pid" 2>/dev/null || true
-		rm -f "$f"
+	# Redis on 6379 and NATS, by the pids this script recorded, while each is
+	# still that server: a machine restored from a snapshot of /tmp has the
+	# pid files of processes it never ran.
+	for f in "$run_dir/dedup-redis-6379.pid:^redis-server [^ ]*:6379( |\$)" "$run_dir/dedup-nats/nats.pid:^nats-server "; do
+		pid=$(cat "${f%%:*}" 2>/dev/null) || continue
+		tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qE "${f#*:}" && kill "$pid" 2>/dev/null
+		rm -f "${f%%:*}"
 	done
 	exit 0
 fi

@@ -441,30 +441,9 @@ func TestHostileNATSWorkerSurvives(t *testing.T) {
 	}
 }
 
-var (
-	hostileBinOnce sync.Once
-	hostileBin     string
-	hostileBinErr  error
-)
-
-// hostileBinary builds the dedupworker binary once for this package.
+// hostileBinary is the package's dedupworker binary.
 func hostileBinary(t testing.TB) string {
 	t.Helper()
-	hostileBinOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dedupworker-it-")
-		if err != nil {
-			hostileBinErr = err
-			return
-		}
-		hostileBin = filepath.Join(dir, "dedupworker")
-		out, err := exec.Command("go", "build", "-o", hostileBin, "../cmd/dedupworker").CombinedOutput()
-		if err != nil {
-			hostileBinErr = errors.New("go build: " + err.Error() + "\n" + string(out))
-		}
-	})
-	if hostileBinErr != nil {
-		t.Fatal(hostileBinErr)
-	}
 	return hostileBin
 }
 
