@@ -389,15 +389,15 @@ func topicCount(ctx context.Context, brokers []string, topic string) (int, error
 func chooseRedis(override string) (url, desc string, stop func(), err error) {
 	nop := func() {}
 	if override != "" && override != "inprocess" {
-		return override, override + " (given)", nop, nil
+		return override, config.RedactURL(override) + " (given)", nop, nil
 	}
 	var skipped []string
 	if override == "" {
 		if u := os.Getenv("REDIS_URL"); u != "" {
 			if answers(u) {
-				return u, u + " (from $REDIS_URL)", nop, nil
+				return u, config.RedactURL(u) + " (from $REDIS_URL)", nop, nil
 			}
-			skipped = append(skipped, "$REDIS_URL="+u+" does not answer")
+			skipped = append(skipped, "$REDIS_URL="+config.RedactURL(u)+" does not answer")
 		}
 		const local = "redis://127.0.0.1:6379/0"
 		if answers(local) {

@@ -32,7 +32,7 @@ func TestDemoRunsEachKeyOnce(t *testing.T) {
 }
 
 func TestDemoFallsBackWhenRedisURLIsClosed(t *testing.T) {
-	t.Setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+	t.Setenv("REDIS_URL", "redis://demo:s3cret@127.0.0.1:1/0")
 	url, desc, stop, err := chooseRedis("")
 	if err != nil {
 		t.Fatal(err)
@@ -40,5 +40,8 @@ func TestDemoFallsBackWhenRedisURLIsClosed(t *testing.T) {
 	defer stop()
 	if strings.Contains(url, "127.0.0.1:1/") || !strings.Contains(desc, "does not answer") {
 		t.Fatalf("chose %s (%s): a closed $REDIS_URL must be skipped and said so", url, desc)
+	}
+	if strings.Contains(desc, "s3cret") {
+		t.Fatalf("the description %q shows $REDIS_URL's password", desc)
 	}
 }
