@@ -1,0 +1,222 @@
+package consumertest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// NewMessage returns a message with payload and, when key is not empty, the
+// Idempotency-Key header the engine reads by default.
+func NewMessage(key, payload string) *consumer.Message {
+	h := consumer.Header{}
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	return &consumer.Message{Payload: []byte(payload), Header: h, Origin: consumer.Origin{Transport: "test", Topic: "test"}}
+}
+
+// Settlement is how a Delivery ended.
+type Settlement string
+
+// The settlements of a Delivery.
+const (
+	Unsettled    Settlement = ""
+	Acked        Settlement = "acked"
+	Nakked       Settlement = "nakked"
+	DeadLettered Settlement = "dead_lettered" // DeadLetter, then Ack
+)
+
+// Delivery is an in-memory consumer.Delivery that records how it was
+// settled, for tests of processors and handlers. It is safe for concurrent
+// use.
+type Delivery struct {
+	msg     *consumer.Message
+	attempt int
+
+	mu         sync.Mutex
+	settled    Settlement
+	settles    int
+	nakDelay   time.Duration
+	deadLetter *consumer.DeadLetter
+	heartbeats int
+	done       chan struct{} // closed at the first Ack or Nak
+}
+
+// NewDelivery returns the attempt-th delivery (from 1) of m.
+func NewDelivery(m *consumer.Message, attempt int) *Delivery {
+	return &Delivery{msg: m, attempt: max(attempt, 1), done: make(chan struct{})}
+}
+
+var _ consumer.Delivery = (*Delivery)(nil)
+
+// Message returns the message.
+func (d *Delivery) Message() *consumer.Message { return d.msg }
+
+// Attempt returns the delivery's attempt number.
+func (d *Delivery) Attempt() int { return d.attempt }
+
+// Ack settles the delivery as done (as dead-lettered after DeadLetter).
+func (d *Delivery) Ack(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.deadLetter != nil {
+		d.settle(DeadLettered)
+	} else {
+		d.settle(Acked)
+	}
+	return nil
+}
+
+// Nak settles the delivery as not done, to be delivered again after delay.
+func (d *Delivery) Nak(_ context.Context, delay time.Duration) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nakDelay = delay
+	d.settle(Nakked)
+	return nil
+}
+
+// settle records s; d.mu is held.
+func (d *Delivery) settle(s Settlement) {
+	d.settles++
+	if d.settles == 1 {
+		d.settled = s
+		close(d.done)
+	}
+}
+
+// Heartbeat counts a heartbeat.
+func (d *Delivery) Heartbeat(context.Context) error {
+	d.mu.Lock()
+	d.heartbeats++
+	d.mu.Unlock()
+	return nil
+}
+
+// DeadLetter records dl; the delivery is settled by the Ack that follows.
+func (d *Delivery) DeadLetter(_ context.Context, dl consumer.DeadLetter) error {
+	d.mu.Lock()
+	d.deadLetter = &dl
+	d.mu.Unlock()
+	return nil
+}
+
+// Settled returns how the delivery was first settled (Unsettled until then)
+// and how many times it was settled in all: a processor settles a delivery
+// exactly once.
+func (d *Delivery) Settled() (Settlement, int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.settled, d.settles
+}
+
+// NakDelay returns the delay of the Nak that settled the delivery.
+func (d *Delivery) NakDelay() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.nakDelay
+}
+
+// DeadLetterInfo returns what DeadLetter was called with, or nil.
+func (d *Delivery) DeadLetterInfo() *consumer.DeadLetter {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.deadLetter
+}
+
+// Heartbeats returns how many heartbeats the delivery got.
+func (d *Delivery) Heartbeats() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.heartbeats
+}
+
+// Done is closed when the delivery is first settled.
+func (d *Delivery) Done() <-chan struct{} { return d.done }
+
+// Source is an in-memory consumer.Source: it delivers the messages it was
+// given, in order, delivers a nakked one again (attempt + 1) after its
+// delay, and returns from Consume once every message is acked or
+// dead-lettered, so that a Worker's Run over it returns when the work is
+// done. A real source runs until it is stopped; this one ends, so a test can
+// read the results after Run. It delivers one message at a time.
+type Source struct {
+	msgs []*consumer.Message
+
+	mu         sync.Mutex
+	deliveries []*Delivery
+}
+
+// NewSource returns a Source that delivers msgs.
+func NewSource(msgs ...*consumer.Message) *Source {
+	s := &Source{}
+	for i, m := range msgs {
+		if m.Origin.Transport == "" {
+			m.Origin = consumer.Origin{Transport: "test", Topic: "test"}
+		}
+		m.Origin.Offset = int64(i)
+		s.msgs = append(s.msgs, m)
+	}
+	return s
+}
+
+var _ consumer.Source = (*Source)(nil)
+
+// Consume delivers every message until it is acked or dead-lettered, or
+// until ctx is cancelled; it returns nil either way.
+func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
+	work := context.WithoutCancel(ctx)
+	for _, m := range s.msgs {
+		for attempt := 1; ; attempt++ {
+			if ctx.Err() != nil {
+				return nil
+			}
+			d := NewDelivery(m, attempt)
+			s.mu.Lock()
+			s.deliveries = append(s.deliveries, d)
+			s.mu.Unlock()
+			r.Prepare(work, []consumer.Delivery{d})
+			r.Process(work, d)
+			st, _ := d.Settled()
+			switch st {
+			case Acked, DeadLettered:
+			case Nakked:
+				if !wait(ctx, d.NakDelay()) {
+					return nil
+				}
+				continue
+			default:
+				return fmt.Errorf("consumertest: the processor returned without settling message %d (%s)", m.Origin.Offset, strconv.Quote(string(m.Payload)))
+			}
+			break
+		}
+	}
+	return nil
+}
+
+func wait(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Deliveries returns every delivery made so far, in order.
+func (s *Source) Deliveries() []*Delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.deliveries)
+}

@@ -1,0 +1,23 @@
+// Package dedupworker makes Kafka and NATS JetStream handlers effectively
+// once: each message's idempotency key is claimed in Redis before its
+// handler runs, the claim's lease is renewed while the handler runs, and a
+// redelivery of a completed key is acked with the stored result instead of
+// running again (SPEC §1, §5).
+//
+// A worker is a store, a source and a handler:
+//
+//	store, err := redisbackend.NewFromURL(ctx, "redis://127.0.0.1:6379/0", redisbackend.Options{})
+//	src, err := natstr.New(js, natstr.Config{Stream: "ORDERS", Consumer: "orders"}) // transports/nats
+//	w, err := dedupworker.NewWorker(store, dedupworker.Config{Logger: log})
+//	err = w.Handle("orders", src, dedupworker.HandlerFunc(ship), dedupworker.WithLease(30*time.Second))
+//	err = w.Run(ctx)
+//
+// Handlers return a result, stored with the completed key, or an error:
+// Permanent dead-letters the message at once, RetryAfter retries it after a
+// delay, and any other error retries it with the configured backoff until
+// WithMaxAttempts is reached. ClaimOf gives a running handler its claim's
+// fence, for downstream systems that must reject a stale writer.
+//
+// For tests, idempotency/memstore is an in-memory store with the Redis
+// store's semantics and consumer/consumertest an in-memory source.
+package dedupworker

@@ -1,0 +1,65 @@
+package dedupworker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemkit/dedupworker"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
+	"github.com/idemkit/dedupworker/idempotency/memstore"
+)
+
+// An order delivered twice is shipped once: the redelivery is acked with the
+// stored result. The in-memory store and source stand in for Redis and a
+// broker, as they would in a test of the handler.
+func Example() {
+	store := memstore.New(memstore.Options{})
+	src := consumertest.NewSource(
+		consumertest.NewMessage("order-1", `{"sku":"A"}`),
+		consumertest.NewMessage("order-2", `{"sku":"B"}`),
+		consumertest.NewMessage("order-1", `{"sku":"A"}`), // a redelivery
+	)
+	w, err := dedupworker.NewWorker(store, dedupworker.Config{})
+	if err != nil {
+		panic(err)
+	}
+	ship := dedupworker.HandlerFunc(func(ctx context.Context, m *dedupworker.Message) ([]byte, error) {
+		claim, _ := dedupworker.ClaimOf(ctx)
+		fmt.Printf("shipping %s (attempt %d)\n", claim.Key, claim.Attempt)
+		return []byte("shipped"), nil
+	})
+	if err := w.Handle("orders", src, ship); err != nil {
+		panic(err)
+	}
+	if err := w.Run(context.Background()); err != nil {
+		panic(err)
+	}
+	for _, d := range src.Deliveries() {
+		st, _ := d.Settled()
+		fmt.Println(d.Message().Header.Get("Idempotency-Key"), st)
+	}
+	// Output:
+	// shipping order-1 (attempt 1)
+	// shipping order-2 (attempt 1)
+	// order-1 acked
+	// order-2 acked
+	// order-1 acked
+}
+
+// A handler error retries the message with the backoff; Permanent
+// dead-letters it at once.
+func Example_failures() {
+	store := memstore.New(memstore.Options{})
+	src := consumertest.NewSource(consumertest.NewMessage("bad-1", "not json"))
+	w, _ := dedupworker.NewWorker(store, dedupworker.Config{})
+	_ = w.Handle("orders", src, dedupworker.HandlerFunc(func(ctx context.Context, m *dedupworker.Message) ([]byte, error) {
+		return nil, dedupworker.Permanent(errors.New("cannot parse the order"))
+	}))
+	_ = w.Run(context.Background())
+	d := src.Deliveries()[0]
+	st, _ := d.Settled()
+	fmt.Println(st, d.DeadLetterInfo().Reason)
+	// Output:
+	// dead_lettered permanent_error
+}

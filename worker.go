@@ -1,0 +1,171 @@
+package dedupworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+)
+
+// The types a handler author uses, under the names of this package.
+type (
+	// Message is one message as a handler sees it.
+	Message = consumer.Message
+	// Handler does the work for one message.
+	Handler = consumer.Handler
+	// HandlerFunc adapts a function to Handler.
+	HandlerFunc = consumer.HandlerFunc
+	// Source is a transport: transports/kafka and transports/nats make one.
+	Source = consumer.Source
+	// Store is the deduplication state: redisbackend makes one for
+	// production, idempotency/memstore one for tests.
+	Store = idempotency.Store
+	// Claim is what a running handler knows of its claim (ClaimOf).
+	Claim = idempotency.ClaimInfo
+)
+
+// Permanent wraps err so that the message is dead-lettered without further
+// attempts.
+func Permanent(err error) error { return consumer.Permanent(err) }
+
+// RetryAfter asks for the message to be retried after d instead of the
+// configured backoff; it still counts as an attempt.
+func RetryAfter(d time.Duration, err error) error { return consumer.RetryAfterErr(d, err) }
+
+// ClaimOf returns the claim the handler runs under: its key, its fence (pass
+// it to a downstream system so it can reject a stale writer) and its attempt.
+// ok is false outside a deduplicated handler.
+func ClaimOf(ctx context.Context) (c Claim, ok bool) { return idempotency.FromContext(ctx) }
+
+// Config configures a Worker. The zero value is usable.
+type Config struct {
+	// Logger receives the worker's and the engine's logs; nil discards them.
+	Logger *slog.Logger
+	// Hooks receive every metrics event, of the worker and of the
+	// deduplication engine alike (consumer.Hook*).
+	Hooks consumer.Hooks
+	// ShutdownTimeout bounds the drain after Run's context is cancelled;
+	// handlers still running then are cancelled and their claims released.
+	// Default 30s.
+	ShutdownTimeout time.Duration
+	// StoreTimeout bounds every call to the store. Default 5s.
+	StoreTimeout time.Duration
+}
+
+// Worker runs deduplicated handlers: each message's idempotency key is
+// claimed in the store before its handler runs, a redelivery of a completed
+// key is acked with the stored result instead of running again, and the
+// claim's lease is renewed while the handler runs. Register handlers with
+// Handle, then call Run once.
+type Worker struct {
+	engine *idempotency.Engine
+	w      *consumer.Worker
+
+	mu   sync.Mutex
+	used bool // Run was called: the engine is closed after it
+}
+
+// NewWorker returns a Worker that deduplicates against store. The store is
+// the caller's: the Worker never closes it.
+func NewWorker(store Store, cfg Config) (*Worker, error) {
+	e, err := idempotency.New(store, idempotency.Config{Logger: cfg.Logger, Hooks: cfg.Hooks, StoreTimeout: cfg.StoreTimeout})
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{
+		engine: e,
+		w:      consumer.NewWorker(consumer.Config{Logger: cfg.Logger, Hooks: cfg.Hooks, ShutdownTimeout: cfg.ShutdownTimeout}),
+	}, nil
+}
+
+// Option configures one handler.
+type Option func(*handlerOptions)
+
+type handlerOptions struct {
+	dedup   []idempotency.Option
+	handle  []consumer.HandleOption
+	noDedup bool
+}
+
+// WithConcurrency caps how many messages of the handler run at once
+// (SPEC §8.1). Default 16.
+func WithConcurrency(n int) Option {
+	return func(o *handlerOptions) { o.handle = append(o.handle, consumer.WithConcurrency(n)) }
+}
+
+// WithLease sets how long a claim is owned before another worker may take
+// it over; it is renewed every third of it while the handler runs. Default
+// 30s.
+func WithLease(d time.Duration) Option { return WithDedup(idempotency.WithLease(d)) }
+
+// WithRetention sets how long a completed key is remembered: the
+// deduplication window. Default 24h.
+func WithRetention(d time.Duration) Option { return WithDedup(idempotency.WithRetention(d)) }
+
+// WithMaxAttempts sets how many runs a key gets before it is dead-lettered.
+// Default 5.
+func WithMaxAttempts(n int) Option { return WithDedup(idempotency.WithMaxAttempts(n)) }
+
+// WithKey sets where the idempotency key is read from, in order (default:
+// the Idempotency-Key header).
+func WithKey(sources ...idempotency.KeySource) Option {
+	return WithDedup(idempotency.WithKeySources(sources...))
+}
+
+// WithDedup passes any option of the deduplication engine (idempotency.With*):
+// backoff, missing-key and mismatch policies, in-flight wait, shadow mode,
+// and more.
+func WithDedup(opts ...idempotency.Option) Option {
+	return func(o *handlerOptions) { o.dedup = append(o.dedup, opts...) }
+}
+
+// WithoutDedup runs the handler at least once, with no deduplication: acked
+// on success, retried on error, dead-lettered on Permanent errors.
+func WithoutDedup() Option { return func(o *handlerOptions) { o.noDedup = true } }
+
+// ErrRunning is returned by Handle after Run started, and by a second Run.
+var ErrRunning = consumer.ErrWorkerRunning
+
+// Handle registers h under name, fed by src. The name is the deduplication
+// scope (SPEC §2): 1-64 letters, digits, '_', '.' or '-', unique within the
+// Worker. An invalid option is an error that names it.
+func (w *Worker) Handle(name string, src Source, h Handler, opts ...Option) error {
+	var o handlerOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	handle := o.handle
+	if !o.noDedup {
+		mw, err := w.engine.Middleware(o.dedup...)
+		if err != nil {
+			return fmt.Errorf("dedupworker: handler %q: %w", name, err)
+		}
+		handle = append(handle, consumer.WithMiddleware(mw))
+	} else if len(o.dedup) > 0 {
+		return fmt.Errorf("dedupworker: handler %q: WithoutDedup with deduplication options", name)
+	}
+	return w.w.Handle(name, src, h, handle...)
+}
+
+// Run runs every handler until ctx is cancelled or a source fails, then
+// drains (Config.ShutdownTimeout) and waits for the engine's last
+// completions before it returns. A Worker runs once.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	if w.used {
+		w.mu.Unlock()
+		return ErrRunning
+	}
+	w.used = true
+	w.mu.Unlock()
+	err := w.w.Run(ctx)
+	if errors.Is(err, consumer.ErrWorkerRunning) {
+		return err
+	}
+	return errors.Join(err, w.engine.Close())
+}

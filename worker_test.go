@@ -1,0 +1,141 @@
+package dedupworker_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker"
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/idempotency/memstore"
+)
+
+// outcomes is a consumer.HookOutcome counting outcomes.
+type outcomes struct {
+	mu sync.Mutex
+	n  map[consumer.Outcome]int
+}
+
+func (o *outcomes) OnOutcome(_, _ string, oc consumer.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.n[oc]++
+}
+
+// The one hooks list of Config sees the engine's outcomes (a duplicate is
+// decided by the engine, not the worker).
+func TestHooksSeeEngineOutcomes(t *testing.T) {
+	hooks := &outcomes{n: map[consumer.Outcome]int{}}
+	src := consumertest.NewSource(consumertest.NewMessage("k", "p"), consumertest.NewMessage("k", "p"))
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{Hooks: consumer.Hooks{hooks}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	if err := w.Handle("h", src, dedupworker.HandlerFunc(func(context.Context, *dedupworker.Message) ([]byte, error) {
+		runs++
+		return nil, nil
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 1 || hooks.n[consumer.OutcomeProcessed] != 1 || hooks.n[consumer.OutcomeDuplicate] != 1 {
+		t.Fatalf("runs %d, outcomes %v; want 1 run, 1 processed, 1 duplicate", runs, hooks.n)
+	}
+}
+
+func TestHandleRejectsBadOptions(t *testing.T) {
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := dedupworker.HandlerFunc(func(context.Context, *dedupworker.Message) ([]byte, error) { return nil, nil })
+	src := consumertest.NewSource()
+	err = w.Handle("h", src, h, dedupworker.WithLease(-time.Second))
+	if !errors.Is(err, idempotency.ErrInvalidOption) || !strings.Contains(err.Error(), `"h"`) {
+		t.Errorf("negative lease: %v; want ErrInvalidOption naming the handler", err)
+	}
+	err = w.Handle("h", src, h, dedupworker.WithoutDedup(), dedupworker.WithMaxAttempts(3))
+	if err == nil || !strings.Contains(err.Error(), "WithoutDedup") {
+		t.Errorf("WithoutDedup with a dedup option: %v; want an error naming WithoutDedup", err)
+	}
+	if err := w.Handle("bad name!", src, h); err == nil {
+		t.Error("an invalid handler name was accepted")
+	}
+}
+
+func TestRunsOnce(t *testing.T) {
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Handle("h", consumertest.NewSource(), dedupworker.HandlerFunc(func(context.Context, *dedupworker.Message) ([]byte, error) { return nil, nil })); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); !errors.Is(err, dedupworker.ErrRunning) {
+		t.Fatalf("second Run: %v, want ErrRunning", err)
+	}
+}
+
+// WithoutDedup runs every delivery: a redelivery runs again.
+func TestWithoutDedup(t *testing.T) {
+	src := consumertest.NewSource(consumertest.NewMessage("k", "p"), consumertest.NewMessage("k", "p"))
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	if err := w.Handle("h", src, dedupworker.HandlerFunc(func(context.Context, *dedupworker.Message) ([]byte, error) {
+		runs++
+		return nil, nil
+	}), dedupworker.WithoutDedup()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 2 {
+		t.Fatalf("runs %d, want 2", runs)
+	}
+}
+
+// A failing handler is retried by the source after the backoff, with the
+// attempt counted, until it succeeds.
+func TestRetriedUntilDone(t *testing.T) {
+	src := consumertest.NewSource(consumertest.NewMessage("k", "p"))
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var attempts []int
+	if err := w.Handle("h", src, dedupworker.HandlerFunc(func(ctx context.Context, _ *dedupworker.Message) ([]byte, error) {
+		c, _ := dedupworker.ClaimOf(ctx)
+		attempts = append(attempts, c.Attempt)
+		if len(attempts) < 3 {
+			return nil, errors.New("not yet")
+		}
+		return nil, nil
+	}), dedupworker.WithDedup(idempotency.WithBackoff(time.Millisecond, time.Millisecond))); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if len(attempts) != 3 || attempts[2] != 3 {
+		t.Fatalf("attempts %v, want [1 2 3]", attempts)
+	}
+	ds := src.Deliveries()
+	if st, _ := ds[len(ds)-1].Settled(); st != consumertest.Acked || len(ds) != 3 {
+		t.Fatalf("%d deliveries, the last %s; want 3, the last acked", len(ds), st)
+	}
+}
