@@ -1,41 +1,23 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/internal/testenv"
 )
-
-// lockedBuffer is a bytes.Buffer safe for go-redis's goroutines and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
 
 // A line go-redis logs (here: no Sentinel answers) arrives as a structured
 // record of the worker's logger.
 func TestRedisLogsAreStructured(t *testing.T) {
-	var out lockedBuffer
+	var out testenv.SyncBuffer
 	RedisLogs(slog.New(slog.NewJSONHandler(&out, nil)))
 	t.Cleanup(func() { RedisLogs(slog.New(slog.DiscardHandler)) })
 
