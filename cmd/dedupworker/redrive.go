@@ -115,8 +115,9 @@ type redriveReport struct {
 	DeadLetters []redriveRow `json:"dead_letters"`
 }
 
-// cmdRedrive is "dedupworker redrive": it sends a handler's dead letters back through the worker (SPEC
-// §11.6). For each dead letter, in the order its source delivers them:
+// cmdRedrive is "dedupworker redrive": it sends a handler's dead letters
+// back through the worker (SPEC §11.6). For each dead letter, in the order
+// its source delivers them:
 //
 //  1. it reads the record of the dead letter's key (Dedup-Dlq-Key) and, if
 //     it is dead_lettered, deletes it with the state-checked forget_if
@@ -157,13 +158,14 @@ type redriveReport struct {
 //     holds it twice and the worker's claim runs it once.
 //
 // So a dead letter is acked or committed only after its message is back in
-// the source, or after its record shows the key was taken up again; and no
-// key runs twice, since every republished copy meets the same claim.
+// the source, or after its record shows the key was taken up again; and a
+// key does not run twice within its retention, since every republished
+// copy meets the same claim.
 //
 // Sources. NATS: the stream that captures the handler's
 // dead_letter.nats.subject, read through the durable consumer
 // "<source consumer>-redrive" (created on first use, filtered to that
-// subject; ack_wait redriveAckWait). Dead letters past the stream's last
+// subject, with an ack wait of redriveAckWait). Dead letters past the stream's last
 // sequence at the start are left for the next run, so a dead letter the
 // worker publishes while redrive runs is not redriven in a loop. Kafka: the
 // dead_letter.kafka.topic, read from every partition between the offset
@@ -178,7 +180,10 @@ type redriveReport struct {
 //
 // It stops at the first republish that fails, leaving that dead letter
 // for the next run (NATS: nak'ed, so it is redelivered at once; Kafka: the
-// offset is not committed past it), and exits 1.
+// offset is not committed past it), and exits 1. On NATS a republish the
+// source stream drops as a duplicate (its Nats-Msg-Id is still within the
+// stream's duplicate window) has not put the message back, so it counts as
+// failed too. SIGINT or SIGTERM stops the run between two dead letters.
 func cmdRedrive(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("redrive", "redrive -c FILE --handler NAME [--limit N] [--dry-run] [-o table|json]", `  dedupworker redrive -c config.yaml --handler orders --dry-run     # what would go back, changes nothing
   dedupworker redrive -c config.yaml --handler orders               # forget, republish, ack each dead letter
@@ -259,9 +264,10 @@ func redriveHandler(cfg *config.Config, name, file string) (int, *config.Handler
 }
 
 // redriveAll runs the three steps for each dead letter of src, up to
-// limit (0: all), filling rep. It returns at the first failed republish
-// (counted in rep.Failed) or on an error that leaves the outcome of a step
-// unknown (a record read, a forget or a settle that failed).
+// limit (0: all), filling rep, until ctx is done. It stops at the first
+// dead letter whose record could not be read or forgotten, or whose
+// republish failed (each counted in rep.Failed, and left for the next
+// run), and returns an error when a settle failed or a read or forget did.
 func redriveAll(ctx context.Context, store *redisbackend.Store, src dlqSource, handler string, limit int, dryRun bool, rep *redriveReport) error {
 	for limit == 0 || rep.Read < limit {
 		if err := ctx.Err(); err != nil {
@@ -275,11 +281,16 @@ func redriveAll(ctx context.Context, store *redisbackend.Store, src dlqSource, h
 			return nil
 		}
 		rep.Read++
+		// Once a dead letter's steps begin they run to their end, each
+		// within its own deadline: a signal stops the run after them,
+		// not between a forget and its republish.
+		work := context.WithoutCancel(ctx)
 		row := redriveRow{DeadLetter: dl.ID, Key: dl.Key, Reason: dl.Reason, To: dl.Origin}
-		republish, err := redriveDecide(ctx, store, handler, dl, dryRun, &row)
+		republish, err := redriveDecide(work, store, handler, dl, dryRun, &row)
 		if err != nil {
-			src.leave(ctx, dl)
+			src.leave(work, dl)
 			row.Action, row.Error = actFailed, err.Error()
+			rep.Failed++
 			rep.DeadLetters = append(rep.DeadLetters, row)
 			return err
 		}
@@ -291,8 +302,8 @@ func redriveAll(ctx context.Context, store *redisbackend.Store, src dlqSource, h
 			row.Action = actWouldSkip
 			rep.Skipped++
 		case republish:
-			if err := src.republish(ctx, dl); err != nil {
-				src.leave(ctx, dl)
+			if err := src.republish(work, dl); err != nil {
+				src.leave(work, dl)
 				row.Action, row.Error = actFailed, err.Error()
 				rep.Failed++
 				rep.DeadLetters = append(rep.DeadLetters, row)
@@ -308,7 +319,7 @@ func redriveAll(ctx context.Context, store *redisbackend.Store, src dlqSource, h
 		if dryRun {
 			continue
 		}
-		if err := src.settle(ctx, dl); err != nil {
+		if err := src.settle(work, dl); err != nil {
 			row := &rep.DeadLetters[len(rep.DeadLetters)-1]
 			row.Error = "settling the dead letter: " + err.Error()
 			return fmt.Errorf("%s was %s but settling its dead letter failed (a rerun reads it again and finds the record taken up or absent): %w", dl.ID, row.Action, err)
