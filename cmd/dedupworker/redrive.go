@@ -440,7 +440,7 @@ func orDash(s string) string {
 func openDLQSource(ctx context.Context, idx int, h *config.Handler, dryRun bool) (dlqSource, string, error) {
 	switch {
 	case h.Source.Kafka != nil && h.DeadLetter.Kafka != nil:
-		s, err := openKafkaDLQ(ctx, idx, h, dryRun)
+		s, err := openKafkaDLQ(ctx, idx, h)
 		return s, "kafka", err
 	case h.Source.NATS != nil && h.DeadLetter.NATS != nil:
 		s, err := openNATSDLQ(ctx, idx, h, dryRun)

@@ -28,7 +28,6 @@ type kafkaDLQ struct {
 	// sourceParts are the source topic's partitions: a dead letter goes
 	// back to the one it came from.
 	sourceParts []int
-	dryRun      bool
 	parts       []kafkaPart // the dead-letter topic's partitions left to read
 	buf         []kafkaRecord
 	given       []string
@@ -51,7 +50,10 @@ type kafkaRecord struct {
 	back      int // the source partition it goes back to, -1 if unknown
 }
 
-func openKafkaDLQ(ctx context.Context, idx int, h *config.Handler, dryRun bool) (*kafkaDLQ, error) {
+// openKafkaDLQ opens the dead-letter topic of handler h (handlers[idx]).
+// A dry run reads it the same way: only committing changes the group, and
+// the run does not commit in a dry run.
+func openKafkaDLQ(ctx context.Context, idx int, h *config.Handler) (*kafkaDLQ, error) {
 	k := h.Source.Kafka
 	// Dead letters are on the source's cluster, with its credentials
 	// (config validation refuses others), so one client reads and writes.
@@ -66,7 +68,6 @@ func openKafkaDLQ(ctx context.Context, idx int, h *config.Handler, dryRun bool) 
 		topic:  h.DeadLetter.Kafka.Topic,
 		group:  k.Group + "-redrive",
 		source: k.Topic,
-		dryRun: dryRun,
 	}
 	if err := s.plan(ctx); err != nil {
 		tr.CloseIdleConnections()

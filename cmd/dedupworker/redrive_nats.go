@@ -32,6 +32,9 @@ type natsDLQ struct {
 	heldNotes []string
 }
 
+// openNATSDLQ connects to the NATS server of handler h (handlers[idx]) and
+// binds to the stream of its dead-letter subject: through the redrive
+// durable, or in a dry run through an ordered consumer that acks nothing.
 func openNATSDLQ(ctx context.Context, idx int, h *config.Handler, dryRun bool) (*natsDLQ, error) {
 	n := h.Source.NATS
 	s := &natsDLQ{
