@@ -62,6 +62,9 @@ type deadLetter struct {
 	Header  consumer.Header
 	// Reason is the Dedup-Dlq-Reason header.
 	Reason string
+	// Handler is the Dedup-Dlq-Handler header: the handler that
+	// dead-lettered it.
+	Handler string
 
 	// handle is the source's own (the NATS message, the Kafka offset).
 	handle any
@@ -135,6 +138,11 @@ type redriveReport struct {
 // republished, and the dead letter is acked or committed, since that
 // record, not this copy, now decides what happens to the key; leaving it
 // would show it to every later run.
+//
+// A dead letter of another handler (Dedup-Dlq-Handler; handlers may share
+// a dead-letter destination) is skipped and acked or committed too: each
+// handler reads the destination through a consumer or group of its own,
+// so the other handler's redrive still finds it.
 //
 // A dead letter whose key has no record (absent: expired after its
 // retention, deleted by forget, or forgotten by an earlier redrive that
@@ -334,6 +342,13 @@ func redriveAll(ctx context.Context, store *redisbackend.Store, src dlqSource, h
 // forgotten first (state-checked: if it changed since the read, it is
 // kept and dl is skipped).
 func redriveDecide(ctx context.Context, store *redisbackend.Store, handler string, dl *deadLetter, dryRun bool, row *redriveRow) (bool, error) {
+	if dl.Handler != "" && dl.Handler != handler {
+		// Handlers may share a dead-letter destination; each reads it
+		// through a consumer or group of its own, so this one passes
+		// over another's dead letter and that handler's redrive takes it.
+		row.Record = "of handler " + dl.Handler
+		return false, nil
+	}
 	if dl.Key == "" {
 		row.Record = recordNoKey
 		return true, nil

@@ -173,6 +173,7 @@ func (s *kafkaDLQ) next(ctx context.Context) (*deadLetter, error) {
 		ID:      fmt.Sprintf("partition %d offset %d", r.partition, r.offset),
 		Key:     h.Get(consumer.HeaderDeadLetterKey),
 		Reason:  h.Get(consumer.HeaderDeadLetterReason),
+		Handler: h.Get(consumer.HeaderDeadLetterHandler),
 		Payload: r.value,
 		handle:  r,
 	}

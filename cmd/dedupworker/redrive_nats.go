@@ -152,6 +152,7 @@ func (s *natsDLQ) next(ctx context.Context) (*deadLetter, error) {
 		ID:      fmt.Sprintf("stream %s seq %d", s.stream, md.Sequence.Stream),
 		Key:     h.Get(consumer.HeaderDeadLetterKey),
 		Reason:  h.Get(consumer.HeaderDeadLetterReason),
+		Handler: h.Get(consumer.HeaderDeadLetterHandler),
 		Origin:  h.Get(consumer.HeaderDeadLetterSubject),
 		Payload: m.Data(),
 		Header:  stripDLQHeaders(h),
@@ -195,8 +196,8 @@ func (s *natsDLQ) noteHeld(ctx context.Context) {
 	if err != nil || ci.NumAckPending == 0 {
 		return
 	}
-	s.heldNotes = append(s.heldNotes, fmt.Sprintf("%d dead letters are held by an earlier redrive run of consumer %q that did not ack them; they are delivered again %s after that run read them: run redrive again then",
-		ci.NumAckPending, s.durable, redriveAckWait))
+	s.heldNotes = append(s.heldNotes, fmt.Sprintf("consumer %q: %d dead letter(s) went to an earlier redrive run that did not ack them; they are delivered again %s after that run read them: run redrive again then",
+		s.durable, ci.NumAckPending, redriveAckWait))
 }
 
 func (s *natsDLQ) republish(ctx context.Context, dl *deadLetter) error {

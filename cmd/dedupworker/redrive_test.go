@@ -107,11 +107,15 @@ func (e *redriveEnv) record(key, outcome string) {
 	}
 }
 
-// deadLetter publishes a dead letter of key that came from subject.
-func (e *redriveEnv) deadLetter(key, subject string) {
+// deadLetter publishes a dead letter of handler rd and key that came from
+// subject.
+func (e *redriveEnv) deadLetter(key, subject string) { e.deadLetterOf("rd", key, subject) }
+
+// deadLetterOf publishes a dead letter that handler dead-lettered.
+func (e *redriveEnv) deadLetterOf(handler, key, subject string) {
 	e.t.Helper()
 	h := nats.Header{"Idempotency-Key": {key}, "X-Kept": {"yes"}}
-	for k, v := range (consumer.DeadLetter{Reason: "max_attempts", Key: key, Handler: "rd", Attempts: 5}).Headers(consumer.Origin{Transport: "nats", Topic: e.stream, Subject: subject, Offset: 1}) {
+	for k, v := range (consumer.DeadLetter{Reason: "max_attempts", Key: key, Handler: handler, Attempts: 5}).Headers(consumer.Origin{Transport: "nats", Topic: e.stream, Subject: subject, Offset: 1}) {
 		h[k] = v
 	}
 	if _, err := e.js.PublishMsg(e.ctx(), &nats.Msg{Subject: e.dlq, Data: []byte("payload " + key), Header: h}); err != nil {
@@ -178,7 +182,8 @@ func (e *redriveEnv) redrive(wantCode int, args ...string) redriveReport {
 
 // Each record state gets what the command's doc says: dead_lettered is
 // forgotten and republished, absent and keyless republished, completed and
-// claimed skipped; every one is acked.
+// claimed skipped, and so is another handler's dead letter (its key's
+// record of rd is kept); every one is acked.
 func TestRedriveRecordStates(t *testing.T) {
 	t.Parallel()
 	e := newRedriveEnv(t)
@@ -190,17 +195,20 @@ func TestRedriveRecordStates(t *testing.T) {
 		e.deadLetter(k, e.in+"."+k)
 	}
 	e.deadLetter("", e.in+".nokey")
+	e.record("theirs", idempotency.RecordOutcomeDeadLettered)
+	e.deadLetterOf("other", "theirs", e.in+".theirs")
 
 	rep := e.redrive(0)
 	want := map[string][2]string{ // key: record, action
-		"dead": {"dead_lettered", actRepublished},
-		"done": {"completed", actSkipped},
-		"busy": {"claimed", actSkipped},
-		"gone": {"absent", actRepublished},
-		"":     {"no key", actRepublished},
+		"dead":   {"dead_lettered", actRepublished},
+		"done":   {"completed", actSkipped},
+		"busy":   {"claimed", actSkipped},
+		"gone":   {"absent", actRepublished},
+		"":       {"no key", actRepublished},
+		"theirs": {"of handler other", actSkipped},
 	}
-	if rep.Read != 5 || rep.Republished != 3 || rep.Skipped != 2 || rep.Failed != 0 || len(rep.DeadLetters) != 5 {
-		t.Fatalf("report %+v, want 5 read, 3 republished, 2 skipped", rep)
+	if rep.Read != 6 || rep.Republished != 3 || rep.Skipped != 3 || rep.Failed != 0 || len(rep.DeadLetters) != 6 {
+		t.Fatalf("report %+v, want 6 read, 3 republished, 3 skipped", rep)
 	}
 	for _, r := range rep.DeadLetters {
 		if w := want[r.Key]; r.Record != w[0] || r.Action != w[1] {
@@ -212,6 +220,9 @@ func TestRedriveRecordStates(t *testing.T) {
 	}
 	if c := e.class("done"); c != "completed" {
 		t.Errorf("the completed record is %s after the redrive, want kept", c)
+	}
+	if c := e.class("theirs"); c != "dead_lettered" {
+		t.Errorf("rd's record of another handler's dead letter is %s, want kept", c)
 	}
 	if n := e.sourceMsgs(); n != 3 {
 		t.Errorf("source stream holds %d messages, want the 3 republished", n)
@@ -230,7 +241,7 @@ func TestRedriveRecordStates(t *testing.T) {
 			t.Errorf("republished seq %d: subject %s, data %q, headers %v", seq, m.Subject, m.Data, m.Header)
 		}
 	}
-	if floor, left := e.pending(); floor != 5 || left != 0 {
+	if floor, left := e.pending(); floor != 6 || left != 0 {
 		t.Errorf("redrive consumer: acked up to seq %d, %d left; want every dead letter acked", floor, left)
 	}
 	if again := e.redrive(0); again.Read != 0 {
@@ -361,5 +372,40 @@ handlers:
 	code, _, stderr := runCmd(t, "redrive", "-c", uncaptured, "--handler", "a")
 	if code != exitRuntime || !strings.Contains(stderr, "handlers[0].dead_letter.nats.subject \"nowhere."+id+"\": no JetStream stream captures it") {
 		t.Errorf("uncaptured dead-letter subject: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// Dead letters delivered to an earlier run that died unacked come back only
+// after the durable's ack wait: a run in between reads none and says so.
+func TestRedriveNotesDeadLettersHeldByAnEarlierRun(t *testing.T) {
+	t.Parallel()
+	e := newRedriveEnv(t)
+	e.addStream(e.stream, e.in+".>")
+	e.record("k", idempotency.RecordOutcomeDeadLettered)
+	e.deadLetter("k", e.in+".k")
+	// The earlier run: the durable as redrive makes it, one fetch, no ack.
+	c, err := e.js.CreateOrUpdateConsumer(e.ctx(), e.dlqStream, jetstream.ConsumerConfig{
+		Durable: "rd-dedup-redrive", FilterSubject: e.dlq, AckPolicy: jetstream.AckExplicitPolicy, AckWait: redriveAckWait, MaxAckPending: redriveFetch,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range batch.Messages() {
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("the earlier run fetched %d dead letters, want 1", got)
+	}
+	rep := e.redrive(0)
+	if rep.Read != 0 || len(rep.Notes) != 1 || !strings.Contains(rep.Notes[0], "1 dead letter(s) went to an earlier redrive run that did not ack them") {
+		t.Fatalf("report %+v, want nothing read and a note of the 1 held", rep)
+	}
+	if c := e.class("k"); c != "dead_lettered" {
+		t.Errorf("k is %s, want untouched", c)
 	}
 }
