@@ -439,7 +439,7 @@ func printRedrive(stdout, stderr io.Writer, output string, rep *redriveReport) e
 	if rep.Limited {
 		more = " (--limit reached; there may be more)"
 	}
-	fmt.Fprintf(stdout, "%s %d, %s %d (record no longer dead-lettered), failed %d; %d dead letters read from %s%s\n",
+	fmt.Fprintf(stdout, "%s %d, %s %d (record taken up again, or another handler's), failed %d; %d dead letters read from %s%s\n",
 		verb, rep.Republished, skip, rep.Skipped, rep.Failed, rep.Read, rep.From, more)
 	return nil
 }
