@@ -8,6 +8,7 @@
 //	dedupworker forget  -c config.yaml --handler orders KEY --yes
 //	dedupworker records -c config.yaml --handler orders --state claimed --older-than 10m
 //	dedupworker forget  -c config.yaml --handler orders --state dead_lettered --dry-run
+//	dedupworker redrive -c config.yaml --handler orders --dry-run
 //	dedupworker stats   -c config.yaml --rate 500/s
 //	dedupworker version
 //
@@ -52,6 +53,7 @@ func commands() []command {
 		{"inspect", "show the stored record of a key", cmdInspect},
 		{"forget", "delete the record of a key, or of every key in a state (--state), so it is processed again", cmdForget},
 		{"records", "list the records of a handler, by state and age", cmdRecords},
+		{"redrive", "send a handler's dead letters back to its source: forget each dead-lettered record, republish, ack or commit", cmdRedrive},
 		{"stats", "records by state (sampled), bytes per record, memory, and what a rate's retention needs", cmdStats},
 		{"version", "print the version and commit", cmdVersion},
 	}

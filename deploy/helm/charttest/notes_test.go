@@ -55,7 +55,8 @@ func TestNotes(t *testing.T) {
 	}
 	for file, wants := range map[string][]string{
 		"nats-keda-values.yaml": {"dw-dedupworker", "handler(s) orders", "KEDA scales the Deployment between 1 and 8", "Pods get 75s after SIGTERM; config.shutdown_timeout is 60s",
-			"dedupworker records -c /etc/dedupworker/config.yaml", "dedupworker forget -c /etc/dedupworker/config.yaml --handler NAME --state", "dedupworker stats -c /etc/dedupworker/config.yaml"},
+			"dedupworker records -c /etc/dedupworker/config.yaml", "dedupworker forget -c /etc/dedupworker/config.yaml --handler NAME --state", "dedupworker stats -c /etc/dedupworker/config.yaml",
+			"dedupworker redrive -c /etc/dedupworker/config.yaml --handler NAME --dry-run"},
 		"monitoring-values.yaml": {"ServiceMonitor scrapes the pods every 15s", "HorizontalPodAutoscaler scales the Deployment between 3 and 12", "Pods get 45s"},
 	} {
 		out, _, err := helm(t, "template", release, dir, "--namespace", namespace, "--values", filepath.Join(chartDir, "ci", file), "--show-only", "templates/zz-notes.yaml")

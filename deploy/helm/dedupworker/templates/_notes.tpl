@@ -31,4 +31,7 @@ List a handler's records by state, delete them in bulk, and size the store:
   kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker records -c /etc/dedupworker/config.yaml --handler NAME --state claimed --older-than 10m
   kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker forget -c /etc/dedupworker/config.yaml --handler NAME --state dead_lettered --dry-run
   kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker stats -c /etc/dedupworker/config.yaml --rate 100/s
+Send a handler's dead letters back to its source once the cause is fixed (see first what would go):
+  kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker redrive -c /etc/dedupworker/config.yaml --handler NAME --dry-run
+  kubectl -n {{ .Release.Namespace }} exec deploy/{{ include "dedupworker.fullname" . }} -- dedupworker redrive -c /etc/dedupworker/config.yaml --handler NAME
 {{- end -}}

@@ -1,0 +1,101 @@
+package integration_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/redisbackend"
+)
+
+// redrive needs no Redis command beyond the README's least-privilege ACL:
+// as that user, over TLS with password_file, it forgets a dead_lettered
+// record and republishes its dead letter, and the user's password shows
+// nowhere in its output.
+func TestSecurityRedriveAsTheACLUser(t *testing.T) {
+	t.Parallel()
+	ca := testenv.NewTestCA(t)
+	raddr, admin := secTLSRedis(t, ca)
+	const ns, pw = "secrd", "redrive-Valid-3141"
+	secACLUser(t, admin, "dedup", pw, ns)
+	user := redis.NewClient(&redis.Options{Addr: raddr, Username: "dedup", Password: pw,
+		TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"}, DialTimeout: time.Second})
+	defer user.Close()
+	s, err := redisbackend.New(user, redisbackend.Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ekey := idempotency.EffectiveKey("rd", "k1")
+	res, err := s.Claim(ctx, []idempotency.ClaimRequest{{Key: ekey, Fingerprint: "fp", FingerprintVersion: 1, Lease: time.Minute}})
+	if err != nil || res[0].Claim == nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if _, err := s.Complete(ctx, []idempotency.Completion{{Key: ekey, Token: res[0].Claim.Token, Outcome: idempotency.RecordOutcomeDeadLettered, Retention: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+
+	h := newNATSHarness(t, testenv.NATS(t))
+	dlq := h.subj + "-dlq"
+	h.createStream(t, h.stream+"_DLQ", dlq)
+	hdr := nats.Header{"Idempotency-Key": {"k1"}}
+	for k, v := range (consumer.DeadLetter{Reason: "max_attempts", Key: "k1", Handler: "rd", Attempts: 2}).Headers(consumer.Origin{Transport: "nats", Topic: h.stream, Subject: h.subj + ".in", Offset: 1}) {
+		hdr[k] = v
+	}
+	if _, err := h.js.PublishMsg(ctx, &nats.Msg{Subject: dlq, Data: []byte("p"), Header: hdr}); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	pwFile := filepath.Join(dir, "pw")
+	if err := os.WriteFile(pwFile, []byte(pw), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, `
+redis: {url: "rediss://%s/0", username: dedup, password_file: %s, namespace: %s, tls: {ca_file: %s}}
+http: {addr: ""}
+handlers:
+  - name: rd
+    source: {nats: {url: %q, stream: %s, subject: %s.in}}
+    action: {exec: {command: [/bin/true]}}
+    dead_letter: {nats: {subject: %s}}
+`, raddr, pwFile, ns, ca.CAFile, h.url, h.stream, h.subj, dlq), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
+	defer ccancel()
+	cmd := exec.CommandContext(cctx, hostileBinary(t), "redrive", "-c", cfg, "--handler", "rd", "-o", "json")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	secNoSecrets(t, "redrive", string(out)+stderr.String(), pw)
+	if err != nil {
+		t.Fatalf("redrive as the ACL user: %v\n%s%s", err, out, stderr.String())
+	}
+	var rep struct {
+		Republished int `json:"republished"`
+		Failed      int `json:"failed"`
+	}
+	if err := json.Unmarshal(out, &rep); err != nil || rep.Republished != 1 || rep.Failed != 0 {
+		t.Fatalf("redrive as the ACL user: %v\n%s", err, out)
+	}
+	if rec, err := s.Get(ctx, ekey); err != nil || rec != nil {
+		t.Errorf("the record after redrive: %+v, %v; want it forgotten", rec, err)
+	}
+}
