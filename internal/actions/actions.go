@@ -77,4 +77,3 @@ func (i Injector) into(ctx context.Context, h consumer.Header) {
 		i(ctx, h)
 	}
 }
-

@@ -187,4 +187,3 @@ func TestForwardKafkaKeepsMessage(t *testing.T) {
 		t.Fatalf("original headers must be forwarded, got %v", m.Headers)
 	}
 }
-
