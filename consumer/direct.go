@@ -31,6 +31,46 @@ func (p *direct) Process(ctx context.Context, d Delivery) {
 	start := time.Now()
 	_, err := callHandler(ctx, p.h, m)
 	p.hooks.HandlerDone(p.name, time.Since(start), err)
+	p.fate(ctx, d, err)
+}
+
+// ProcessBatch hands a BatchHandler the run in one call, then settles each
+// delivery from its own result; a plain Handler gets one call a delivery.
+func (p *direct) ProcessBatch(ctx context.Context, ds []Delivery) {
+	bh, ok := p.h.(BatchHandler)
+	if !ok || len(ds) < 2 || ctx.Err() != nil {
+		for _, d := range ds {
+			p.Process(ctx, d)
+		}
+		return
+	}
+	msgs := make([]*Message, len(ds))
+	for i, d := range ds {
+		msgs[i] = d.Message()
+	}
+	results := make([]Result, len(ds))
+	hctx, cancel := context.WithCancel(ctx)
+	start := time.Now()
+	CallBatchHandler(hctx, bh, msgs, results)
+	took := time.Since(start)
+	cancel()
+	for i, d := range ds {
+		p.hooks.HandlerDone(p.name, took, results[i].Err)
+		p.fate(ctx, d, results[i].Err)
+	}
+}
+
+// Batching reports whether the handler is a BatchHandler.
+func (p *direct) Batching() bool {
+	_, ok := p.h.(BatchHandler)
+	return ok
+}
+
+// fate settles d after its handler returned err: ack, redeliver at once
+// when cancelled, dead-letter a permanent failure, retry the rest.
+func (p *direct) fate(ctx context.Context, d Delivery, err error) {
+	m := d.Message()
+	tr := m.Origin.Transport
 	switch {
 	case err == nil:
 		p.settle(ctx, d.Ack)

@@ -14,4 +14,25 @@
 //	return nil, consumer.Permanent(err)          // dead-letter, never retry
 //	return nil, consumer.RetryAfter(time.Minute)  // retry after a minute
 //	return nil, err                               // retry with the backoff
+//
+// # Batch handlers
+//
+// A Handler that also implements BatchHandler (BatchFunc makes one from a
+// function) does the work for a run of messages in one call, for example
+// one produce call for all of them, and fills a Result per message. Sources
+// hand runs to Runner.ProcessBatch: the Kafka source a lane's queued
+// contiguous run (a partition's under partition ordering, a key's under key
+// ordering, at most BatchSize), the NATS source each fetched batch.
+// Processors that are not BatchProcessors, and handlers that are not
+// BatchHandlers, get the run one delivery at a time, in order (the NATS
+// source then keeps calling Process concurrently: Runner.Batching). A run
+// holds one Concurrency slot for the whole call.
+//
+// Every message of a run is settled on its own from its Result: one failed
+// message is retried or dead-lettered alone. On Kafka a nakked message holds
+// back the rest of its lane as it does for a single handler: the lane
+// retries the run's nakked messages, in order and after their delay, before
+// it takes its next run, and the committed offset never passes an
+// unfinished message. The messages after a failed one in the same run have
+// already run by then: a batch handler sees them together.
 package consumer

@@ -44,7 +44,8 @@ type HookHandlerDone interface {
 }
 
 // HookInflight is called with +1 when a delivery starts processing and -1
-// when it ends.
+// when it ends; a run of n deliveries (Runner.ProcessBatch) counts +n and
+// -n.
 type HookInflight interface {
 	OnInflight(handler string, delta int)
 }

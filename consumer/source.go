@@ -63,4 +63,17 @@ type Runner interface {
 	Prepare(ctx context.Context, batch []Delivery)
 	// Process runs one delivery to settlement. It blocks while it runs.
 	Process(ctx context.Context, d Delivery)
+	// ProcessBatch runs a contiguous run of deliveries to settlement, each
+	// settled on its own; it blocks while they run. The run holds one of
+	// Concurrency's slots for the whole call: a batch handler call is one
+	// unit of work, however many messages it carries. A processor that is
+	// not a BatchProcessor gets the deliveries one at a time, in order,
+	// under that one slot. Every delivery of ds has Process's contract
+	// (with a cancelled ctx it is settled as best it can).
+	ProcessBatch(ctx context.Context, ds []Delivery)
+	// Batching reports whether ProcessBatch gives the handler runs at once
+	// (a BatchHandler behind a BatchProcessor). When it is false, a run is
+	// processed one delivery after another: a source with no order to keep
+	// (NATS) should then call Process for each delivery concurrently.
+	Batching() bool
 }

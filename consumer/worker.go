@@ -207,6 +207,7 @@ func (w *Worker) newRunner(reg *registration, workCtx context.Context) *runner {
 		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger}
 	}
 	r.prep, _ = r.proc.(BatchPreparer)
+	r.batch, _ = r.proc.(BatchProcessor)
 	return r
 }
 
@@ -217,6 +218,7 @@ type runner struct {
 	sem     chan struct{}
 	proc    Processor
 	prep    BatchPreparer
+	batch   BatchProcessor // nil when proc takes one delivery at a time
 	hooks   Hooks
 	workCtx context.Context // the worker's hard-stop context; cancelled after the drain timeout
 	bound   atomic.Pointer[boundCtx]
@@ -251,6 +253,35 @@ func (r *runner) Process(ctx context.Context, d Delivery) {
 	r.hooks.Inflight(r.name, 1)
 	defer r.hooks.Inflight(r.name, -1)
 	r.proc.Process(ctx, d)
+}
+
+func (r *runner) Batching() bool { return r.batch != nil && r.batch.Batching() }
+
+func (r *runner) ProcessBatch(ctx context.Context, ds []Delivery) {
+	switch len(ds) {
+	case 0:
+		return
+	case 1:
+		r.Process(ctx, ds[0])
+		return
+	}
+	ctx, cancel := r.bind(ctx)
+	defer cancel()
+	select {
+	case r.sem <- struct{}{}:
+		defer func() { <-r.sem }()
+		r.hooks.Inflight(r.name, len(ds))
+		defer r.hooks.Inflight(r.name, -len(ds))
+	case <-ctx.Done():
+		// Still hand them over: the processor settles cancelled deliveries.
+	}
+	if r.batch != nil {
+		r.batch.ProcessBatch(ctx, ds)
+		return
+	}
+	for _, d := range ds {
+		r.proc.Process(ctx, d)
+	}
 }
 
 // bind returns ctx also cancelled, with the worker's cause, when the worker's

@@ -103,6 +103,47 @@ func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (Res, error) {
 	}
 }
 
+// doAll sends reqs together: queued at once, in order, they go in the same
+// batch call unless the queue already holds more than maxBatch requests or
+// reqs name a key twice. It returns each request's answer, as do would,
+// when all were answered or ctx ended (the unanswered then get its cause).
+func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req) ([]Res, []error) {
+	rs := make([]*batchReq[Req, Res], len(reqs))
+	for i, req := range reqs {
+		r, _ := b.free.Get().(*batchReq[Req, Res])
+		if r == nil {
+			r = &batchReq[Req, Res]{done: make(chan struct{}, 1)}
+		}
+		r.ctx, r.req = ctx, req
+		rs[i] = r
+	}
+	b.mu.Lock()
+	b.pending = append(b.pending, rs...)
+	if b.flights < b.maxFlights {
+		b.flights++
+		b.wg.Go(b.flusher)
+	}
+	b.mu.Unlock()
+	res := make([]Res, len(reqs))
+	errs := make([]error, len(reqs))
+	for i, r := range rs {
+		select {
+		case <-r.done:
+			res[i], errs[i] = r.res, r.err
+			*r = batchReq[Req, Res]{done: r.done}
+			b.free.Put(r)
+		case <-ctx.Done():
+			// The rest are answered with ctx's cause; their requests are
+			// not reused (a flusher may still answer them).
+			for j := i; j < len(rs); j++ {
+				errs[j] = context.Cause(ctx)
+			}
+			return res, errs
+		}
+	}
+	return res, errs
+}
+
 // next takes the next batch off the queue: up to maxBatch requests with
 // distinct keys whose callers still wait, in order.
 func (b *batcher[Req, Res]) next() []*batchReq[Req, Res] {

@@ -21,4 +21,34 @@
 //
 // Inside a handler, FromContext tells the claim (key, fence, attempt) and
 // Step makes single side effects survive a retry without repeating.
+//
+// # Batch handlers
+//
+// A handler that also implements consumer.BatchHandler is given the
+// messages of a run that the engine owns in one HandleBatch call
+// (SPEC §11.4), when the source hands it a run (consumer.Runner.ProcessBatch:
+// a Kafka lane's queued messages, a NATS fetch). Of the run, already claimed
+// by PrepareBatch:
+//
+//   - deliveries whose key it claimed NEW, RECLAIMED or RECOVERED go to the
+//     handler, in order, in one call;
+//   - duplicates and fingerprint mismatches are answered as for a single
+//     delivery, and never reach the handler;
+//   - a delivery that cannot run at once (its key in flight elsewhere, not
+//     claimed yet because it repeats a key of the run, a claim gone stale, a
+//     store error, a missing key) cuts the run: the deliveries before it run
+//     as one call, then it runs alone through Handle as a single delivery
+//     does (waiting for the key's owner), then the rest of the run.
+//
+// Each message of a call has its own context, consumer.MessageContext(ctx,
+// i), carrying its claim (FromContext, Step) and cancelled when that claim's
+// lease is lost; the lease of every claim of the call is renewed while the
+// call runs. After the call each message completes, retries or is
+// dead-lettered on its own, from its consumer.Result, by the same rules as
+// a single delivery: one failure fails only its message. The completions of
+// a call are submitted to the store together (one Complete call, unless
+// other handlers' completions already fill a batch), and the deliveries are
+// acked after them. A panic in HandleBatch fails every message of the call
+// with a *consumer.PanicError. In shadow mode every delivery goes through
+// Handle, one at a time.
 package idempotency

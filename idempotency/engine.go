@@ -252,6 +252,12 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 	if pr == nil {
 		pr = p.inspect(d)
 	}
+	p.process(ctx, d, pr)
+}
+
+// process takes d, whose prepared state pr was taken, through SPEC §5–§7
+// on its own.
+func (p *processor) process(ctx context.Context, d consumer.Delivery, pr *prepared) {
 	if ctx.Err() != nil {
 		p.abandon(ctx, d, pr)
 		return
@@ -396,26 +402,56 @@ func (p *processor) heartbeat(ctx context.Context, d consumer.Delivery) {
 // done nothing, when a claim prepared earlier turned out to be lost before
 // the handler started.
 func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepared) bool {
+	leaseEnd, st := p.ready(ctx, d, pr)
+	switch st {
+	case claimLost:
+		return false
+	case claimSettled:
+		return true
+	}
+	run, hctx := p.start(ctx, d, pr, leaseEnd)
+	start := time.Now()
+	result, herr := consumer.CallHandler(hctx, p.h, d.Message())
+	took := time.Since(start)
+	run.renewer.stop()
+	if c := p.outcome(ctx, d, pr, run, hctx, result, herr, took, true); c != nil {
+		p.complete(ctx, []*completing{c})
+	}
+	run.cancel(nil)
+	return true
+}
+
+// readiness is what ready found of an owned claim.
+type readiness int
+
+const (
+	claimReady   readiness = iota // run the handler
+	claimLost                     // the claim went stale: claim again
+	claimSettled                  // the delivery was settled without running
+)
+
+// ready checks an owned claim before its handler runs: it refreshes a claim
+// that waited (for a concurrency slot, or behind earlier messages of its
+// partition), and dead-letters a key that used up its runs. It returns the
+// claim's lease end.
+func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared) (time.Time, readiness) {
 	res := pr.res
 	cl := res.Claim
 	leaseEnd := pr.claimAt.Add(p.cfg.lease)
 	if time.Since(pr.claimAt) > p.cfg.lease/3 {
-		// The claim waited (for a concurrency slot, or behind earlier
-		// messages of its partition): refresh it before starting work.
 		start := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, p.e.timeout)
 		_, ok, err := p.e.store.Renew(rctx, cl.Key, cl.Token, p.cfg.lease)
 		cancel()
 		if err != nil {
 			p.storeDown(ctx, d, "renew", err)
-			return true
+			return leaseEnd, claimSettled
 		}
 		if !ok {
-			return false
+			return leaseEnd, claimLost
 		}
 		leaseEnd = start.Add(p.cfg.lease)
 	}
-	m := d.Message()
 	if res.Outcome == ClaimRecovered {
 		p.e.hooks.CorruptRecord(p.name)
 		p.log.Warn("stored value was not a valid record; replaced by a fresh claim", "key_hash", keyHash(pr.ekey))
@@ -429,29 +465,48 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 		// running for ever.
 		runs := cl.Attempts - 1
 		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.cfg.maxAttempts)
-		p.deadLetterOwned(ctx, d, cl, pr.key, "max_attempts", err, runs)
-		return true
+		if c := p.deadLetterOwned(ctx, d, cl, pr.key, "max_attempts", err, runs); c != nil {
+			p.complete(ctx, []*completing{c})
+		}
+		return leaseEnd, claimSettled
 	}
+	return leaseEnd, claimReady
+}
+
+// start prepares one handler run under pr's owned claim: the context that
+// carries the claim (FromContext, Step) and ends when the claim is lost, and
+// the lease renewals, which run until run.renewer.stop. The caller cancels
+// the context with run.cancel once the run's outcome is settled.
+func (p *processor) start(ctx context.Context, d consumer.Delivery, pr *prepared, leaseEnd time.Time) (*handlerRun, context.Context) {
+	cl := pr.res.Claim
 	run := &handlerRun{Context: ctx}
-	rs := &run.rs
-	*rs = runState{
+	run.rs = runState{
 		info: ClaimInfo{
 			Handler: p.name, Key: pr.key, EffectiveKey: cl.Key, Fence: cl.Fence,
-			Attempt: max(cl.Attempts, 1), Reclaimed: res.Outcome == ClaimReclaimed,
+			Attempt: max(cl.Attempts, 1), Reclaimed: pr.res.Outcome == ClaimReclaimed,
 		},
 		store: p.e.store,
 		token: cl.Token,
 		steps: cl.Steps,
 	}
 	hctx, cancel := context.WithCancelCause(run)
-	defer cancel(nil)
+	run.cancel = cancel
 	p.renew(&run.renewer, hctx, cancel, d, cl, leaseEnd)
-	start := time.Now()
-	result, herr := consumer.CallHandler(hctx, p.h, m)
-	took := time.Since(start)
-	run.renewer.stop()
+	return run, hctx
+}
+
+// outcome decides the fate of d after its handler ran under run's claim
+// and returned result and herr (SPEC §5.2, §7): a success or a dead-letter
+// returns the completion still to be stored (the caller stores it, with
+// those of the rest of its run, and settles it in complete); a lost claim,
+// a cancellation or a retry is settled here and returns nil. observe says
+// whether ctx's Observation belongs to d alone.
+func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepared, run *handlerRun, hctx context.Context, result []byte, herr error, took time.Duration, observe bool) *completing {
+	cl := pr.res.Claim
+	m := d.Message()
+	rs := &run.rs
 	p.e.hooks.HandlerDone(p.name, took, herr)
-	if o := consumer.ObservationFrom(ctx); o != nil {
+	if o := consumer.ObservationFrom(ctx); o != nil && observe {
 		o.Fence, o.Attempt, o.Err = cl.Fence, rs.info.Attempt, herr
 	}
 
@@ -459,21 +514,20 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 		p.log.Warn("claim lost while the handler ran; its result is discarded and the new owner finishes the key",
 			"origin", m.Origin.String(), "fence", cl.Fence, "took", took)
 		p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, cl))
-		return true
+		return nil
 	}
 	if herr == nil {
 		outcome := consumer.OutcomeProcessed
-		if res.Outcome == ClaimReclaimed {
+		if pr.res.Outcome == ClaimReclaimed {
 			outcome = consumer.OutcomeReclaimed
 		}
-		p.completeAndAck(ctx, d, cl, RecordOutcomeOK, result, nil, outcome)
-		return true
+		return p.completion(d, cl, RecordOutcomeOK, result, nil, outcome)
 	}
 	if ctx.Err() != nil {
 		p.log.Info("handler cancelled; claim released for redelivery", "origin", m.Origin.String(), "cause", context.Cause(ctx))
 		p.release(ctx, cl)
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
-		return true
+		return nil
 	}
 	var pe *consumer.PanicError
 	if errors.As(herr, &pe) {
@@ -486,8 +540,7 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 		if permanent {
 			reason = "permanent_error"
 		}
-		p.deadLetterOwned(ctx, d, cl, pr.key, reason, herr, attempt)
-		return true
+		return p.deadLetterOwned(ctx, d, cl, pr.key, reason, herr, attempt)
 	}
 	delay, ok := consumer.RetryDelay(herr)
 	if !ok {
@@ -497,7 +550,7 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 		"max_attempts", p.cfg.maxAttempts, "delay", delay, "err", herr)
 	p.release(ctx, cl)
 	p.settle(ctx, d, consumer.OutcomeFailed, nak(delay))
-	return true
+	return nil
 }
 
 // renew starts r: it renews the lease every third of it (with jitter) and
@@ -522,6 +575,7 @@ type handlerRun struct {
 	context.Context // the delivery's
 	rs              runState
 	renewer         renewer
+	cancel          context.CancelCauseFunc // the handler context's
 }
 
 // Value returns the run's state for ctxKey, else the delivery context's
@@ -701,23 +755,40 @@ func jitter(d time.Duration) time.Duration {
 	return d - d/10 + time.Duration(rand.Int64N(int64(d)/5+1))
 }
 
-// completeAndAck stores the outcome, then acks (SPEC §5.2).
-func (p *processor) completeAndAck(ctx context.Context, d consumer.Delivery, cl *Claim, recOutcome string, result []byte, meta map[string]string, outcome consumer.Outcome) {
-	c := Completion{Key: cl.Key, Token: cl.Token, Outcome: recOutcome, Result: result, Meta: meta, Retention: p.cfg.retention}
-	var (
-		owned bool
-		err   error
-	)
+// completing is an outcome to store before its delivery is acked
+// (SPEC §5.2).
+type completing struct {
+	d       consumer.Delivery
+	cl      *Claim
+	c       Completion
+	outcome consumer.Outcome
+}
+
+func (p *processor) completion(d consumer.Delivery, cl *Claim, recOutcome string, result []byte, meta map[string]string, outcome consumer.Outcome) *completing {
+	return &completing{
+		d: d, cl: cl, outcome: outcome,
+		c: Completion{Key: cl.Key, Token: cl.Token, Outcome: recOutcome, Result: result, Meta: meta, Retention: p.cfg.retention},
+	}
+}
+
+// completeAttempts is how many times complete tries to store a completion.
+const completeAttempts = 3
+
+// complete stores the outcomes of cs, submitted together so that one store
+// call carries a whole run's (SPEC §4.4), then settles each delivery: acked
+// once its outcome is stored, redelivered when it could not be, settled as a
+// lost claim when another owner holds its key.
+func (p *processor) complete(ctx context.Context, cs []*completing) {
+	owned := make([]bool, len(cs))
+	errs := make([]error, len(cs))
+	todo := make([]int, len(cs))
+	for i := range cs {
+		todo[i] = i
+	}
 	// The work is done: try hard to record it before giving up, since a
 	// redelivery would run it again once the lease expires.
-	for i, wait := 0, 100*time.Millisecond; i < 3; i, wait = i+1, wait*3 {
-		// The completer reads no values and the delivery's cancellation
-		// must not stop it: a deadline shared with the other deliveries.
-		owned, err = p.e.completer.do(p.e.completeBy.ctx(), c)
-		if err == nil {
-			break
-		}
-		if i < 2 {
+	for attempt, wait := 0, 100*time.Millisecond; len(todo) > 0 && attempt < completeAttempts; attempt, wait = attempt+1, wait*3 {
+		if attempt > 0 {
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
@@ -725,32 +796,59 @@ func (p *processor) completeAndAck(ctx context.Context, d consumer.Delivery, cl 
 				t.Stop()
 			}
 		}
+		// The completer reads no values and the delivery's cancellation
+		// must not stop it: a deadline shared with the other deliveries.
+		if len(todo) == 1 {
+			i := todo[0]
+			owned[i], errs[i] = p.e.completer.do(p.e.completeBy.ctx(), cs[i].c)
+		} else {
+			reqs := make([]Completion, len(todo))
+			for j, i := range todo {
+				reqs[j] = cs[i].c
+			}
+			res, rerrs := p.e.completer.doAll(p.e.completeBy.ctx(), reqs)
+			for j, i := range todo {
+				owned[i], errs[i] = res[j], rerrs[j]
+			}
+		}
+		failed := todo[:0]
+		for _, i := range todo {
+			if errs[i] != nil {
+				failed = append(failed, i)
+			}
+		}
+		todo = failed
 	}
-	if err != nil {
-		p.log.Error("handler finished but its completion could not be stored; not acked, the message will be redelivered",
-			"origin", d.Message().Origin.String(), "err", err)
-		p.settle(ctx, d, consumer.OutcomeStoreError, nak(consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax)))
-		return
+	for i, c := range cs {
+		d := c.d
+		switch {
+		case errs[i] != nil:
+			p.log.Error("handler finished but its completion could not be stored; not acked, the message will be redelivered",
+				"origin", d.Message().Origin.String(), "err", errs[i])
+			p.settle(ctx, d, consumer.OutcomeStoreError, nak(consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax)))
+		case !owned[i]:
+			p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", c.cl.Fence)
+			p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, c.cl))
+		default:
+			p.settle(ctx, d, c.outcome, ack)
+		}
 	}
-	if !owned {
-		p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", cl.Fence)
-		p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, cl))
-		return
-	}
-	p.settle(ctx, d, outcome, ack)
 }
 
-func (p *processor) deadLetterOwned(ctx context.Context, d consumer.Delivery, cl *Claim, key, reason string, herr error, attempt int) {
+// deadLetterOwned publishes d to the dead-letter destination and returns the
+// dead_lettered completion to store; when publishing failed it releases the
+// claim, naks d for a retry and returns nil.
+func (p *processor) deadLetterOwned(ctx context.Context, d consumer.Delivery, cl *Claim, key, reason string, herr error, attempt int) *completing {
 	m := d.Message()
 	dl := consumer.DeadLetter{Reason: reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: attempt}
 	if !p.publishDeadLetter(ctx, d, dl) {
 		p.release(ctx, cl)
 		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(attempt, p.cfg.backoffInitial, p.cfg.backoffMax)))
-		return
+		return nil
 	}
 	p.log.Error("message dead-lettered", "origin", m.Origin.String(), "reason", reason, "attempts", attempt, "err", herr)
 	meta := map[string]string{"reason": reason, "error": truncate(herr.Error(), 1024)}
-	p.completeAndAck(ctx, d, cl, RecordOutcomeDeadLettered, nil, meta, consumer.OutcomeDeadLettered)
+	return p.completion(d, cl, RecordOutcomeDeadLettered, nil, meta, consumer.OutcomeDeadLettered)
 }
 
 // publishDeadLetter sends dl and reports whether the message may now be

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -172,16 +170,6 @@ func (w *fakeWriter) WriteMessages(_ context.Context, msgs ...kafka.Message) err
 	return nil
 }
 
-type fakeJS struct {
-	got  *nats.Msg
-	opts []jetstream.PublishOpt
-}
-
-func (j *fakeJS) PublishMsg(_ context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	j.got, j.opts = m, opts
-	return &jetstream.PubAck{Stream: "OUT", Sequence: 9}, nil
-}
-
 func TestForwardKafkaKeepsMessage(t *testing.T) {
 	w := &fakeWriter{}
 	if _, err := ForwardKafka("orders", w, nil).Handle(context.Background(), msg()); err != nil {
@@ -197,16 +185,5 @@ func TestForwardKafkaKeepsMessage(t *testing.T) {
 	}
 	if !traceparent {
 		t.Fatalf("original headers must be forwarded, got %v", m.Headers)
-	}
-}
-
-func TestForwardNATSSetsMsgID(t *testing.T) {
-	js := &fakeJS{}
-	res, err := ForwardNATS("orders", js, "orders.unique", nil).Handle(context.Background(), msg())
-	if err != nil || string(res) != "OUT:9" {
-		t.Fatalf("result %q err %v", res, err)
-	}
-	if js.got.Subject != "orders.unique" || js.got.Header.Get("Traceparent") != "00-abc" || string(js.got.Data) != `{"id":7}` {
-		t.Fatalf("forwarded %+v", js.got)
 	}
 }

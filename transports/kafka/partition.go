@@ -20,8 +20,13 @@ import (
 //   - the fetcher reads batches from the partition leader;
 //   - the dispatcher hands each batch to Runner.Prepare, records its offsets
 //     as unfinished and queues the deliveries on lanes;
-//   - a lane runs its queue in order, one delivery at a time, retrying in
-//     place. Partition ordering has one lane; key ordering one per key.
+//   - a lane runs its queue in order, retrying in place. Partition
+//     ordering has one lane; key ordering one per key. When the runner
+//     batches (Runner.Batching: a batch handler), a lane takes its whole
+//     queued run, up to BatchSize, in one Runner.ProcessBatch call; a
+//     nakked delivery of the run is then retried, in order and after its
+//     delay, before the lane takes its next run. Otherwise it runs one
+//     delivery at a time.
 type partition struct {
 	g    *generation
 	id   int
@@ -390,6 +395,10 @@ func (p *partition) enqueue(ds []*delivery) {
 // ---- lanes ----
 
 func (p *partition) runLane(l *lane, registered bool) {
+	limit := 1
+	if p.g.m.r.Batching() {
+		limit = p.g.m.s.cfg.BatchSize
+	}
 	for {
 		p.mu.Lock()
 		if len(l.queue) == 0 {
@@ -399,11 +408,58 @@ func (p *partition) runLane(l *lane, registered bool) {
 			p.mu.Unlock()
 			return
 		}
-		d := l.queue[0]
-		l.queue[0] = nil
-		l.queue = l.queue[1:]
+		if limit == 1 || len(l.queue) == 1 {
+			d := l.queue[0]
+			l.queue[0] = nil
+			l.queue = l.queue[1:]
+			p.mu.Unlock()
+			p.deliver(d)
+			continue
+		}
+		n := min(len(l.queue), limit)
+		run := make([]*delivery, n)
+		copy(run, l.queue[:n])
+		clear(l.queue[:n])
+		l.queue = l.queue[n:]
 		p.mu.Unlock()
-		p.deliver(d)
+		p.deliverRun(run)
+	}
+}
+
+// deliverRun runs a lane's run in one ProcessBatch call, then retries its
+// nakked deliveries in place, in order, each until it is acked. It returns
+// with the run's offsets finished, or some unfinished when the partition
+// stops.
+func (p *partition) deliverRun(run []*delivery) {
+	m := p.g.m
+	if p.stopped() {
+		p.abandonAll(run)
+		return
+	}
+	select {
+	case m.sem <- struct{}{}:
+	case <-p.stopCh:
+		p.abandonAll(run)
+		return
+	}
+	m.procs.processBatch(p.workCtx, run)
+	<-m.sem
+	for _, d := range run {
+		st, delay := d.outcome()
+		if st == settledAck {
+			continue
+		}
+		next, ok := p.again(d, st, delay)
+		if !ok {
+			return
+		}
+		p.deliver(next)
+	}
+}
+
+func (p *partition) abandonAll(run []*delivery) {
+	for _, d := range run {
+		p.abandon(d)
 	}
 }
 
@@ -425,32 +481,40 @@ func (p *partition) deliver(d *delivery) {
 		m.procs.process(p.workCtx, d)
 		<-m.sem
 		st, delay := d.outcome()
-		switch st {
-		case settledAck:
-			return
-		case settledNak:
-		default:
-			if p.workCtx.Err() != nil {
-				return
-			}
-			delay = time.Second
-			p.log.Error("processor returned without settling the delivery; retrying", "offset", d.msg.Origin.Offset, "delay", delay)
-		}
-		if p.stopped() || p.workCtx.Err() != nil {
-			// Stop retrying; the offset stays unfinished and uncommitted.
+		if st == settledAck {
 			return
 		}
-		if delay > 0 {
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-p.stopCh:
-				t.Stop()
-				return
-			}
+		var ok bool
+		if d, ok = p.again(d, st, delay); !ok {
+			return
 		}
-		d = d.retry()
 	}
+}
+
+// again waits out the delay of a processed delivery that was not acked and
+// returns its next attempt, or false when the partition stops (its offset
+// stays unfinished and uncommitted).
+func (p *partition) again(d *delivery, st settlement, delay time.Duration) (*delivery, bool) {
+	if st != settledNak {
+		if p.workCtx.Err() != nil {
+			return nil, false
+		}
+		delay = time.Second
+		p.log.Error("processor returned without settling the delivery; retrying", "offset", d.msg.Origin.Offset, "delay", delay)
+	}
+	if p.stopped() || p.workCtx.Err() != nil {
+		return nil, false
+	}
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-p.stopCh:
+			t.Stop()
+			return nil, false
+		}
+	}
+	return d.retry(), true
 }
 
 // abandon hands a delivery that will not run to Process with a cancelled

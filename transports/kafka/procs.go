@@ -30,12 +30,17 @@ type procPool struct {
 type procCall struct {
 	ctx  context.Context
 	d    *delivery
+	ds   []consumer.Delivery // a run for ProcessBatch; nil for Process
 	done sync.WaitGroup
 }
 
 func newProcPool(r consumer.Runner, size int) *procPool {
 	return &procPool{pool: gopool.New(size, func(c *procCall) {
-		r.Process(c.ctx, c.d)
+		if c.ds != nil {
+			r.ProcessBatch(c.ctx, c.ds)
+		} else {
+			r.Process(c.ctx, c.d)
+		}
 		c.done.Done()
 	})}
 }
@@ -49,6 +54,21 @@ func (pp *procPool) process(ctx context.Context, d *delivery) {
 	pp.pool.Run(c)
 	c.done.Wait()
 	c.ctx, c.d = nil, nil
+}
+
+// processBatch runs ProcessBatch(ctx, ds) on a pooled goroutine and returns
+// when it returned. The call is kept in the run's first delivery.
+func (pp *procPool) processBatch(ctx context.Context, ds []*delivery) {
+	run := make([]consumer.Delivery, len(ds))
+	for i, d := range ds {
+		run[i] = d
+	}
+	c := &ds[0].call
+	c.ctx, c.ds = ctx, run
+	c.done.Add(1)
+	pp.pool.Run(c)
+	c.done.Wait()
+	c.ctx, c.ds = nil, nil
 }
 
 // close ends the goroutines and waits for them. No call may be running or

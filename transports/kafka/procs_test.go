@@ -21,6 +21,12 @@ type countingRunner struct {
 func (r *countingRunner) Name() string                                 { return "t" }
 func (r *countingRunner) Concurrency() int                             { return 3 }
 func (r *countingRunner) Prepare(context.Context, []consumer.Delivery) {}
+func (r *countingRunner) Batching() bool                               { return false }
+func (r *countingRunner) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	for _, d := range ds {
+		r.Process(ctx, d)
+	}
+}
 func (r *countingRunner) Process(_ context.Context, d consumer.Delivery) {
 	n := r.running.Add(1)
 	for {

@@ -78,8 +78,9 @@ func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) er
 // busy that fewer than half of Config.Batch slots are free it waits up to
 // 2ms for slots to come free. It calls r.Prepare once per batch and runs
 // every delivery with r.Process and context.WithoutCancel(ctx) on a pool of
-// at most r.Concurrency() goroutines. Messages received while every slot is
-// busy wait in the client's buffer.
+// at most r.Concurrency() goroutines; when the runner batches
+// (r.Batching), each batch goes to one r.ProcessBatch call instead.
+// Messages received while every slot is busy wait in the client's buffer.
 //
 // It notices cancellation at once: it then ends the subscription (a drain:
 // the server is told to stop sending, and what it sent before that is still
@@ -118,11 +119,23 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	defer s.flush()
 	slots := make(chan struct{}, n) // a token per delivery being processed
 	workCtx := context.WithoutCancel(ctx)
+	batching := r.Batching()
 	// Deliveries run on long-lived goroutines, one per slot at most; a
 	// delivery holds its slot until Process returned.
-	p := gopool.New(n, func(d consumer.Delivery) {
-		defer func() { <-slots }()
-		r.Process(workCtx, d)
+	// A call is one delivery (Process) or, when the runner batches, a
+	// whole prepared batch (ProcessBatch: JetStream keeps no order, so the
+	// fetch is one run); it holds a slot per delivery.
+	p := gopool.New(n, func(ds []consumer.Delivery) {
+		defer func() {
+			for range ds {
+				<-slots
+			}
+		}()
+		if len(ds) == 1 {
+			r.Process(workCtx, ds[0])
+			return
+		}
+		r.ProcessBatch(workCtx, ds)
 	})
 	defer p.Close() // every Process returned before the flush
 	// A batch is claimed (Prepare: a round trip to the store) and handed to
@@ -135,8 +148,12 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		defer close(prepDone)
 		for ds := range prepared {
 			r.Prepare(workCtx, ds)
-			for _, d := range ds {
-				p.Run(d)
+			if batching {
+				p.Run(ds)
+				continue
+			}
+			for i := range ds {
+				p.Run(ds[i : i+1 : i+1])
 			}
 		}
 	}()

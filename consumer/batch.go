@@ -1,0 +1,110 @@
+package consumer
+
+import (
+	"context"
+)
+
+// Result is a batch handler's outcome for one message: what Handler.Handle
+// returns, as a value. Value is stored with the completed record; Err
+// chooses the message's fate exactly as a Handle error does (Permanent,
+// RetryAfter, or a plain error for the backoff).
+type Result struct {
+	Value []byte
+	Err   error
+}
+
+// BatchHandler does the work for a run of messages at once, for example one
+// produce call for all of them. A Handler that also implements BatchHandler
+// is given runs where the source has them (Kafka: consecutive messages of a
+// partition, or of a key under key ordering; NATS: the owned part of a
+// fetch); Handle is still used for a message that runs alone (a retry, a
+// message whose key was in flight elsewhere).
+//
+// results has len(msgs) and is zeroed: the handler fills results[i] for
+// msgs[i]. Each message then completes, retries or is dead-lettered on its
+// own, from its Result alone: a failure of one message does not fail the
+// others. msgs are in delivery order; under Kafka ordering the handler must
+// keep that order in its side effects (one produce call does).
+//
+// ctx is the run's context: it ends when the worker stops past its drain
+// timeout or the Kafka partition is revoked. Each message also has a context
+// of its own, MessageContext(ctx, i), which carries that message's claim
+// (idempotency.FromContext, idempotency.Step) and ends when that claim's
+// lease is lost; a handler that cannot tell the messages' contexts apart
+// uses ctx. A panic in HandleBatch becomes a *PanicError for every message
+// of the call.
+type BatchHandler interface {
+	HandleBatch(ctx context.Context, msgs []*Message, results []Result)
+}
+
+// BatchFunc adapts a function to a Handler that is also a BatchHandler:
+// HandleBatch calls f, and Handle calls f on a batch of one.
+type BatchFunc func(ctx context.Context, msgs []*Message, results []Result)
+
+// HandleBatch calls f(ctx, msgs, results).
+func (f BatchFunc) HandleBatch(ctx context.Context, msgs []*Message, results []Result) {
+	f(ctx, msgs, results)
+}
+
+// Handle runs f on a batch of one message. ctx is also that message's
+// context (MessageContext(ctx, 0) is ctx).
+func (f BatchFunc) Handle(ctx context.Context, m *Message) ([]byte, error) {
+	msgs := [1]*Message{m}
+	var res [1]Result
+	f(ctx, msgs[:], res[:])
+	return res[0].Value, res[0].Err
+}
+
+// BatchProcessor is implemented by a Processor that can take a contiguous
+// run of deliveries at once (the deduplication engine and Direct do, and
+// hand a BatchHandler the run). Sources call it through Runner.ProcessBatch.
+type BatchProcessor interface {
+	Processor
+	// ProcessBatch runs ds to settlement, each delivery settled on its own
+	// (Ack, Nak, or dead-letter and Ack), keeping their order where the
+	// handler's side effects are concerned. It has Process's contract for
+	// every delivery of ds, including a cancelled ctx.
+	ProcessBatch(ctx context.Context, ds []Delivery)
+	// Batching reports whether ProcessBatch hands runs to a BatchHandler;
+	// when false it processes the deliveries one at a time, in order.
+	Batching() bool
+}
+
+// CallBatchHandler runs h on msgs, turning a panic into a *PanicError in
+// every result. results must have len(msgs); it is zeroed first.
+func CallBatchHandler(ctx context.Context, h BatchHandler, msgs []*Message, results []Result) {
+	clear(results)
+	defer func() {
+		if v := recover(); v != nil {
+			pe := &PanicError{Value: v, Stack: stack()}
+			for i := range results {
+				results[i] = Result{Err: pe}
+			}
+		}
+	}()
+	h.HandleBatch(ctx, msgs, results)
+}
+
+type batchCtxKey struct{}
+
+// batchContexts is the value WithMessageContexts stores.
+type batchContexts struct{ ctxs []context.Context }
+
+// WithMessageContexts returns ctx carrying the per-message contexts of a
+// batch call, for MessageContext. Processors that call HandleBatch use it;
+// ctxs[i] belongs to the i-th message and must not outlive the call.
+func WithMessageContexts(ctx context.Context, ctxs []context.Context) context.Context {
+	return context.WithValue(ctx, batchCtxKey{}, &batchContexts{ctxs: ctxs})
+}
+
+// MessageContext returns the context of the i-th message of a batch call
+// (see BatchHandler): it carries that message's claim and ends when the
+// claim is lost, as well as when ctx ends. Outside a batch call, or for an
+// index the call does not have, it returns ctx.
+func MessageContext(ctx context.Context, i int) context.Context {
+	b, ok := ctx.Value(batchCtxKey{}).(*batchContexts)
+	if !ok || i < 0 || i >= len(b.ctxs) || b.ctxs[i] == nil {
+		return ctx
+	}
+	return b.ctxs[i]
+}

@@ -1,0 +1,253 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/fakedelivery"
+)
+
+// completeCounter is a Store that records the keys of every Complete call.
+type completeCounter struct {
+	idempotency.Store
+	mu    sync.Mutex
+	calls [][]string
+}
+
+func (s *completeCounter) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
+	keys := make([]string, len(cs))
+	for i, c := range cs {
+		keys[i] = strings.TrimPrefix(c.Key, "orders:")
+	}
+	s.mu.Lock()
+	s.calls = append(s.calls, keys)
+	s.mu.Unlock()
+	return s.Store.Complete(ctx, cs)
+}
+
+func (s *completeCounter) get() [][]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
+}
+
+// batchRecorder is a batch handler that records the keys of each call (as
+// the claims in the messages' contexts name them) and fails the keys it is
+// told to.
+type batchRecorder struct {
+	mu    sync.Mutex
+	calls [][]string
+	fail  map[string]error
+	// during, if set, runs inside the first call.
+	during func()
+}
+
+func (b *batchRecorder) handler(t *testing.T) consumer.BatchFunc {
+	return func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
+		keys := make([]string, len(msgs))
+		for i, m := range msgs {
+			ci, ok := idempotency.FromContext(consumer.MessageContext(ctx, i))
+			want := m.Header.Get("Idempotency-Key")
+			if !ok || ci.Key != want {
+				t.Errorf("message %d (%s): context claim %+v %v, want the claim of its own key", i, want, ci, ok)
+			}
+			keys[i] = want
+			if err := b.fail[want]; err != nil {
+				results[i].Err = err
+				continue
+			}
+			results[i].Value = []byte("done-" + want)
+		}
+		b.mu.Lock()
+		b.calls = append(b.calls, keys)
+		first := len(b.calls) == 1
+		b.mu.Unlock()
+		if first && b.during != nil {
+			b.during()
+		}
+	}
+}
+
+func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	cc := &completeCounter{Store: f.store}
+	eng, err := idempotency.New(cc, idempotency.Config{Hooks: consumer.Hooks{f.oc, f.calls}, StoreTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	ctx := context.Background()
+
+	deliveries := map[string]*fakedelivery.Delivery{}
+	order := []string{"k1", "dup", "k3", "busy", "k5", "flaky", "poison"}
+	ds := make([]consumer.Delivery, len(order))
+	for i, k := range order {
+		d := fakedelivery.New(k, "payload-"+k)
+		d.Msg.Origin.Offset = int64(i)
+		deliveries[k] = d
+		ds[i] = d
+	}
+	// "dup" was completed before; "busy" is held by another worker.
+	claim := func(key string, lease time.Duration) idempotency.ClaimResult {
+		t.Helper()
+		res, err := f.store.Claim(ctx, []idempotency.ClaimRequest{{
+			Key: idempotency.EffectiveKey("orders", key), Fingerprint: idempotency.Fingerprint(deliveries[key].Message(), nil),
+			FingerprintVersion: idempotency.FingerprintVersion, Lease: lease, Retention: time.Hour,
+		}})
+		if err != nil || res[0].Outcome != idempotency.ClaimNew {
+			t.Fatalf("claim %s: %+v %v", key, res, err)
+		}
+		return res[0]
+	}
+	dup := claim("dup", time.Minute)
+	if ok, err := f.store.Complete(ctx, []idempotency.Completion{{Key: dup.Claim.Key, Token: dup.Claim.Token, Outcome: idempotency.RecordOutcomeOK, Retention: time.Hour}}); err != nil || !ok[0] {
+		t.Fatalf("complete dup: %v %v", ok, err)
+	}
+	busy := claim("busy", time.Minute)
+
+	rec := &batchRecorder{
+		fail: map[string]error{"flaky": errors.New("downstream hiccup"), "poison": consumer.Permanent(errors.New("bad payload"))},
+		// While the first run is in the handler, the other worker lets
+		// "busy" go: the cut delivery, waiting for it, then claims it.
+		during: func() {
+			if _, err := f.store.Release(ctx, busy.Claim.Key, busy.Claim.Token, time.Minute); err != nil {
+				t.Errorf("release busy: %v", err)
+			}
+		},
+	}
+	mw, err := eng.Middleware(idempotency.WithInFlightWait(time.Minute), idempotency.WithMaxAttempts(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mw("orders", rec.handler(t))
+	bp, ok := p.(consumer.BatchProcessor)
+	if !ok || !bp.Batching() {
+		t.Fatalf("the engine's processor of a batch handler must batch (%T)", p)
+	}
+	p.(consumer.BatchPreparer).PrepareBatch(ctx, ds)
+	bp.ProcessBatch(ctx, ds)
+
+	want := [][]string{{"k1", "k3"}, {"busy"}, {"k5", "flaky", "poison"}}
+	if got := rec.calls; !slices.EqualFunc(got, want, slices.Equal[[]string]) {
+		t.Fatalf("handler calls %v, want %v: duplicates never run, an in-flight key cuts the run, order kept", got, want)
+	}
+	// One Complete call per handler call: "flaky" failed and stores
+	// nothing; "poison" is stored as dead-lettered with k5.
+	wantCompletes := [][]string{{"k1", "k3"}, {"busy"}, {"k5", "poison"}}
+	if got := cc.get(); !slices.EqualFunc(got, wantCompletes, slices.Equal[[]string]) {
+		t.Fatalf("Complete calls %v, want %v", got, wantCompletes)
+	}
+	for _, k := range []string{"k1", "dup", "k3", "busy", "k5"} {
+		deliveries[k].ExpectAck(t)
+	}
+	if delay := deliveries["flaky"].ExpectNak(t); delay <= 0 {
+		t.Fatalf("flaky nakked with delay %s, want the backoff", delay)
+	}
+	deliveries["poison"].ExpectAck(t)
+	if _, _, dead := deliveries["poison"].State(); len(dead) != 1 || dead[0].Reason != "permanent_error" {
+		t.Fatalf("poison dead letters %+v, want one permanent_error", dead)
+	}
+	for _, k := range []string{"k1", "k5", "flaky"} {
+		if _, _, dead := deliveries[k].State(); len(dead) != 0 {
+			t.Fatalf("%s dead-lettered %+v: only the failing message may be", k, dead)
+		}
+	}
+	if r, err := f.store.Get(ctx, idempotency.EffectiveKey("orders", "k3")); err != nil || r == nil || string(r.Result) != "done-k3" {
+		t.Fatalf("k3 record %+v %v: want its own result stored", r, err)
+	}
+
+	// The failed message alone runs again, and completes.
+	delete(rec.fail, "flaky")
+	retry := fakedelivery.New("flaky", "payload-flaky")
+	retry.AttemptN = 2
+	bp.ProcessBatch(ctx, []consumer.Delivery{retry})
+	retry.ExpectAck(t)
+	if got := rec.calls[len(rec.calls)-1]; !slices.Equal(got, []string{"flaky"}) || len(rec.calls) != 4 {
+		t.Fatalf("handler calls %v: the retry must run flaky alone", rec.calls)
+	}
+	if got := f.oc.get(consumer.OutcomeDuplicate); got != 1 {
+		t.Fatalf("%d duplicates, want 1", got)
+	}
+}
+
+func TestProcessBatchPanicFailsEveryMessageOfTheCall(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	h := consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
+		results[0].Value = []byte("half done")
+		panic("boom")
+	})
+	p := f.processor(t, h).(consumer.BatchProcessor)
+	ds := []consumer.Delivery{fakedelivery.New("a", "1"), fakedelivery.New("b", "2")}
+	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds)
+	p.ProcessBatch(context.Background(), ds)
+	for _, d := range ds {
+		d.(*fakedelivery.Delivery).ExpectNak(t)
+	}
+	for _, k := range []string{"a", "b"} {
+		r, err := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", k))
+		if err != nil || r != nil && r.State == idempotency.StateCompleted {
+			t.Fatalf("%s record %+v %v: a panicking call completes nothing", k, r, err)
+		}
+	}
+}
+
+func TestProcessBatchLeaseRenewedForEveryClaim(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	lease := 600 * time.Millisecond
+	keys := []string{"r1", "r2", "r3"}
+	// The call outlasts three leases: each claim must be renewed while it
+	// runs, or another worker could take its key.
+	h := consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
+		deadline := time.Now().Add(3 * lease)
+		for time.Now().Before(deadline) {
+			for i := range msgs {
+				if err := consumer.MessageContext(ctx, i).Err(); err != nil {
+					results[i].Err = err
+				}
+			}
+			reqs := make([]idempotency.ClaimRequest, len(msgs))
+			for i, m := range msgs {
+				reqs[i] = idempotency.ClaimRequest{
+					Key: idempotency.EffectiveKey("orders", keys[i]), Fingerprint: idempotency.Fingerprint(m, nil),
+					FingerprintVersion: idempotency.FingerprintVersion, Lease: lease,
+				}
+			}
+			res, err := f.store.Claim(context.Background(), reqs)
+			if err != nil {
+				t.Errorf("foreign claim: %v", err)
+				return
+			}
+			for i, r := range res {
+				if r.Outcome != idempotency.ClaimInFlight {
+					t.Errorf("a foreign claim of running key %s: %s, want IN_FLIGHT", keys[i], r.Outcome)
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(lease / 4):
+			}
+		}
+	})
+	p := f.processor(t, h, idempotency.WithLease(lease)).(consumer.BatchProcessor)
+	ds := make([]consumer.Delivery, len(keys))
+	for i, k := range keys {
+		ds[i] = fakedelivery.New(k, k)
+	}
+	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds)
+	p.ProcessBatch(context.Background(), ds)
+	for _, d := range ds {
+		d.(*fakedelivery.Delivery).ExpectAck(t)
+	}
+}

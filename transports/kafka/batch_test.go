@@ -1,0 +1,159 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafka"
+)
+
+// newRealEnv is newEnv on the real Kafka broker.
+func newRealEnv(t *testing.T, partitions int) *env {
+	t.Helper()
+	brokers := testenv.RealKafka(t)
+	n := topicSeq.Add(1)
+	e := &env{
+		t:       t,
+		brokers: brokers,
+		topic:   fmt.Sprintf("b-%s-%d-%d", sanitize(t.Name()), time.Now().UnixNano()%1e6, n),
+		parts:   partitions,
+	}
+	e.group = e.topic + "-g"
+	testenv.CreateKafkaTopic(t, brokers, e.topic, partitions)
+	return e
+}
+
+// runChecker checks the calls of a batch handler under partition ordering:
+// within a partition every call's offsets increase, each call starts past
+// the last offset any earlier call saw, and the failed offsets of a call are
+// retried alone, in order, before the partition's next run.
+type runChecker struct {
+	t        *testing.T
+	mu       sync.Mutex
+	maxSeen  map[int]int64
+	retries  map[int][]int64 // failed offsets awaiting their retry, in order
+	calls    int
+	maxRun   int
+	handled  map[[2]int64]bool
+	problems []string
+}
+
+func (c *runChecker) call(msgs []*consumer.Message, failed func(*consumer.Message) bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	c.maxRun = max(c.maxRun, len(msgs))
+	p := msgs[0].Origin.Partition
+	offs := make([]int64, len(msgs))
+	for i, m := range msgs {
+		offs[i] = m.Origin.Offset
+		if m.Origin.Partition != p {
+			c.problems = append(c.problems, fmt.Sprintf("a run mixes partitions %d and %d", p, m.Origin.Partition))
+		}
+	}
+	if rs := c.retries[p]; len(rs) > 0 {
+		if len(offs) != 1 || offs[0] != rs[0] {
+			c.problems = append(c.problems, fmt.Sprintf("partition %d: call %v before the retry of failed offset %d", p, offs, rs[0]))
+		}
+		c.retries[p] = rs[1:]
+	} else {
+		last, ok := c.maxSeen[p]
+		for i, o := range offs {
+			if ok && o <= last || i > 0 && o <= offs[i-1] {
+				c.problems = append(c.problems, fmt.Sprintf("partition %d: call %v after offset %d: offsets must only increase", p, offs, last))
+				break
+			}
+		}
+		c.maxSeen[p] = offs[len(offs)-1]
+	}
+	for _, m := range msgs {
+		if failed(m) {
+			c.retries[p] = append(c.retries[p], m.Origin.Offset)
+		} else {
+			c.handled[[2]int64{int64(p), m.Origin.Offset}] = true
+		}
+	}
+}
+
+// TestBatchRunsKeepPartitionOrder: a batch handler under partition ordering
+// gets runs of a partition in offset order; a failed message is retried,
+// alone and in order, before any later run of its partition, and the
+// committed offset never passes it while it is unfinished.
+func TestBatchRunsKeepPartitionOrder(t *testing.T) {
+	t.Parallel()
+	const parts, per = 4, 300
+	e := newRealEnv(t, parts)
+	var msgs []msg
+	for i := range per {
+		for p := range parts {
+			msgs = append(msgs, msg{partition: p, value: fmt.Sprint(i)})
+		}
+	}
+	e.produce(e.topic, msgs)
+
+	// Offsets 37 and 41 of partition 1 fail on their first attempt.
+	failing := map[int64]bool{37: true, 41: true}
+	var failMu sync.Mutex
+	chk := &runChecker{t: t, maxSeen: map[int]int64{}, retries: map[int][]int64{}, handled: map[[2]int64]bool{}}
+	var commitProblems []string
+	h := consumer.BatchFunc(func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
+		failMu.Lock()
+		failed := map[*consumer.Message]bool{}
+		for i, m := range ms {
+			if m.Origin.Partition != 1 {
+				continue
+			}
+			if failing[m.Origin.Offset] {
+				delete(failing, m.Origin.Offset)
+				failed[m] = true
+				results[i].Err = consumer.RetryAfter(400 * time.Millisecond)
+				continue
+			}
+			if len(ms) == 1 && (m.Origin.Offset == 37 || m.Origin.Offset == 41) {
+				// The retry: the commits made while it waited (every
+				// 100ms) must not have passed it.
+				if c := e.committed()[1]; c > m.Origin.Offset {
+					commitProblems = append(commitProblems, fmt.Sprintf("committed %d while offset %d was unfinished", c, m.Origin.Offset))
+				}
+			}
+		}
+		failMu.Unlock()
+		chk.call(ms, func(m *consumer.Message) bool { return failed[m] })
+	})
+	src := e.source(func(c *kafka.Config) { c.BatchSize = 50 })
+	w := worker(t, "batch", src, h, consumer.WithConcurrency(8))
+	r := run(t, w)
+	ends := e.ends(e.topic, parts)
+	eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+
+	chk.mu.Lock()
+	defer chk.mu.Unlock()
+	failMu.Lock()
+	defer failMu.Unlock()
+	for _, p := range slices.Concat(chk.problems, commitProblems) {
+		t.Error(p)
+	}
+	if len(failing) != 0 {
+		t.Errorf("offsets %v never ran", failing)
+	}
+	if len(chk.handled) != parts*per {
+		t.Errorf("%d messages handled successfully, want %d", len(chk.handled), parts*per)
+	}
+	if chk.maxRun < 2 || chk.maxRun > 50 {
+		t.Errorf("largest run %d: runs of a backlog must be batched, within BatchSize 50", chk.maxRun)
+	}
+	for p, rs := range chk.retries {
+		if len(rs) > 0 {
+			t.Errorf("partition %d: failed offsets %v were never retried", p, rs)
+		}
+	}
+}
