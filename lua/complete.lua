@@ -4,10 +4,11 @@
 -- ARGV[1]: the notification channel.
 -- ARGV, 5 per key from ARGV[2]: token, outcome, result (base64, '' for none),
 --          meta (a JSON object of strings, '' for none), retention in ms.
--- Returns an array of integers in KEYS order: 1 completed, or already
+-- Returns an array of integers in KEYS order: 1 completed; 2 already
 -- COMPLETED by this same token (a retry whose first reply was lost: nothing
 -- changes); 0 not owned (gone, completed by another token, released, another
--- token) and nothing changed. The keys completed are published on the
+-- token) and nothing changed. One more integer follows: the completed_at_ms
+-- of the keys this call completed (0 when it completed none). The keys completed are published on the
 -- channel in one message for the whole call: "\n" key "\n" key ... "\n".
 -- Waiters are rare (only for keys in flight), so one PUBLISH a call rather
 -- than one a key.
@@ -39,7 +40,10 @@ for i, key in ipairs(KEYS) do
     and meta == '' and plain_ok and (result == '' or b64(result)) then
     -- The claim as the claim script wrote it, completed from a template:
     -- no JSON decoding or encoding, no pattern matching of the record.
-    if now_s == nil then now_s = string.format('%d', now_ms()) end
+    if now_s == nil then
+      now = now or now_ms() -- one TIME a call: every key completed at the same instant
+      now_s = string.format('%d', now)
+    end
     redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. ',"completed_at_ms":' .. now_s
       .. ',"outcome":"' .. outcome .. '","result":"' .. result .. '"}', 'PX', ARGV[a + 4])
     published[#published + 1] = key
@@ -56,7 +60,7 @@ for i, key in ipairs(KEYS) do
         -- connection: written back unchanged, so a WAIT that follows on
         -- this connection covers the first write too (see claim.lua).
         redis.call('SET', key, raw, 'KEEPTTL')
-        out[i] = 1
+        out[i] = 2
       else
         out[i] = 0
       end
@@ -76,4 +80,5 @@ end
 if #published > 0 then
   redis.call('PUBLISH', channel, '\n' .. table.concat(published, '\n') .. '\n')
 end
+out[#KEYS + 1] = now or tonumber(now_s) or 0
 return out
