@@ -129,9 +129,11 @@
 // version) are converted once per script. Any other value (steps, meta,
 // released, written by an older version or by hand) takes the cjson path,
 // and parse accepts nothing that decode+valid would read differently. A
-// completion is GET, SET and PUBLISH. Measured in instructions of the Redis
-// server (callgrind, 100-key batches): claim of a new key 53.5k → 35k,
-// completion 93k → 69k, claim of a duplicate 102k → 65k per key.
+// completion of a claim in template form is GET and SET, the completed
+// record being the claim's text with its state changed and the completion's
+// fields appended (no pattern match), and one PUBLISH per call for all its
+// keys. Instructions per key, measured with callgrind on the Redis server,
+// are in docs/PERFORMANCE.md (BenchmarkRedisCPU).
 package lua
 
 import _ "embed" // the scripts
