@@ -4,29 +4,49 @@
 -- ARGV[1]: the notification channel.
 -- ARGV, 5 per key from ARGV[2]: token, outcome, result (base64, '' for none),
 --          meta (a JSON object of strings, '' for none), retention in ms.
--- Returns an array of integers in KEYS order: 1 completed (and the key
--- published on the channel), or already COMPLETED by this same token (a
--- retry whose first reply was lost: nothing changes); 0 not owned (gone,
--- completed by another token, released, another token) and nothing changed.
+-- Returns an array of integers in KEYS order: 1 completed; 2 already
+-- COMPLETED by this same token (a retry whose first reply was lost: nothing
+-- changes); 0 not owned (gone, completed by another token, released, another
+-- token) and nothing changed. One more integer follows: the completed_at_ms
+-- of the keys this call completed (0 when it completed none). The keys completed are published on the
+-- channel in one message for the whole call: "\n" key "\n" key ... "\n".
+-- Waiters are rare (only for keys in flight), so one PUBLISH a call rather
+-- than one a key.
 
 local channel = ARGV[1]
 local now, now_s = nil, nil
 local plain_arg, plain_ok -- the last outcome checked by plain (there are two)
 local out = {}
+local published = {}
+-- A claim as claim_json (or renew) wrote it starts with CLAIMED_HEAD, then
+-- ',"fp":"'; only those templates write that start (encode puts the fence
+-- first, a completion says COMPLETED). Its completion is the same text with
+-- the state COMPLETED and the completion's fields appended: what done_json
+-- would write from the parsed fields, without parsing them.
+local CLAIMED_HEAD = '{"v":1,"state":"CLAIMED"'
+local CLAIMED_START = CLAIMED_HEAD .. ',"fp":"'
+local DONE_HEAD = '{"v":1,"state":"COMPLETED"'
 
 for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 5
   local token, outcome, result, meta = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local raw = get(key)
-  local state, fp, fpv, owner, fence, claimed, lease, attempts = parse(raw)
   if outcome ~= plain_arg then plain_arg, plain_ok = outcome, plain(outcome) end
-  if state == 'CLAIMED' and owner == token and meta == '' and plain_ok and (result == '' or b64(result)) then
+  -- The template's fp is JSON text in which every '"' is escaped (cjson),
+  -- so ',"' first occurs after it, at the token field: finding
+  -- ',"token":"<token>","fence":' finds that field holding this token.
+  if type(raw) == 'string' and string.sub(raw, 1, #CLAIMED_START) == CLAIMED_START
+    and string.find(raw, ',"token":"' .. token .. '","fence":', #CLAIMED_START, true)
+    and meta == '' and plain_ok and (result == '' or b64(result)) then
     -- The claim as the claim script wrote it, completed from a template:
-    -- no JSON decoding or encoding.
-    if now_s == nil then now_s = string.format('%d', now_ms()) end
-    redis.call('SET', key, done_json('"' .. fp .. '"', fpv, '"' .. owner .. '"', fence, claimed, lease, attempts,
-      now_s, '"' .. outcome .. '"', '"' .. result .. '"'), 'PX', ARGV[a + 4])
-    redis.call('PUBLISH', channel, key)
+    -- no JSON decoding or encoding, no pattern matching of the record.
+    if now_s == nil then
+      now = now or now_ms() -- one TIME a call: every key completed at the same instant
+      now_s = string.format('%d', now)
+    end
+    redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. ',"completed_at_ms":' .. now_s
+      .. ',"outcome":"' .. outcome .. '","result":"' .. result .. '"}', 'PX', ARGV[a + 4])
+    published[#published + 1] = key
     out[i] = 1
   else
     local rec = decode(raw)
@@ -40,7 +60,7 @@ for i, key in ipairs(KEYS) do
         -- connection: written back unchanged, so a WAIT that follows on
         -- this connection covers the first write too (see claim.lua).
         redis.call('SET', key, raw, 'KEEPTTL')
-        out[i] = 1
+        out[i] = 2
       else
         out[i] = 0
       end
@@ -52,9 +72,13 @@ for i, key in ipairs(KEYS) do
       if result == '' then rec.result = nil else rec.result = result end
       if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
       redis.call('SET', key, encode(rec), 'PX', tonumber(ARGV[a + 4]))
-      redis.call('PUBLISH', channel, key)
+      published[#published + 1] = key
       out[i] = 1
     end
   end
 end
+if #published > 0 then
+  redis.call('PUBLISH', channel, '\n' .. table.concat(published, '\n') .. '\n')
+end
+out[#KEYS + 1] = now or tonumber(now_s) or 0
 return out

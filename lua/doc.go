@@ -41,8 +41,10 @@
 //     retention) (see Attempts).
 //   - Complete: KEYS the batch; ARGV channel, then per key token, outcome,
 //     result (base64 or ""), meta (JSON object or ""), retention_ms. Reply:
-//     an array of 1 (completed, key published on channel) or 0 (not owned).
-//     TTL: retention.
+//     an array of 1 (completed), 2 (already completed under this token: a
+//     retry) or 0 (not owned), then the completed_at_ms of the keys it
+//     completed (0 for none). The keys completed are published on channel
+//     in one message, "\n" key "\n" key … "\n". TTL: retention.
 //   - Renew: KEYS[1]; ARGV token, lease_ms, grace_ms. Reply: the new
 //     lease_until_ms, or 0 when not owned. TTL: the new lease plus what
 //     the key had left beyond the old lease's end (PTTL), at least lease +
@@ -55,6 +57,10 @@
 //     one, so the next claim counts the same attempt again.
 //   - Step: KEYS[1]; ARGV token, name, result (base64). Reply 1 or 0. TTL
 //     kept.
+//   - Forget: KEYS[1]; ARGV the invalidation channel. Deletes the key and
+//     publishes it on the channel; reply 1 when there was a value, else 0.
+//     ForgetIf (forget_if.go) publishes "" (every key of the namespace)
+//     once per call that deleted any.
 //
 // Complete, Renew, Release and Step change nothing unless the key holds a
 // CLAIMED, unreleased record with the given token (SPEC §4.5).
@@ -123,9 +129,11 @@
 // version) are converted once per script. Any other value (steps, meta,
 // released, written by an older version or by hand) takes the cjson path,
 // and parse accepts nothing that decode+valid would read differently. A
-// completion is GET, SET and PUBLISH. Measured in instructions of the Redis
-// server (callgrind, 100-key batches): claim of a new key 53.5k → 35k,
-// completion 93k → 69k, claim of a duplicate 102k → 65k per key.
+// completion of a claim in template form is GET and SET, the completed
+// record being the claim's text with its state changed and the completion's
+// fields appended (no pattern match), and one PUBLISH per call for all its
+// keys. Instructions per key, measured with callgrind on the Redis server,
+// are in docs/PERFORMANCE.md (BenchmarkRedisCPU).
 package lua
 
 import _ "embed" // the scripts
@@ -148,6 +156,9 @@ var release string
 //go:embed step.lua
 var step string
 
+//go:embed forget.lua
+var forget string
+
 // The scripts, each a complete EVAL body (lib.lua's helpers + one script).
 var (
 	// Claim claims a batch of keys (SPEC §4.3, §4.4).
@@ -160,4 +171,7 @@ var (
 	Release = lib + release
 	// Step saves a finished step's result in an owned claim.
 	Step = lib + step
+	// Forget deletes a record and publishes its key on the invalidation
+	// channel of the local caches.
+	Forget = lib + forget
 )

@@ -8,8 +8,13 @@
 -- Its age is TIME minus claimed_at_ms (CLAIMED) or completed_at_ms
 -- (COMPLETED); a record without that time is of no age and never older.
 -- Reply: per key 1 (deleted), 0 (no record: gone, or not a record) or
--- 2 (kept: its class or age no longer match).
-local class, older = ARGV[1], tonumber(ARGV[2])
+-- 2 (kept: its class or age no longer match), then one more entry: 1 when
+-- the invalidation below was published or not needed, 0 when Redis refused
+-- it (an ACL user without the channel). When it deleted any and ARGV[3]
+-- names a channel, "" is published there once: the local caches of the
+-- namespace (redisbackend.LocalCache) drop every entry.
+local class, older, channel = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local deleted = false
 local now = now_ms()
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -27,10 +32,17 @@ for i, key in ipairs(KEYS) do
     end
     if (class == 'all' or class == c) and (older == 0 or (num(at) and now - at > older)) then
       redis.call('DEL', key)
+      deleted = true
       out[i] = 1
     else
       out[i] = 2
     end
   end
 end
+local published = 1
+if deleted and channel ~= nil and channel ~= '' then
+  local ok = redis.pcall('PUBLISH', channel, '')
+  if type(ok) == 'table' and ok.err then published = 0 end
+end
+out[#KEYS + 1] = published
 return out

@@ -19,6 +19,7 @@ func TestScriptsLoad(t *testing.T) {
 	defer cancel()
 	for name, src := range map[string]string{
 		"claim": lua.Claim, "complete": lua.Complete, "renew": lua.Renew, "release": lua.Release, "step": lua.Step,
+		"forget": lua.Forget, "forget_if": lua.ForgetIf,
 	} {
 		if !strings.Contains(src, "local function owned(") || !strings.Contains(src, "local function now_ms(") {
 			t.Errorf("%s: the helpers of lib.lua are missing", name)

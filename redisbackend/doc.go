@@ -120,12 +120,33 @@
 //
 // Wait follows SPEC §4.6: one Pub/Sub connection per Store, started by a
 // Wait, resubscribed when it dies, stopped by Close or after 30s without
-// waiters (every completion is published to every subscribed process, and
-// waits are rare; the next Wait subscribes again), fanning the
+// waiters (every completion call publishes its keys, in one message, to
+// every subscribed process, and waits are rare; the next Wait subscribes
+// again), fanning the
 // notifications of channel "<namespace>:dedup:done" out to the waiters of
 // each key. A waiter subscribes before it reads, then sleeps until a
 // notification or a backed-off re-read (PollFloor doubling to PollCap):
 // Pub/Sub may drop a message, the re-read may not.
+//
+// # Local cache
+//
+// Options.LocalCache keeps, in process, the COMPLETED records this Store
+// wrote, and answers a claim of such a key with the same fingerprint and
+// version as DUPLICATE, with the stored result, without Redis. What may
+// enter it: only a completion this Store made and Redis confirmed (with
+// Durability, after its WAIT), never a record a claim read; a completion
+// that raced an invalidation or a change of the subscription is left out.
+// An entry lives at most LocalCache.TTL and never past the retention of
+// its record. Delete (dedupworker forget) and ForgetIf (forget --state)
+// publish an invalidation on "<namespace>:dedup:forget" — the key, or ""
+// for every key after a bulk call — which each Store with a cache
+// receives on a subscription of its own, held from New to Close; while it
+// is not confirmed the cache is empty and answers nothing, and every
+// (re)subscription starts it empty. The staleness bound: a record that
+// changes with no invalidation reaching this process (deleted by hand,
+// evicted, lost with a wiped or failed-over Redis, a message dropped on a
+// live connection) is still answered from the cache for at most TTL after
+// its completion. LocalCacheStats counts the hits.
 //
 // Every error from Redis satisfies errors.Is(err, idempotency.ErrStoreUnavailable)
 // and names the operation ("dedup: redis claim: ..."); an error caused by the

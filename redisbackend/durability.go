@@ -161,7 +161,7 @@ func (s *Store) undoClaims(ctx context.Context, reqs []idempotency.ClaimRequest,
 			continue
 		}
 		for j, i := range g.idx {
-			res, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
+			res, _, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
 			if err != nil || !res.Outcome.Owned() {
 				continue
 			}

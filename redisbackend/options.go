@@ -53,6 +53,10 @@ type Options struct {
 	// of replicas. The engine's own hooks (idempotency.Config.Hooks) time
 	// the Store's methods; these see inside them. Default: none.
 	Hooks consumer.Hooks
+	// LocalCache keeps the records this Store completed in process, so
+	// that their duplicates are answered without Redis (see LocalCache for
+	// what it answers and its staleness bound). The zero value is off.
+	LocalCache LocalCache
 }
 
 // Durability asks Redis, with WAIT, to confirm that a write reached
@@ -112,6 +116,16 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout must be positive when Options.Durability.Replicas is %d (WAIT with timeout 0 blocks for ever)", o.Durability.Replicas)
 	case o.Durability.Replicas > 0 && o.Durability.Timeout < time.Millisecond:
 		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout %s is under WAIT's 1ms resolution", o.Durability.Timeout)
+	}
+	switch lc := o.LocalCache; {
+	case lc.Entries < 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.Entries is negative (%d); 0 turns the cache off", lc.Entries)
+	case lc.TTL < 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.TTL is negative (%s)", lc.TTL)
+	case lc.Entries > 0 && lc.TTL < time.Millisecond:
+		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.TTL %s must be at least 1ms when Options.LocalCache.Entries is %d: it bounds how long an entry answers", lc.TTL, lc.Entries)
+	case lc.Entries == 0 && lc.TTL > 0:
+		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.TTL is %s but Options.LocalCache.Entries is 0: set Entries to turn the cache on, or leave TTL zero", lc.TTL)
 	}
 	switch {
 	case o.PollCap < 0:

@@ -11,7 +11,7 @@ const storedClaim = `{"v":1,"state":"CLAIMED","fp":"1:f","fpv":1,"token":"aaaa",
 // A claim script retried by the client after a lost reply finds this
 // request's own token: the claim is owned, not IN_FLIGHT.
 func TestClaimResultOwnRetriedClaim(t *testing.T) {
-	res, err := claimResult("k", "aaaa", "IN_FLIGHT", storedClaim)
+	res, _, err := claimResult("k", "aaaa", "IN_FLIGHT", storedClaim)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,7 +19,7 @@ func TestClaimResultOwnRetriedClaim(t *testing.T) {
 		res.Claim.Fence != 3 || res.Claim.Attempts != 3 || len(res.Claim.Steps["s"]) != 1 || res.Record != nil {
 		t.Errorf("own claim found again: %+v %+v", res, res.Claim)
 	}
-	res, err = claimResult("k", "bbbb", "IN_FLIGHT", storedClaim)
+	res, _, err = claimResult("k", "bbbb", "IN_FLIGHT", storedClaim)
 	if err != nil || res.Outcome != idempotency.ClaimInFlight || res.Claim != nil || res.Record.Token != "aaaa" {
 		t.Errorf("another owner's claim: %+v, %v", res, err)
 	}
@@ -31,7 +31,7 @@ func TestClaimResultRejectsWhatItCannotRead(t *testing.T) {
 		{"aaaa", "SOMETHING", storedClaim},
 		{"cccc", "NEW", storedClaim}, // a claim under another token
 	} {
-		if _, err := claimResult("k", tc[0], tc[1], tc[2]); err == nil {
+		if _, _, err := claimResult("k", tc[0], tc[1], tc[2]); err == nil {
 			t.Errorf("claimResult(%q, %q, %q): no error", tc[0], tc[1], tc[2])
 		}
 	}

@@ -59,7 +59,7 @@ func TestRetriedWriteIsWrittenAgain(t *testing.T) {
 		if err != nil || len(vals) != 2 {
 			t.Fatalf("claim reply %v, %v", vals, err)
 		}
-		res, err := claimResult(key, token, vals[0], vals[1])
+		res, _, err := claimResult(key, token, vals[0], vals[1])
 		if err != nil {
 			t.Fatal(err)
 		}

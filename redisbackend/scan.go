@@ -230,7 +230,9 @@ var forgetIfScript = redis.NewScript(lua.ForgetIf)
 // than olderThan by the Redis server's clock: a record claimed or completed
 // again since the caller listed it is kept. It is one script call per hash
 // slot (one per call on a single server), sent in one pipeline; keys may
-// number thousands per call.
+// number thousands per call. A call that deleted any record empties the
+// local caches (LocalCache) of every Store on the namespace, this one at
+// once, the others when the script's invalidation reaches them.
 func (s *Store) ForgetIf(ctx context.Context, keys []string, class Class, olderThan time.Duration) (ForgetResult, error) {
 	const op = "forget"
 	var r ForgetResult
@@ -249,22 +251,29 @@ func (s *Store) ForgetIf(ctx context.Context, keys []string, class Class, olderT
 	gs := s.groups(len(keys), func(i int) string { return keys[i] })
 	calls := make([]*call, len(gs))
 	for i, g := range gs {
-		calls[i] = &call{script: forgetIfScript, keys: g.keys, args: []any{string(class), durMs(olderThan)}}
+		calls[i] = &call{script: forgetIfScript, keys: g.keys, args: []any{string(class), durMs(olderThan), s.invalidation}}
 	}
 	if len(calls) > 1 {
 		// exec pipelines EVALSHA and falls back to EVAL per call on
 		// NOSCRIPT; loading first keeps that to a restart's race.
 		_ = forgetIfScript.Load(ctx, s.client).Err()
 	}
-	if err := s.exec(ctx, op, calls); err != nil {
+	err := s.exec(ctx, op, calls)
+	if s.cache != nil {
+		s.cache.invalidate("") // whether or not the call failed: it may have deleted some
+	}
+	if err != nil {
 		return r, err
 	}
 	for _, c := range calls {
 		codes, err := c.cmd.Int64Slice()
-		if err != nil || len(codes) != len(c.keys) {
+		if err != nil || len(codes) != len(c.keys)+1 {
 			return r, fmt.Errorf("dedup: forget: unexpected script reply %v (%v)", c.cmd.Val(), err)
 		}
-		for _, code := range codes {
+		if codes[len(c.keys)] == 0 {
+			s.warnUnpublished(op)
+		}
+		for _, code := range codes[:len(c.keys)] {
 			switch code {
 			case 1:
 				r.Deleted++

@@ -73,7 +73,7 @@ func (s *Store) pipeline(ctx context.Context, calls []*call, eval bool) {
 // node). A failure is only logged: the caller falls back to EVAL, which
 // needs no cache, and reports any error of its own.
 func (s *Store) loadScripts(ctx context.Context, op string) {
-	for _, sc := range []*redis.Script{s.claim, s.complete, s.renew, s.release, s.step} {
+	for _, sc := range []*redis.Script{s.claim, s.complete, s.renew, s.release, s.step, s.forget} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			s.log.Warn("dedup: loading redis scripts failed", "op", op, "err", err)
 			return

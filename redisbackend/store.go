@@ -24,25 +24,33 @@ import (
 var _ idempotency.Store = (*Store)(nil)
 
 // Store is an idempotency.Store on Redis. It is safe for concurrent use.
-// Close it to stop its subscriber goroutine.
+// Close it to stop its subscriber goroutines.
 type Store struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // client, when it is one: batches split by slot
 	prefix  string               // "<namespace>:"
 	channel string               // "<namespace>:dedup:done"
-	graceMs int64
-	floor   time.Duration
-	cap     time.Duration
-	log     *slog.Logger
-	hooks   consumer.Hooks
+	// invalidation is "<namespace>:dedup:forget": Delete publishes the
+	// Redis key it deleted there, ForgetIf "" (every key).
+	invalidation string
+	graceMs      int64
+	floor        time.Duration
+	cap          time.Duration
+	log          *slog.Logger
+	hooks        consumer.Hooks
 
 	// replicas and waitTimeout are Options.Durability: with replicas > 0,
 	// writes go through execDurable.
 	replicas    int
 	waitTimeout time.Duration
 
-	claim, complete, renew, release, step *redis.Script
-	scriptsLoaded                         atomic.Bool
+	claim, complete, renew, release, step, forget *redis.Script
+	scriptsLoaded                                 atomic.Bool
+
+	// cache is Options.LocalCache (nil when off), trusted while inval
+	// holds its subscription.
+	cache *localCache
+	inval *invalidator
 
 	notify     *notifier
 	ownsClient bool
@@ -51,7 +59,10 @@ type Store struct {
 }
 
 // New returns a Store on client. The caller keeps ownership of client: Close
-// stops the Store's own goroutine but leaves client open. New does no I/O.
+// stops the Store's own goroutines but leaves client open. New does no I/O
+// itself; with Options.LocalCache it starts the goroutine that subscribes to
+// the cache's invalidations, and the cache answers once that subscription is
+// confirmed.
 func New(client redis.UniversalClient, opts Options) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("dedup: redisbackend: client is nil")
@@ -91,10 +102,16 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 		renew:    redis.NewScript(lua.Renew),
 		release:  redis.NewScript(lua.Release),
 		step:     redis.NewScript(lua.Step),
+		forget:   redis.NewScript(lua.Forget),
 	}
+	s.invalidation = opts.Namespace + ":dedup:forget"
 	s.waitTimeout = opts.Durability.Timeout
 	s.cluster, _ = client.(*redis.ClusterClient)
 	s.notify = newNotifier(client, s.channel, opts.Logger)
+	if opts.LocalCache.Entries > 0 {
+		s.cache = newLocalCache(opts.LocalCache)
+		s.inval = startInvalidator(client, s.invalidation, s.cache, opts.Logger)
+	}
 	return s, nil
 }
 
@@ -118,6 +135,9 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		s.notify.close()
+		if s.inval != nil {
+			s.inval.close()
+		}
 		if s.ownsClient {
 			err = s.client.Close()
 		}
@@ -179,6 +199,44 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 	if err := noDuplicates(op, len(reqs), func(i int) string { return reqs[i].Key }); err != nil {
 		return nil, err
 	}
+	if s.cache == nil {
+		return s.claimRedis(ctx, reqs)
+	}
+	// Duplicates of keys this Store completed are answered from the local
+	// cache; the rest go to Redis, and their results are put back in
+	// request order.
+	results := make([]idempotency.ClaimResult, len(reqs))
+	var rest []idempotency.ClaimRequest
+	var restIdx []int
+	now := time.Now()
+	for i := range reqs {
+		r := &reqs[i]
+		if rec, ok := s.cache.lookup(s.prefix+r.Key, r.Fingerprint, r.FingerprintVersion, now); ok {
+			results[i] = idempotency.ClaimResult{Outcome: idempotency.ClaimDuplicate, Record: rec}
+			continue
+		}
+		rest = append(rest, *r)
+		restIdx = append(restIdx, i)
+	}
+	switch len(rest) {
+	case 0:
+		return results, nil
+	case len(reqs):
+		return s.claimRedis(ctx, reqs)
+	}
+	got, err := s.claimRedis(ctx, rest)
+	if err != nil {
+		return nil, err
+	}
+	for j, i := range restIdx {
+		results[i] = got[j]
+	}
+	return results, nil
+}
+
+// claimRedis is Claim of valid requests, all sent to Redis.
+func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
+	const op = "claim"
 	tokens := newTokens(len(reqs))
 	groups := s.groups(len(reqs), func(i int) string { return reqs[i].Key })
 	calls := make([]*call, len(groups))
@@ -205,6 +263,8 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 		return nil, err
 	}
 	results := make([]idempotency.ClaimResult, len(reqs))
+	var pending []pendingClaim // the owned claims, for the local cache
+	var pendingTokens []string
 	for gi, g := range groups {
 		vals, err := calls[gi].cmd.Slice()
 		if err != nil {
@@ -214,19 +274,30 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 			return nil, storeErr(op, fmt.Errorf("script returned %d values for %d keys", len(vals), len(g.idx)))
 		}
 		for j, i := range g.idx {
-			res, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
+			res, claimedAt, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
 			if err != nil {
 				return nil, storeErr(op, err)
 			}
 			results[i] = res
+			if s.cache != nil && res.Claim != nil {
+				r := &reqs[i]
+				pending = append(pending, pendingClaim{
+					rkey: s.prefix + r.Key, fp: r.Fingerprint, fpv: r.FingerprintVersion,
+					fence: res.Claim.Fence, attempts: res.Claim.Attempts, claimedAt: claimedAt, leaseUntil: res.Claim.LeaseUntil,
+				})
+				pendingTokens = append(pendingTokens, tokens[i])
+			}
 		}
+	}
+	if len(pending) > 0 {
+		s.cache.claimed(pending, pendingTokens, time.Duration(s.graceMs)*time.Millisecond)
 	}
 	return results, nil
 }
 
 // claimResult turns one (outcome, record JSON) pair of the claim script into
-// a ClaimResult.
-func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, error) {
+// a ClaimResult, and the record's claimed_at.
+func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, time.Time, error) {
 	o, _ := outcome.(string)
 	js, _ := raw.(string)
 	// Nearly every reply is in the scripts' template: read it in place,
@@ -236,7 +307,7 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 	if !decodeFreshInto(rec, key, js) {
 		var ok bool
 		if rec, ok = decodeGeneral(key, []byte(js)); !ok {
-			return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
+			return idempotency.ClaimResult{}, time.Time{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
 		}
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.ClaimOutcome(o)}
@@ -254,7 +325,7 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 	switch res.Outcome {
 	case idempotency.ClaimNew, idempotency.ClaimReclaimed, idempotency.ClaimRecovered:
 		if rec.Token != token {
-			return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: script returned a claim under another token", keyHash(key))
+			return idempotency.ClaimResult{}, time.Time{}, fmt.Errorf("key hash %s: script returned a claim under another token", keyHash(key))
 		}
 		res.Claim = &idempotency.Claim{
 			Key:        key,
@@ -268,9 +339,9 @@ func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, 
 		cp := *rec
 		res.Record = &cp
 	default:
-		return idempotency.ClaimResult{}, fmt.Errorf("key hash %s: unknown outcome %q from script", keyHash(key), o)
+		return idempotency.ClaimResult{}, time.Time{}, fmt.Errorf("key hash %s: unknown outcome %q from script", keyHash(key), o)
 	}
-	return res, nil
+	return res, rec.ClaimedAt, nil
 }
 
 // Complete stores the results of owned claims (SPEC §4.5): one script call
@@ -303,6 +374,11 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	if err := noDuplicates(op, len(cs), func(i int) string { return cs[i].Key }); err != nil {
 		return nil, err
 	}
+	var epoch uint64
+	start := time.Now()
+	if s.cache != nil {
+		epoch = s.cache.snapshot()
+	}
 	groups := s.groups(len(cs), func(i int) string { return cs[i].Key })
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {
@@ -327,17 +403,29 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		return nil, err
 	}
 	ok := make([]bool, len(cs))
+	var written []bool // completed by this call, not a retry: for the local cache
+	var completedAt []time.Time
+	if s.cache != nil {
+		written, completedAt = make([]bool, len(cs)), make([]time.Time, len(cs))
+	}
 	for gi, g := range groups {
 		vals, err := calls[gi].cmd.Int64Slice()
 		if err != nil {
 			return nil, storeErr(op, err)
 		}
-		if len(vals) != len(g.idx) {
+		if len(vals) != len(g.idx)+1 {
 			return nil, storeErr(op, fmt.Errorf("script returned %d values for %d keys", len(vals), len(g.idx)))
 		}
+		at := time.UnixMilli(vals[len(g.idx)])
 		for j, i := range g.idx {
-			ok[i] = vals[j] == 1
+			ok[i] = vals[j] == 1 || vals[j] == 2
+			if written != nil {
+				written[i], completedAt[i] = vals[j] == 1, at
+			}
 		}
+	}
+	if s.cache != nil {
+		s.cache.completed(epoch, start, cs, written, completedAt)
 	}
 	return ok, nil
 }
@@ -367,6 +455,9 @@ func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duratio
 	if until == 0 {
 		return time.Time{}, false, nil
 	}
+	if s.cache != nil {
+		s.cache.renewed(token, time.UnixMilli(until))
+	}
 	return time.UnixMilli(until), true, nil
 }
 
@@ -381,6 +472,9 @@ func (s *Store) Release(ctx context.Context, key, token string, keep time.Durati
 	}
 	if key == "" {
 		return false, invalid(op, "empty key")
+	}
+	if s.cache != nil {
+		s.cache.dropPending(token)
 	}
 	keepMs := max(durMs(keep), s.graceMs)
 	c := &call{script: s.release, keys: []string{s.prefix + key}, args: []any{token, keepMs, s.channel}}
@@ -444,17 +538,49 @@ func (s *Store) get(ctx context.Context, op, key string) (*idempotency.Record, e
 	return rec, nil
 }
 
-// Delete removes the record of key and reports whether there was one.
+// Delete removes the record of key and reports whether there was one (the
+// single forget of SPEC §11.6). In the same script it publishes the key on
+// the namespace's invalidation channel, so that every Store with a
+// LocalCache drops it; this Store drops it at once.
 func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
 	const op = "delete"
 	if err := s.live(op); err != nil {
 		return false, err
 	}
-	n, err := s.client.Del(ctx, s.prefix+key).Result()
-	if err != nil {
-		return false, storeErr(op, err)
+	rkey := s.prefix + key
+	c := &call{script: s.forget, keys: []string{rkey}, args: []any{s.invalidation}}
+	err := s.exec(ctx, op, []*call{c})
+	if s.cache != nil {
+		s.cache.invalidate(rkey) // whether or not the reply came: the key may be gone
 	}
-	return n > 0, nil
+	if err != nil {
+		return false, err
+	}
+	reply, err := c.cmd.Int64Slice()
+	if err != nil || len(reply) != 2 {
+		return false, storeErr(op, fmt.Errorf("unexpected script reply %v (%v)", c.cmd.Val(), err))
+	}
+	if reply[1] == 0 {
+		s.warnUnpublished(op)
+	}
+	return reply[0] > 0, nil
+}
+
+// warnUnpublished logs a forget whose invalidation Redis refused to
+// publish: the record is gone, but other processes' local caches may answer
+// for it until their TTL.
+func (s *Store) warnUnpublished(op string) {
+	s.log.Warn("dedup: redis refused to publish the local caches' invalidation (grant the Redis user the channel, e.g. ACL &"+s.invalidation+"); other workers' redis.local_cache may answer for the forgotten keys until its ttl",
+		"op", op, "channel", s.invalidation)
+}
+
+// LocalCacheStats returns the counters of the local cache (Options.LocalCache);
+// zero when it is off.
+func (s *Store) LocalCacheStats() LocalCacheStats {
+	if s.cache == nil {
+		return LocalCacheStats{}
+	}
+	return s.cache.stats()
 }
 
 // Ping reports whether Redis answers.

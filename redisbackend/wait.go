@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -189,18 +190,47 @@ func (n *notifier) unwatch(rkey string, wake chan struct{}) {
 	}
 }
 
-// dispatch wakes the waiters of rkey; it reports whether the run should stop
-// for want of waiters (see idleStopLocked).
-func (n *notifier) dispatch(rkey string) (stop bool) {
+// dispatch wakes the waiters of the keys in payload; it reports whether the
+// run should stop for want of waiters (see idleStopLocked).
+//
+// The scripts publish "\n" key "\n" key ... "\n", one message per call
+// (lua/complete.lua, release.lua). A key may itself hold a newline, so the
+// payload is not split: each waited key is looked for, delimited, in it,
+// which finds every key published and, at worst, wakes a waiter whose key
+// was not (it re-reads and waits again). Waiters are few, so this is a
+// handful of searches per message. A payload without the leading newline is
+// one bare key.
+func (n *notifier) dispatch(payload string) (stop bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for wake := range n.waiters[rkey] {
-		select {
-		case wake <- struct{}{}:
-		default: // already woken, not yet read
+	batch := strings.HasPrefix(payload, "\n")
+	for rkey, set := range n.waiters {
+		if rkey != payload && !(batch && containsDelimited(payload, rkey)) {
+			continue
+		}
+		for wake := range set {
+			select {
+			case wake <- struct{}{}:
+			default: // already woken, not yet read
+			}
 		}
 	}
 	return n.idleStopLocked()
+}
+
+// containsDelimited reports whether payload holds "\n" key "\n".
+func containsDelimited(payload, key string) bool {
+	for i := 0; ; {
+		j := strings.Index(payload[i:], key)
+		if j < 0 {
+			return false
+		}
+		at := i + j
+		if at > 0 && payload[at-1] == '\n' && at+len(key) < len(payload) && payload[at+len(key)] == '\n' {
+			return true
+		}
+		i = at + 1
+	}
 }
 
 // idleStop reports whether the run should stop for want of waiters.

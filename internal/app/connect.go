@@ -58,6 +58,7 @@ func openStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks co
 		Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: log,
 		Durability: redisbackend.Durability{Replicas: rc.Durability.Replicas, Timeout: rc.Durability.Timeout.D()},
 		Hooks:      hooks,
+		LocalCache: localCache(rc.LocalCache),
 	})
 	if err != nil {
 		client.Close()
@@ -70,6 +71,15 @@ func openStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks co
 		}
 		return err
 	}, nil
+}
+
+// localCache is redis.local_cache as the store's option: off when its
+// entries are 0.
+func localCache(lc config.LocalCache) redisbackend.LocalCache {
+	if lc.Size() <= 0 {
+		return redisbackend.LocalCache{}
+	}
+	return redisbackend.LocalCache{Entries: lc.Size(), TTL: lc.TTL.D()}
 }
 
 // readTimeout is the client's read timeout: the longest a pipeline may

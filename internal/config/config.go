@@ -56,6 +56,38 @@ type Redis struct {
 	// before the worker acts on it (SPEC §11.1). The zero value waits for
 	// none.
 	Durability Durability `yaml:"durability"`
+	// LocalCache answers the duplicates of keys this worker completed from
+	// memory, without Redis; on by default (see LocalCache).
+	LocalCache LocalCache `yaml:"local_cache"`
+}
+
+// Defaults of redis.local_cache.
+const (
+	DefaultLocalCacheEntries = 10_000
+	DefaultLocalCacheTTL     = 10 * time.Second
+)
+
+// LocalCache is redis.local_cache: the worker keeps the records it
+// completed, at most Entries of them for at most TTL each (never longer
+// than the record's retention), and answers their duplicates without a
+// Redis call. A forget (dedupworker forget) reaches every worker's cache
+// through Redis Pub/Sub; a record that changes otherwise (deleted by hand,
+// evicted) may be answered from a cache for up to TTL.
+type LocalCache struct {
+	// Entries is the most records kept; default 10000, 0 turns the cache
+	// off.
+	Entries *int `yaml:"entries"`
+	// TTL bounds how long an entry answers, and so how stale an answer can
+	// be; default 10s, at least 1ms.
+	TTL Duration `yaml:"ttl"`
+}
+
+// Size is Entries with its default: the cache's bound, 0 when off.
+func (l LocalCache) Size() int {
+	if l.Entries == nil {
+		return DefaultLocalCacheEntries
+	}
+	return *l.Entries
 }
 
 // Durability is redis.durability: WAIT Replicas Timeout after every claim,
@@ -280,6 +312,11 @@ func (c *Config) fillDefaults() {
 	setDefault(&c.Redis.Namespace, "dedup")
 	setDur(&c.Redis.Grace, 60*time.Second)
 	setDur(&c.Redis.ConnectTimeout, 5*time.Second)
+	if c.Redis.LocalCache.Entries == nil {
+		n := DefaultLocalCacheEntries
+		c.Redis.LocalCache.Entries = &n
+	}
+	setDur(&c.Redis.LocalCache.TTL, DefaultLocalCacheTTL)
 	if c.HTTP.Addr == nil {
 		a := DefaultHTTPAddr
 		c.HTTP.Addr = &a
@@ -431,6 +468,9 @@ func (c *Config) validate(lines map[string]int) error {
 	if err := c.Redis.Durability.validate(fail); err != nil {
 		return err
 	}
+	if err := c.Redis.LocalCache.validate(fail); err != nil {
+		return err
+	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		return fail("log.level", "%q: want debug, info, warn or error", c.Log.Level)
 	}
@@ -497,6 +537,20 @@ func (d Durability) validate(fail failFunc) error {
 		return fail("redis.durability.timeout", "required when redis.durability.replicas is %d: how long each WAIT may block, e.g. 50ms", d.Replicas)
 	case d.Replicas > 0 && d.Timeout.D() < time.Millisecond:
 		return fail("redis.durability.timeout", "%s: must be at least 1ms (WAIT counts milliseconds)", d.Timeout)
+	}
+	return nil
+}
+
+// validate checks redis.local_cache: a bound in entries from 0 (off), and
+// a TTL of at least 1ms (the store's resolution).
+func (l LocalCache) validate(fail failFunc) error {
+	switch {
+	case l.Size() < 0:
+		return fail("redis.local_cache.entries", "%d: must not be negative (0 turns the cache off)", l.Size())
+	case l.TTL < 0:
+		return fail("redis.local_cache.ttl", "%s: must not be negative; it bounds how long a cached record answers, e.g. 10s", l.TTL)
+	case l.Size() > 0 && l.TTL.D() < time.Millisecond:
+		return fail("redis.local_cache.ttl", "%s: must be at least 1ms, e.g. 10s (or set redis.local_cache.entries: 0 to turn the cache off)", l.TTL)
 	}
 	return nil
 }

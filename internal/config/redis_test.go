@@ -128,3 +128,52 @@ func TestRedisDurability(t *testing.T) {
 		})
 	}
 }
+
+// redis.local_cache: on by default (10000 entries, 10s), off with
+// entries: 0; errors name the field, its line and the fix.
+func TestRedisLocalCache(t *testing.T) {
+	cfg, err := Parse([]byte(redisTail), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lc := cfg.Redis.LocalCache; lc.Size() != DefaultLocalCacheEntries || lc.TTL.D() != DefaultLocalCacheTTL {
+		t.Fatalf("default local cache: %d entries, ttl %s", lc.Size(), lc.TTL)
+	}
+	cfg, err = Parse([]byte("redis:\n  local_cache: {entries: 500, ttl: 2s}\n"+redisTail), env(nil))
+	if err != nil || cfg.Redis.LocalCache.Size() != 500 || cfg.Redis.LocalCache.TTL.D() != 2*time.Second {
+		t.Fatalf("local cache %+v, %v; want 500 entries, 2s", cfg.Redis.LocalCache, err)
+	}
+	out, err := cfg.Print()
+	if err != nil || !strings.Contains(string(out), "local_cache:\n        entries: 500\n        ttl: 2s\n") {
+		t.Fatalf("--print does not show redis.local_cache (%v):\n%s", err, out)
+	}
+	if cfg, err := Parse(out, env(nil)); err != nil || cfg.Redis.LocalCache.Size() != 500 {
+		t.Fatalf("printed config read back: %v", err)
+	}
+	cfg, err = Parse([]byte("redis:\n  local_cache: {entries: 0}\n"+redisTail), env(nil))
+	if err != nil || cfg.Redis.LocalCache.Size() != 0 {
+		t.Fatalf("entries: 0 must turn the cache off: %+v, %v", cfg.Redis.LocalCache, err)
+	}
+	cases := []struct {
+		name, redis, path string
+		line              int
+		msg               string
+	}{
+		{"negative entries", "redis:\n  local_cache:\n    entries: -1\n", "redis.local_cache.entries", 3, "0 turns the cache off"},
+		{"negative ttl", "redis:\n  local_cache:\n    ttl: -1s\n", "redis.local_cache.ttl", 3, "must not be negative"},
+		{"under 1ms", "redis:\n  local_cache:\n    entries: 10\n    ttl: 500us\n", "redis.local_cache.ttl", 4, "at least 1ms"},
+		{"unknown field", "redis:\n  local_cache: {entries: 1, size: 1}\n", "redis.local_cache.size", 2, "unknown field"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.redis+redisTail), env(nil))
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v, want *config.Error", err)
+			}
+			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
+				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
+			}
+		})
+	}
+}
