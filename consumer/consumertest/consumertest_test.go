@@ -43,6 +43,7 @@ type processorFunc func(ctx context.Context, d consumer.Delivery)
 
 func (f processorFunc) Name() string                                     { return "t" }
 func (f processorFunc) Concurrency() int                                 { return 1 }
+func (f processorFunc) Batching() bool                                   { return false }
 func (f processorFunc) Prepare(context.Context, []consumer.Delivery)     {}
 func (f processorFunc) Process(ctx context.Context, d consumer.Delivery) { f(ctx, d) }
 func (f processorFunc) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {

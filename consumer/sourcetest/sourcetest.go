@@ -125,6 +125,9 @@ func (r *runner) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	}
 }
 
+// Batching is false: the checks see one delivery per Process call.
+func (r *runner) Batching() bool { return false }
+
 // await waits until cond holds over what was seen.
 func (r *runner) await(what string, cond func(s []seen) bool) []seen {
 	r.t.Helper()
