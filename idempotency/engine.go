@@ -414,8 +414,8 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	result, herr := consumer.CallHandler(hctx, p.h, d.Message())
 	took := time.Since(start)
 	run.renewer.stop()
-	if c := p.outcome(ctx, d, pr, run, hctx, result, herr, took, true); c != nil {
-		p.complete(ctx, []*completing{c})
+	if c, ok := p.outcome(ctx, d, pr, run, hctx, result, herr, took, true); ok {
+		p.completeOne(ctx, c)
 	}
 	run.cancel(nil)
 	return true
@@ -465,8 +465,8 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 		// running for ever.
 		runs := cl.Attempts - 1
 		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.cfg.maxAttempts)
-		if c := p.deadLetterOwned(ctx, d, cl, pr.key, "max_attempts", err, runs); c != nil {
-			p.complete(ctx, []*completing{c})
+		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, "max_attempts", err, runs); ok {
+			p.completeOne(ctx, c)
 		}
 		return leaseEnd, claimSettled
 	}
@@ -497,11 +497,11 @@ func (p *processor) start(ctx context.Context, d consumer.Delivery, pr *prepared
 
 // outcome decides the fate of d after its handler ran under run's claim
 // and returned result and herr (SPEC §5.2, §7): a success or a dead-letter
-// returns the completion still to be stored (the caller stores it, with
-// those of the rest of its run, and settles it in complete); a lost claim,
-// a cancellation or a retry is settled here and returns nil. observe says
-// whether ctx's Observation belongs to d alone.
-func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepared, run *handlerRun, hctx context.Context, result []byte, herr error, took time.Duration, observe bool) *completing {
+// returns the completion still to be stored and true (the caller stores it,
+// with those of the rest of its run, and settles it in complete); a lost
+// claim, a cancellation or a retry is settled here and returns false.
+// observe says whether ctx's Observation belongs to d alone.
+func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepared, run *handlerRun, hctx context.Context, result []byte, herr error, took time.Duration, observe bool) (completing, bool) {
 	cl := pr.res.Claim
 	m := d.Message()
 	rs := &run.rs
@@ -514,20 +514,20 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 		p.log.Warn("claim lost while the handler ran; its result is discarded and the new owner finishes the key",
 			"origin", m.Origin.String(), "fence", cl.Fence, "took", took)
 		p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, cl))
-		return nil
+		return completing{}, false
 	}
 	if herr == nil {
 		outcome := consumer.OutcomeProcessed
 		if pr.res.Outcome == ClaimReclaimed {
 			outcome = consumer.OutcomeReclaimed
 		}
-		return p.completion(d, cl, RecordOutcomeOK, result, nil, outcome)
+		return p.completion(d, cl, RecordOutcomeOK, result, nil, outcome), true
 	}
 	if ctx.Err() != nil {
 		p.log.Info("handler cancelled; claim released for redelivery", "origin", m.Origin.String(), "cause", context.Cause(ctx))
 		p.release(ctx, cl)
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
-		return nil
+		return completing{}, false
 	}
 	var pe *consumer.PanicError
 	if errors.As(herr, &pe) {
@@ -550,7 +550,7 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 		"max_attempts", p.cfg.maxAttempts, "delay", delay, "err", herr)
 	p.release(ctx, cl)
 	p.settle(ctx, d, consumer.OutcomeFailed, nak(delay))
-	return nil
+	return completing{}, false
 }
 
 // renew starts r: it renews the lease every third of it (with jitter) and
@@ -764,8 +764,8 @@ type completing struct {
 	outcome consumer.Outcome
 }
 
-func (p *processor) completion(d consumer.Delivery, cl *Claim, recOutcome string, result []byte, meta map[string]string, outcome consumer.Outcome) *completing {
-	return &completing{
+func (p *processor) completion(d consumer.Delivery, cl *Claim, recOutcome string, result []byte, meta map[string]string, outcome consumer.Outcome) completing {
+	return completing{
 		d: d, cl: cl, outcome: outcome,
 		c: Completion{Key: cl.Key, Token: cl.Token, Outcome: recOutcome, Result: result, Meta: meta, Retention: p.cfg.retention},
 	}
@@ -774,17 +774,32 @@ func (p *processor) completion(d consumer.Delivery, cl *Claim, recOutcome string
 // completeAttempts is how many times complete tries to store a completion.
 const completeAttempts = 3
 
+// completeOne is complete for one delivery, without allocating.
+func (p *processor) completeOne(ctx context.Context, c completing) {
+	cs := [1]completing{c}
+	var (
+		owned [1]bool
+		errs  [1]error
+		todo  = [1]int{0}
+	)
+	p.completeInto(ctx, cs[:], owned[:], errs[:], todo[:])
+}
+
 // complete stores the outcomes of cs, submitted together so that one store
 // call carries a whole run's (SPEC §4.4), then settles each delivery: acked
 // once its outcome is stored, redelivered when it could not be, settled as a
 // lost claim when another owner holds its key.
-func (p *processor) complete(ctx context.Context, cs []*completing) {
-	owned := make([]bool, len(cs))
-	errs := make([]error, len(cs))
+func (p *processor) complete(ctx context.Context, cs []completing) {
 	todo := make([]int, len(cs))
 	for i := range cs {
 		todo[i] = i
 	}
+	p.completeInto(ctx, cs, make([]bool, len(cs)), make([]error, len(cs)), todo)
+}
+
+// completeInto is complete with its working space: owned and errs of
+// len(cs), todo holding every index of cs.
+func (p *processor) completeInto(ctx context.Context, cs []completing, owned []bool, errs []error, todo []int) {
 	// The work is done: try hard to record it before giving up, since a
 	// redelivery would run it again once the lease expires.
 	for attempt, wait := 0, 100*time.Millisecond; len(todo) > 0 && attempt < completeAttempts; attempt, wait = attempt+1, wait*3 {
@@ -836,19 +851,19 @@ func (p *processor) complete(ctx context.Context, cs []*completing) {
 }
 
 // deadLetterOwned publishes d to the dead-letter destination and returns the
-// dead_lettered completion to store; when publishing failed it releases the
-// claim, naks d for a retry and returns nil.
-func (p *processor) deadLetterOwned(ctx context.Context, d consumer.Delivery, cl *Claim, key, reason string, herr error, attempt int) *completing {
+// dead_lettered completion to store and true; when publishing failed it
+// releases the claim, naks d for a retry and returns false.
+func (p *processor) deadLetterOwned(ctx context.Context, d consumer.Delivery, cl *Claim, key, reason string, herr error, attempt int) (completing, bool) {
 	m := d.Message()
 	dl := consumer.DeadLetter{Reason: reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: attempt}
 	if !p.publishDeadLetter(ctx, d, dl) {
 		p.release(ctx, cl)
 		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(attempt, p.cfg.backoffInitial, p.cfg.backoffMax)))
-		return nil
+		return completing{}, false
 	}
 	p.log.Error("message dead-lettered", "origin", m.Origin.String(), "reason", reason, "attempts", attempt, "err", herr)
 	meta := map[string]string{"reason": reason, "error": truncate(herr.Error(), 1024)}
-	return p.completion(d, cl, RecordOutcomeDeadLettered, nil, meta, consumer.OutcomeDeadLettered)
+	return p.completion(d, cl, RecordOutcomeDeadLettered, nil, meta, consumer.OutcomeDeadLettered), true
 }
 
 // publishDeadLetter sends dl and reports whether the message may now be

@@ -108,8 +108,8 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		result, herr := consumer.CallHandler(hctx, p.h, o.d.Message())
 		took := time.Since(start)
 		r.renewer.stop()
-		if c := p.outcome(ctx, o.d, o.pr, r, hctx, result, herr, took, true); c != nil {
-			p.complete(ctx, []*completing{c})
+		if c, ok := p.outcome(ctx, o.d, o.pr, r, hctx, result, herr, took, true); ok {
+			p.completeOne(ctx, c)
 		}
 		r.cancel(nil)
 		return
@@ -130,9 +130,9 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 	for _, r := range runs {
 		r.renewer.stop()
 	}
-	cs := make([]*completing, 0, len(run))
+	cs := make([]completing, 0, len(run))
 	for i, o := range run {
-		if c := p.outcome(ctx, o.d, o.pr, runs[i], hctxs[i], results[i].Value, results[i].Err, took, false); c != nil {
+		if c, ok := p.outcome(ctx, o.d, o.pr, runs[i], hctxs[i], results[i].Value, results[i].Err, took, false); ok {
 			cs = append(cs, c)
 		}
 	}

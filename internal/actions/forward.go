@@ -20,6 +20,14 @@ type KafkaWriter interface {
 
 // NATSPublisher is what ForwardNATS needs of a jetstream.JetStream.
 type NATSPublisher interface {
+	PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+// NATSAsyncPublisher is a NATSPublisher that can also publish without
+// waiting for the PubAck, as a jetstream.JetStream can. ForwardNATS uses it
+// to publish a run at once.
+type NATSAsyncPublisher interface {
+	NATSPublisher
 	PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error)
 }
 
@@ -93,10 +101,13 @@ func ForwardKafka(handler string, w KafkaWriter, inject Injector) consumer.Batch
 // JetStream's own duplicate window covers a crash between this publish and
 // the completion (SPEC §9.3). The result is "<stream>:<sequence>".
 //
-// It is a consumer.BatchHandler: every message of a run is published
-// asynchronously, then each waits for its own PubAck, all within the
-// context's deadline or publishAckTimeout, whichever is earlier.
+// It is a consumer.BatchHandler. When js is a NATSAsyncPublisher every
+// message of a run is published asynchronously, then each waits for its own
+// PubAck, all within the context's deadline or publishAckTimeout, whichever
+// is earlier; otherwise the messages are published one after another, each
+// waiting for its PubAck.
 func ForwardNATS(handler string, js NATSPublisher, subject string, inject Injector) consumer.BatchFunc {
+	async, _ := js.(NATSAsyncPublisher)
 	return func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
 		futures := make([]jetstream.PubAckFuture, len(ms))
 		for i, m := range ms {
@@ -115,7 +126,16 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 					msg.Header.Add(name, v)
 				}
 			}
-			f, err := js.PublishMsgAsync(msg, opts...)
+			if async == nil {
+				ack, err := js.PublishMsg(mctx, msg, opts...)
+				if err != nil {
+					results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
+					continue
+				}
+				results[i].Value = fmt.Appendf(nil, "%s:%d", ack.Stream, ack.Sequence)
+				continue
+			}
+			f, err := async.PublishMsgAsync(msg, opts...)
 			if err != nil {
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 				continue

@@ -122,7 +122,24 @@ func TestForwardKafkaHeadersWithClaim(t *testing.T) {
 	}
 }
 
+// syncOnly hides PublishMsgAsync: ForwardNATS then publishes one message
+// after another.
+type syncOnly struct{ js jetstream.JetStream }
+
+func (s syncOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return s.js.PublishMsg(ctx, m, opts...)
+}
+
 func TestForwardNATSHeadersWithClaim(t *testing.T) {
+	t.Run("async", func(t *testing.T) {
+		testForwardNATSHeaders(t, func(js jetstream.JetStream) NATSPublisher { return js })
+	})
+	t.Run("sync", func(t *testing.T) {
+		testForwardNATSHeaders(t, func(js jetstream.JetStream) NATSPublisher { return syncOnly{js} })
+	})
+}
+
+func testForwardNATSHeaders(t *testing.T, publisher func(jetstream.JetStream) NATSPublisher) {
 	nc, err := nats.Connect(testenv.NATS(t), nats.Timeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +159,7 @@ func TestForwardNATSHeadersWithClaim(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
 	ids := []string{"n1", "n2", "n3"}
-	claimed(t, ForwardNATS("relay", js, subject, nil), ids)
+	claimed(t, ForwardNATS("relay", publisher(js), subject, nil), ids)
 
 	for i, id := range ids {
 		raw, err := stream.GetMsg(ctx, uint64(i+1))

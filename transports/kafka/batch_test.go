@@ -29,44 +29,51 @@ func newRealEnv(t *testing.T, partitions int) *env {
 	return e
 }
 
-// runChecker checks the calls of a batch handler under partition ordering:
-// within a partition every call's offsets increase, each call starts past
-// the last offset any earlier call saw, and the failed offsets of a call are
-// retried alone, in order, before the partition's next run.
+// runChecker checks the calls of a batch handler: a call holds one lane's
+// messages (a partition's, or a key's under key ordering), within a lane
+// every call's offsets increase, each call starts past the last offset any
+// earlier call of the lane saw, and the failed offsets of a call are retried
+// alone, in order, before the lane's next run.
 type runChecker struct {
-	t        *testing.T
+	lane     func(*consumer.Message) string
 	mu       sync.Mutex
-	maxSeen  map[int]int64
-	retries  map[int][]int64 // failed offsets awaiting their retry, in order
+	maxSeen  map[string]int64
+	retries  map[string][]int64 // failed offsets awaiting their retry, in order
 	calls    int
 	maxRun   int
 	handled  map[[2]int64]bool
 	problems []string
 }
 
+func newRunChecker(lane func(*consumer.Message) string) *runChecker {
+	return &runChecker{lane: lane, maxSeen: map[string]int64{}, retries: map[string][]int64{}, handled: map[[2]int64]bool{}}
+}
+
+func byPartition(m *consumer.Message) string { return fmt.Sprint(m.Origin.Partition) }
+
 func (c *runChecker) call(msgs []*consumer.Message, failed func(*consumer.Message) bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls++
 	c.maxRun = max(c.maxRun, len(msgs))
-	p := msgs[0].Origin.Partition
+	p := c.lane(msgs[0])
 	offs := make([]int64, len(msgs))
 	for i, m := range msgs {
 		offs[i] = m.Origin.Offset
-		if m.Origin.Partition != p {
-			c.problems = append(c.problems, fmt.Sprintf("a run mixes partitions %d and %d", p, m.Origin.Partition))
+		if l := c.lane(m); l != p {
+			c.problems = append(c.problems, fmt.Sprintf("a run mixes lanes %s and %s", p, l))
 		}
 	}
 	if rs := c.retries[p]; len(rs) > 0 {
 		if len(offs) != 1 || offs[0] != rs[0] {
-			c.problems = append(c.problems, fmt.Sprintf("partition %d: call %v before the retry of failed offset %d", p, offs, rs[0]))
+			c.problems = append(c.problems, fmt.Sprintf("lane %s: call %v before the retry of failed offset %d", p, offs, rs[0]))
 		}
 		c.retries[p] = rs[1:]
 	} else {
 		last, ok := c.maxSeen[p]
 		for i, o := range offs {
 			if ok && o <= last || i > 0 && o <= offs[i-1] {
-				c.problems = append(c.problems, fmt.Sprintf("partition %d: call %v after offset %d: offsets must only increase", p, offs, last))
+				c.problems = append(c.problems, fmt.Sprintf("lane %s: call %v after offset %d: offsets must only increase", p, offs, last))
 				break
 			}
 		}
@@ -76,7 +83,7 @@ func (c *runChecker) call(msgs []*consumer.Message, failed func(*consumer.Messag
 		if failed(m) {
 			c.retries[p] = append(c.retries[p], m.Origin.Offset)
 		} else {
-			c.handled[[2]int64{int64(p), m.Origin.Offset}] = true
+			c.handled[[2]int64{int64(m.Origin.Partition), m.Origin.Offset}] = true
 		}
 	}
 }
@@ -100,7 +107,7 @@ func TestBatchRunsKeepPartitionOrder(t *testing.T) {
 	// Offsets 37 and 41 of partition 1 fail on their first attempt.
 	failing := map[int64]bool{37: true, 41: true}
 	var failMu sync.Mutex
-	chk := &runChecker{t: t, maxSeen: map[int]int64{}, retries: map[int][]int64{}, handled: map[[2]int64]bool{}}
+	chk := newRunChecker(byPartition)
 	var commitProblems []string
 	h := consumer.BatchFunc(func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
 		failMu.Lock()
@@ -153,7 +160,72 @@ func TestBatchRunsKeepPartitionOrder(t *testing.T) {
 	}
 	for p, rs := range chk.retries {
 		if len(rs) > 0 {
-			t.Errorf("partition %d: failed offsets %v were never retried", p, rs)
+			t.Errorf("lane %s: failed offsets %v were never retried", p, rs)
+		}
+	}
+}
+
+// TestBatchRunsKeepKeyOrder: under key ordering a run holds one key's
+// messages in offset order, and a key's failed message is retried before
+// the key's next run; other keys of the partition go on meanwhile.
+func TestBatchRunsKeepKeyOrder(t *testing.T) {
+	t.Parallel()
+	const parts, keys, per = 4, 12, 40
+	e := newRealEnv(t, parts)
+	var msgs []msg
+	for i := range per {
+		for k := range keys {
+			msgs = append(msgs, msg{partition: k % parts, key: fmt.Sprintf("key-%d", k), value: fmt.Sprint(i)})
+		}
+	}
+	e.produce(e.topic, msgs)
+
+	byKey := func(m *consumer.Message) string { return string(m.Key) }
+	chk := newRunChecker(byKey)
+	var (
+		failMu sync.Mutex
+		failed = map[string]bool{}
+	)
+	h := consumer.BatchFunc(func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
+		fails := map[*consumer.Message]bool{}
+		failMu.Lock()
+		for i, m := range ms {
+			// The first attempt of every key's 8th message fails.
+			if string(m.Payload) == "7" && !failed[string(m.Key)] {
+				failed[string(m.Key)] = true
+				fails[m] = true
+				results[i].Err = consumer.RetryAfter(200 * time.Millisecond)
+			}
+		}
+		failMu.Unlock()
+		chk.call(ms, func(m *consumer.Message) bool { return fails[m] })
+	})
+	src := e.source(func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 50 })
+	r := run(t, worker(t, "batchkey", src, h, consumer.WithConcurrency(8)))
+	ends := e.ends(e.topic, parts)
+	eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	chk.mu.Lock()
+	defer chk.mu.Unlock()
+	for _, p := range chk.problems {
+		t.Error(p)
+	}
+	failMu.Lock()
+	defer failMu.Unlock()
+	if len(failed) != keys {
+		t.Errorf("%d keys had a failure, want %d", len(failed), keys)
+	}
+	if len(chk.handled) != keys*per {
+		t.Errorf("%d messages handled successfully, want %d", len(chk.handled), keys*per)
+	}
+	if chk.maxRun < 2 {
+		t.Errorf("largest run %d: a key's queued messages must be batched", chk.maxRun)
+	}
+	for k, rs := range chk.retries {
+		if len(rs) > 0 {
+			t.Errorf("%s: failed offsets %v were never retried", k, rs)
 		}
 	}
 }
