@@ -108,3 +108,24 @@ func MessageContext(ctx context.Context, i int) context.Context {
 	}
 	return b.ctxs[i]
 }
+
+type deliveryCtxKey struct{}
+
+// WithDeliveryContexts returns ctx carrying a context for each delivery of
+// a run, for a wrapper around a BatchProcessor that gives each delivery
+// values of its own (a trace span, an Observation): the processor runs,
+// settles and observes delivery d on DeliveryContext(ctx, d). Each context
+// must be derived from ctx, so that the run's cancellation reaches it.
+func WithDeliveryContexts(ctx context.Context, ctxs map[Delivery]context.Context) context.Context {
+	return context.WithValue(ctx, deliveryCtxKey{}, ctxs)
+}
+
+// DeliveryContext returns the context WithDeliveryContexts gave d, or ctx.
+func DeliveryContext(ctx context.Context, d Delivery) context.Context {
+	if m, ok := ctx.Value(deliveryCtxKey{}).(map[Delivery]context.Context); ok {
+		if c, ok := m[d]; ok {
+			return c
+		}
+	}
+	return ctx
+}

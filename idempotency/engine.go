@@ -762,6 +762,10 @@ type completing struct {
 	cl      *Claim
 	c       Completion
 	outcome consumer.Outcome
+	// ctx is the delivery's own context in a run whose deliveries have
+	// one each (consumer.DeliveryContext), nil otherwise: it is settled,
+	// and its outcome observed, on it.
+	ctx context.Context
 }
 
 func (p *processor) completion(d consumer.Delivery, cl *Claim, recOutcome string, result []byte, meta map[string]string, outcome consumer.Outcome) completing {
@@ -836,6 +840,10 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 	}
 	for i, c := range cs {
 		d := c.d
+		ctx := ctx
+		if c.ctx != nil {
+			ctx = c.ctx
+		}
 		switch {
 		case errs[i] != nil:
 			p.log.Error("handler finished but its completion could not be stored; not acked, the message will be redelivered",

@@ -12,6 +12,9 @@ type ownedRun struct {
 	d        consumer.Delivery
 	pr       *prepared
 	leaseEnd time.Time
+	// ctx is the delivery's context: consumer.DeliveryContext of the
+	// run's, which is the run's own unless a wrapper gave it one.
+	ctx context.Context
 }
 
 // ProcessBatch takes a contiguous run of deliveries through SPEC §5–§7,
@@ -51,37 +54,43 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 		if pr == nil {
 			pr = p.inspect(d)
 		}
+		dctx := consumer.DeliveryContext(ctx, d)
+		if dctx != ctx && pr.key != "" {
+			if o := consumer.ObservationFrom(dctx); o != nil {
+				o.KeyHash = keyHash(pr.ekey)
+			}
+		}
 		if ctx.Err() != nil {
 			for _, o := range run {
-				p.abandon(ctx, o.d, o.pr)
+				p.abandon(o.ctx, o.d, o.pr)
 			}
 			run = run[:0]
-			p.abandon(ctx, d, pr)
+			p.abandon(dctx, d, pr)
 			continue
 		}
 		if pr.key == "" || !pr.claimed || pr.err != nil {
 			flush()
-			p.process(ctx, d, pr)
+			p.process(dctx, d, pr)
 			continue
 		}
 		switch pr.res.Outcome {
 		case ClaimNew, ClaimReclaimed, ClaimRecovered:
-			leaseEnd, st := p.ready(ctx, d, pr)
+			leaseEnd, st := p.ready(dctx, d, pr)
 			switch st {
 			case claimReady:
-				run = append(run, ownedRun{d: d, pr: pr, leaseEnd: leaseEnd})
+				run = append(run, ownedRun{d: d, pr: pr, leaseEnd: leaseEnd, ctx: dctx})
 			case claimLost:
 				flush()
 				pr.claimed, pr.batched = false, false
-				p.process(ctx, d, pr)
+				p.process(dctx, d, pr)
 			}
 		case ClaimDuplicate:
-			p.duplicate(ctx, d, pr.res.Record)
+			p.duplicate(dctx, d, pr.res.Record)
 		case ClaimMismatch:
-			p.mismatch(ctx, d, pr, pr.res.Record)
+			p.mismatch(dctx, d, pr, pr.res.Record)
 		default:
 			flush()
-			p.process(ctx, d, pr)
+			p.process(dctx, d, pr)
 		}
 	}
 	flush()
@@ -103,13 +112,13 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		return
 	case 1:
 		o := run[0]
-		r, hctx := p.start(ctx, o.d, o.pr, o.leaseEnd)
+		r, hctx := p.start(o.ctx, o.d, o.pr, o.leaseEnd)
 		start := time.Now()
 		result, herr := consumer.CallHandler(hctx, p.h, o.d.Message())
 		took := time.Since(start)
 		r.renewer.stop()
-		if c, ok := p.outcome(ctx, o.d, o.pr, r, hctx, result, herr, took, true); ok {
-			p.completeOne(ctx, c)
+		if c, ok := p.outcome(o.ctx, o.d, o.pr, r, hctx, result, herr, took, true); ok {
+			p.completeOne(o.ctx, c)
 		}
 		r.cancel(nil)
 		return
@@ -118,7 +127,7 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 	hctxs := make([]context.Context, len(run))
 	msgs := make([]*consumer.Message, len(run))
 	for i, o := range run {
-		runs[i], hctxs[i] = p.start(ctx, o.d, o.pr, o.leaseEnd)
+		runs[i], hctxs[i] = p.start(o.ctx, o.d, o.pr, o.leaseEnd)
 		msgs[i] = o.d.Message()
 	}
 	results := make([]consumer.Result, len(run))
@@ -132,7 +141,13 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 	}
 	cs := make([]completing, 0, len(run))
 	for i, o := range run {
-		if c, ok := p.outcome(ctx, o.d, o.pr, runs[i], hctxs[i], results[i].Value, results[i].Err, took, false); ok {
+		// A delivery with a context of its own has an Observation of its
+		// own; the run's is shared by all of them.
+		own := o.ctx != ctx
+		if c, ok := p.outcome(o.ctx, o.d, o.pr, runs[i], hctxs[i], results[i].Value, results[i].Err, took, own); ok {
+			if own {
+				c.ctx = o.ctx
+			}
 			cs = append(cs, c)
 		}
 	}

@@ -111,30 +111,63 @@ const (
 
 // Wrap returns next with a span around every delivery. The span is a child
 // of the message's traceparent, if any, and the handler's context carries it.
+// What next does with batches it still does: it sees each fetched batch
+// (consumer.BatchPreparer) and takes runs (consumer.BatchProcessor), in
+// which each delivery keeps a span of its own (consumer.DeliveryContext).
 func (t *Tracer) Wrap(handler string, next consumer.Processor) consumer.Processor {
-	tp := &traced{t: t, handler: handler, next: next}
-	if bp, ok := next.(consumer.BatchPreparer); ok {
-		return &tracedBatch{traced: tp, prep: bp}
-	}
-	return tp
+	w := &traced{t: t, handler: handler, next: next}
+	w.prep, _ = next.(consumer.BatchPreparer)
+	w.batch, _ = next.(consumer.BatchProcessor)
+	return w
 }
 
 type traced struct {
 	t       *Tracer
 	handler string
 	next    consumer.Processor
+	prep    consumer.BatchPreparer  // nil when next claims one delivery at a time
+	batch   consumer.BatchProcessor // nil when next takes one delivery at a time
 }
 
-type tracedBatch struct {
-	*traced
-	prep consumer.BatchPreparer
+// PrepareBatch shows the batch to next.
+func (t *traced) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+	if t.prep != nil {
+		t.prep.PrepareBatch(ctx, batch)
+	}
 }
 
-func (t *tracedBatch) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
-	t.prep.PrepareBatch(ctx, batch)
+// Batching reports whether next hands runs to its handler.
+func (t *traced) Batching() bool { return t.batch != nil && t.batch.Batching() }
+
+// ProcessBatch runs ds through next in one call, each delivery in a span of
+// its own.
+func (t *traced) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	if t.batch == nil {
+		for _, d := range ds {
+			t.Process(ctx, d)
+		}
+		return
+	}
+	ctxs := make(map[consumer.Delivery]context.Context, len(ds))
+	ends := make([]func(), len(ds))
+	for i, d := range ds {
+		ctxs[d], ends[i] = t.begin(ctx, d)
+	}
+	t.batch.ProcessBatch(consumer.WithDeliveryContexts(ctx, ctxs), ds)
+	for _, end := range ends {
+		end()
+	}
 }
 
 func (t *traced) Process(ctx context.Context, d consumer.Delivery) {
+	ctx, end := t.begin(ctx, d)
+	defer end()
+	t.next.Process(ctx, d)
+}
+
+// begin starts d's span and returns the context to process d on, and what
+// ends the span with the outcome next observed.
+func (t *traced) begin(ctx context.Context, d consumer.Delivery) (context.Context, func()) {
 	m := d.Message()
 	if m.Header != nil {
 		ctx = t.t.prop.Extract(ctx, HeaderCarrier(m.Header))
@@ -147,9 +180,12 @@ func (t *traced) Process(ctx context.Context, d consumer.Delivery) {
 			semconv.MessagingDestinationName(m.Origin.Topic),
 			semconv.MessagingOperationTypeDeliver,
 		))
-	defer span.End()
 	ctx, obs := consumer.WithObservation(ctx)
-	t.next.Process(ctx, d)
+	return ctx, func() { t.end(span, obs) }
+}
+
+func (t *traced) end(span trace.Span, obs *consumer.Observation) {
+	defer span.End()
 	span.SetAttributes(AttrOutcome.String(string(obs.Outcome)))
 	if obs.KeyHash != "" {
 		span.SetAttributes(AttrKeyHash.String(obs.KeyHash))

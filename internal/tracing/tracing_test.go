@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,11 +24,18 @@ import (
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
-type capture struct{ msg *nats.Msg }
+type capture struct {
+	mu   sync.Mutex
+	msg  *nats.Msg // the last one
+	msgs []*nats.Msg
+}
 
 func (c *capture) PublishMsg(_ context.Context, m *nats.Msg, _ ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.msg = m
-	return &jetstream.PubAck{Stream: "OUT", Sequence: 1}, nil
+	c.msgs = append(c.msgs, m)
+	return &jetstream.PubAck{Stream: "OUT", Sequence: uint64(len(c.msgs))}, nil
 }
 
 const (
@@ -111,6 +119,94 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	}
 	if outcome != "duplicate" {
 		t.Fatalf("duplicate span outcome %q", outcome)
+	}
+}
+
+// Behind the tracer the engine still takes runs: one call for the batch,
+// and each delivery its own span, continuing its own traceparent, with its
+// own outcome; each forwarded message continues its delivery's span.
+func TestBatchKeepsASpanPerDelivery(t *testing.T) {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + hex.EncodeToString(b[:])})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	engine, err := idempotency.New(store, idempotency.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	mw, err := engine.Middleware()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	defer tp.Shutdown(context.Background())
+	tr := tracing.New(tp)
+	out := &capture{}
+	inject := func(ctx context.Context, h consumer.Header) { tr.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
+	proc := tr.Wrap("orders", mw("orders", actions.ForwardNATS("orders", out, "out", inject)))
+	bp, ok := proc.(consumer.BatchProcessor)
+	if !ok || !bp.Batching() {
+		t.Fatal("the traced processor must keep the engine's batch runs")
+	}
+
+	parents := []string{"00f067aa0ba90201", "00f067aa0ba90202", "00f067aa0ba90203"}
+	keys := []string{"order-a", "order-b", "order-a"} // the third is a duplicate of the first
+	var ds []consumer.Delivery
+	for i, k := range keys {
+		d := fakedelivery.New(k, `{"key":"`+k+`"}`)
+		d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parents[i]+"-01")
+		ds = append(ds, d)
+	}
+	proc.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds[:2])
+	bp.ProcessBatch(context.Background(), ds[:2])
+	proc.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds[2:])
+	bp.ProcessBatch(context.Background(), ds[2:])
+	for _, d := range ds {
+		d.(*fakedelivery.Delivery).ExpectAck(t)
+	}
+
+	spans := exp.GetSpans()
+	if len(spans) != 3 {
+		t.Fatalf("%d spans, want 3: one per delivery", len(spans))
+	}
+	byParent := map[string]tracetest.SpanStub{}
+	for _, s := range spans {
+		byParent[s.Parent.SpanID().String()] = s
+	}
+	want := []string{"processed", "processed", "duplicate"}
+	for i, p := range parents {
+		s, ok := byParent[p]
+		if !ok {
+			t.Fatalf("no span continues traceparent %s: spans %v", p, spans)
+		}
+		var outcome, hash string
+		for _, kv := range s.Attributes {
+			switch kv.Key {
+			case tracing.AttrOutcome:
+				outcome = kv.Value.AsString()
+			case tracing.AttrKeyHash:
+				hash = kv.Value.AsString()
+			}
+		}
+		if outcome != want[i] || len(hash) != 12 {
+			t.Errorf("delivery %d (%s): outcome %q key hash %q, want %q and a hash", i, keys[i], outcome, hash, want[i])
+		}
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	if len(out.msgs) != 2 {
+		t.Fatalf("%d messages forwarded, want 2 (the duplicate is not)", len(out.msgs))
+	}
+	for i, m := range out.msgs {
+		s := byParent[parents[i]]
+		if got, want := m.Header.Get("traceparent"), "00-"+traceID+"-"+s.SpanContext.SpanID().String()+"-01"; got != want {
+			t.Errorf("forwarded message %d traceparent %q, want %q (child of its delivery's span)", i, got, want)
+		}
 	}
 }
 
