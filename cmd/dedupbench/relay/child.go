@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -169,4 +171,44 @@ func execOutput(ctx context.Context, dir, name string, args ...string) (string, 
 	cmd.Dir = dir
 	out, err := cmd.Output()
 	return string(out), err
+}
+
+// startRedis starts a private redis-server on a free loopback port,
+// without persistence, and waits until it answers. stop ends it.
+func startRedis(ctx context.Context, bin, dir string) (url string, stop func() error, err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	c, err := startChild("redis-server", []string{bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, nil)
+	if err != nil {
+		return "", nil, fmt.Errorf("-redis-server: %w", err)
+	}
+	stop = func() error { return c.stop(10 * time.Second) }
+	url = fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d := net.Dialer{Timeout: time.Second}
+		conn, err := d.DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			_ = conn.Close()
+			return url, stop, nil
+		}
+		if err := c.exited(); err != nil {
+			return "", nil, err
+		}
+		if time.Now().After(deadline) {
+			_ = stop()
+			return "", nil, fmt.Errorf("-redis-server: nothing answers on port %d after 10s: %w", port, err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = stop()
+			return "", nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

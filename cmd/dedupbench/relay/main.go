@@ -33,6 +33,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"math/rand/v2"
 	"os"
@@ -60,6 +61,7 @@ type options struct {
 	workerBin, wmBin       string
 	src                    string
 	jsonOut                string
+	redisServer            string
 	timeout, quiet         time.Duration
 }
 
@@ -77,7 +79,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o); err != nil {
+	if _, err := run(ctx, o, os.Stdout); err != nil {
 		log.Print(err)
 		os.Exit(1)
 	}
@@ -90,6 +92,7 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&brokers, "kafka", "127.0.0.1:9092", "Kafka brokers, comma-separated")
 	fs.StringVar(&o.natsURL, "nats", "nats://127.0.0.1:4222", "NATS URL with JetStream")
 	fs.StringVar(&o.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis URL")
+	fs.StringVar(&o.redisServer, "redis-server", "", "start a private Redis from this redis-server binary (e.g. redis-server) for the run instead of using -redis, so that no other client's work counts in Redis's CPU and round trips")
 	fs.IntVar(&o.msgs, "msgs", 50000, "backlog messages per measurement")
 	fs.IntVar(&o.partitions, "partitions", 8, "partitions of each Kafka topic")
 	fs.StringVar(&dups, "dups", "0,30", "duplicate percentages")
@@ -161,33 +164,47 @@ type report struct {
 	Results   []result       `json:"results"`
 }
 
-func run(ctx context.Context, o options) error {
+// run measures every planned scenario, writes the report to w and returns
+// it.
+func run(ctx context.Context, o options, w io.Writer) (report, error) {
 	b := &bench{o: o, run: fmt.Sprintf("%06x", rand.Uint32()&0xffffff), kafka: kafkaAdmin{brokers: o.brokers}}
 	b.logProgress = log.Printf
 	var err error
 	if b.self, err = os.Executable(); err != nil {
-		return err
+		return report{}, err
 	}
 	if b.tmp, err = os.MkdirTemp("", "dedupbench-relay-"); err != nil {
-		return err
+		return report{}, err
 	}
 	defer func() { _ = os.RemoveAll(b.tmp) }()
 	if err := b.buildBinaries(ctx); err != nil {
-		return err
+		return report{}, err
+	}
+	if o.redisServer != "" {
+		url, stop, err := startRedis(ctx, o.redisServer, b.tmp)
+		if err != nil {
+			return report{}, err
+		}
+		defer func() {
+			if err := stop(); err != nil {
+				log.Printf("private redis-server: %v", err)
+			}
+		}()
+		o.redisURL, b.o.redisURL = url, url
 	}
 	opt, err := redis.ParseURL(o.redisURL)
 	if err != nil {
-		return fmt.Errorf("-redis: %w", err)
+		return report{}, fmt.Errorf("-redis: %w", err)
 	}
 	opt.PoolSize, opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 2, 3*time.Second, 10*time.Second, 10*time.Second
 	b.stats = redis.NewClient(opt)
 	defer func() { _ = b.stats.Close() }()
 	if _, err := readRedisStats(ctx, b.stats); err != nil {
-		return fmt.Errorf("-redis %s: %w", o.redisURL, err)
+		return report{}, fmt.Errorf("-redis %s: %w", o.redisURL, err)
 	}
 	if has(o.transports, "nats") {
 		if b.nats, err = newNATSAdmin(o.natsURL); err != nil {
-			return err
+			return report{}, err
 		}
 		defer b.nats.close()
 	}
@@ -195,7 +212,7 @@ func run(ctx context.Context, o options) error {
 		Started: time.Now().UTC(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Commit: gitCommit(o.src),
 		Options: map[string]any{
 			"msgs": o.msgs, "partitions": o.partitions, "latency": o.latency.String(), "rate": o.rate,
-			"concurrency": o.concurrency, "lease": o.lease.String(), "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL,
+			"concurrency": o.concurrency, "lease": o.lease.String(), "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL, "private_redis": o.redisServer != "",
 		},
 	}
 	log.Printf("relay benchmark %s at %s: %d messages per measurement, load average %s", b.run, orDefault(rep.Commit, "?"), o.msgs, loadAvg())
@@ -209,14 +226,14 @@ func run(ctx context.Context, o options) error {
 		}
 		rep.Results = append(rep.Results, r)
 	}
-	printReport(os.Stdout, rep)
+	printReport(w, rep)
 	if o.jsonOut != "" {
 		js, _ := json.MarshalIndent(rep, "", "  ")
 		if err := os.WriteFile(o.jsonOut, append(js, '\n'), 0o644); err != nil {
-			return err
+			return report{}, err
 		}
 	}
-	return ctx.Err()
+	return rep, ctx.Err()
 }
 
 // plannedScenarios lists the measurements in run order: per duplicate

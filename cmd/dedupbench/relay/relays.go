@@ -36,7 +36,6 @@ type childOptions struct {
 	redisURL, ns           string
 	concurrency, batch     int
 	lease                  time.Duration
-	stream                 string // NATS input stream
 	commitEvery            time.Duration
 	maxAckPending          int
 	publishAsyncMaxPending int
@@ -88,13 +87,21 @@ func childMain(args []string) error {
 		defer func() { _ = rdb.Close() }()
 		c = &naiveClaims{rdb: rdb, ns: o.ns, lease: o.lease, sem: make(chan struct{}, o.concurrency)}
 	}
+	var err error
 	switch o.transport {
 	case "kafka":
-		return kafkaRelay(ctx, o, c)
+		err = kafkaRelay(ctx, o, c)
 	case "nats":
-		return natsRelay(ctx, o, c)
+		err = natsRelay(ctx, o, c)
+	default:
+		return fmt.Errorf("child -transport: %q is neither kafka nor nats", o.transport)
 	}
-	return fmt.Errorf("child -transport: %q is neither kafka nor nats", o.transport)
+	if err != nil && ctx.Err() != nil {
+		// Stopped mid-run: what was not committed or acked is redelivered
+		// to the next consumer, as with any relay.
+		return nil
+	}
+	return err
 }
 
 // naiveClaims is the hand-written deduplication: a claim with SET NX PX
