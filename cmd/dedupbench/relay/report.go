@@ -47,11 +47,11 @@ func printReport(w io.Writer, rep report) {
 	table("Whole machine CPU, µs per message (busy %)", func(r result) string {
 		return fmt.Sprintf("%.0f (%.0f %%)", r.MachineCPUUs, r.MachineBusy)
 	})
-	table("Latency publish → output p50 / p99, ms, at the -rate publish rate", func(r result) string {
+	table("Latency publish → output, p50 (p99), ms, at the -rate publish rate", func(r result) string {
 		if r.LatencyN == 0 {
 			return "–"
 		}
-		return fmt.Sprintf("%.1f / %.1f", r.P50Ms, r.P99Ms)
+		return fmt.Sprintf("%.1f (p99 %.1f)", r.P50Ms, r.P99Ms)
 	})
 	table("Redis round trips per message", func(r result) string { return fmt.Sprintf("%.3f", r.RoundTrips) })
 	table("Redis commands per message (inside scripts too)", func(r result) string { return fmt.Sprintf("%.2f", r.Commands) })

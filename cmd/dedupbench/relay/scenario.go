@@ -331,31 +331,15 @@ func (b *bench) startContender(sc scenario, id string, ep endpoints) (children, 
 				argv = append(argv, "-in", ep.inSubject, "-out", ep.outSubject)
 			}
 		case "dedupworker", "dedupworker-http":
-			spec := workerSpec{
-				RedisURL: b.o.redisURL, Namespace: id, Concurrency: b.o.concurrency, Lease: b.o.lease,
-				HTTPURL: ep.httpURL,
-			}
-			if sc.Transport == "kafka" {
-				spec.Brokers, spec.InTopic, spec.Group = b.o.brokers, ep.inTopic, ep.group
-				if ep.httpURL == "" {
-					spec.OutTopic = ep.outTopic
+			// One config for all the processes, written before the first
+			// starts: a file rewritten while another process reads it
+			// would be read empty.
+			if i == 0 {
+				if err := b.writeWorkerConfig(sc, id, ep); err != nil {
+					return nil, err
 				}
-			} else {
-				spec.NATSURL, spec.InStream, spec.Consumer = b.o.natsURL, ep.inStream, ep.group
-				if ep.httpURL == "" {
-					spec.OutSubject = ep.outSubject
-				}
-			}
-			y, err := workerYAML(spec)
-			if err != nil {
-				_ = procs.stop(time.Second)
-				return nil, err
 			}
 			path := filepath.Join(b.tmp, id+".yaml")
-			if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
-				_ = procs.stop(time.Second)
-				return nil, err
-			}
 			argv = []string{b.workerBin, "run", "-c", path}
 		default:
 			return nil, fmt.Errorf("-contenders: unknown %q (raw, naive, watermill, dedupworker, dedupworker-http)", sc.Contender)
@@ -368,6 +352,31 @@ func (b *bench) startContender(sc scenario, id string, ep endpoints) (children, 
 		procs = append(procs, c)
 	}
 	return procs, nil
+}
+
+// writeWorkerConfig writes the dedupworker config of scenario id to
+// <tmp>/<id>.yaml.
+func (b *bench) writeWorkerConfig(sc scenario, id string, ep endpoints) error {
+	spec := workerSpec{
+		RedisURL: b.o.redisURL, Namespace: id, Concurrency: b.o.concurrency, Lease: b.o.lease,
+		HTTPURL: ep.httpURL,
+	}
+	if sc.Transport == "kafka" {
+		spec.Brokers, spec.InTopic, spec.Group = b.o.brokers, ep.inTopic, ep.group
+		if ep.httpURL == "" {
+			spec.OutTopic = ep.outTopic
+		}
+	} else {
+		spec.NATSURL, spec.InStream, spec.Consumer = b.o.natsURL, ep.inStream, ep.group
+		if ep.httpURL == "" {
+			spec.OutSubject = ep.outSubject
+		}
+	}
+	y, err := workerYAML(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(b.tmp, id+".yaml"), []byte(y), 0o600)
 }
 
 // serveHTTP runs the http action's target: every request body is an
