@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -34,11 +35,18 @@ func TestRelaySmoke(t *testing.T) {
 	redisURL := testenv.Redis(t)
 	natsURL := testenv.NATS(t)
 	brokers := testenv.RealKafka(t)
-	o, err := parseOptions([]string{
+	args := []string{
 		"-msgs", "2000", "-dups", "30", "-latency", "500ms", "-scale", "2", "-src", "../../..",
 		"-contenders", "raw,naive,dedupworker,dedupworker-http", "-timeout", "2m",
 		"-redis", redisURL, "-nats", natsURL, "-kafka", strings.Join(brokers, ","),
-	})
+	}
+	// A private Redis counts only this test's round trips; the shared one
+	// also counts other clients'.
+	private := false
+	if bin, err := exec.LookPath("redis-server"); err == nil {
+		args, private = append(args, "-redis-server", bin), true
+	}
+	o, err := parseOptions(args)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +79,7 @@ func TestRelaySmoke(t *testing.T) {
 		switch r.Contender {
 		case "raw":
 			// No deduplication: every duplicate comes out again.
-			if r.Repeats != r.Msgs-r.Distinct || r.RoundTrips > 0.05 {
+			if r.Repeats != r.Msgs-r.Distinct || (private && r.RoundTrips > 0.05) {
 				t.Errorf("%s: %d repeats (want %d), %.3f Redis round trips/msg", name, r.Repeats, r.Msgs-r.Distinct, r.RoundTrips)
 			}
 		case "naive":
