@@ -1,0 +1,438 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// latencySeqBase offsets the sequence numbers of the latency phase's
+// messages past the backlog's, so that the order check spans both phases.
+const latencySeqBase = 1 << 30
+
+// scenario is one measurement: one contender (with procs processes) on
+// one transport at one duplicate share.
+type scenario struct {
+	Transport, Contender string
+	DupPct, Procs        int
+	Latency              bool // run the latency phase after the backlog
+	ScaleOut             bool
+}
+
+func (s scenario) id(run string) string {
+	kind := "m"
+	if s.ScaleOut {
+		kind = "s"
+	}
+	return fmt.Sprintf("rb%s-%s-%s-%s%d-x%d", run, s.Transport, s.Contender, kind, s.DupPct, s.Procs)
+}
+
+// result is one row: what a scenario measured.
+type result struct {
+	Transport string `json:"transport"`
+	Contender string `json:"contender"`
+	DupPct    int    `json:"dup_pct"`
+	Procs     int    `json:"processes"`
+	// ScaleOut marks the scale-out measurements (no latency phase).
+	ScaleOut bool `json:"scale_out"`
+	// Msgs is the backlog's input messages, Distinct its distinct keys.
+	Msgs     int `json:"msgs"`
+	Distinct int `json:"distinct_keys"`
+	// Outputs counts what came out for the backlog; Repeats is Outputs
+	// less the distinct keys output.
+	Outputs    int     `json:"outputs"`
+	Repeats    int     `json:"repeats"`
+	Seconds    float64 `json:"seconds_first_to_last_output"`
+	MsgsPerSec float64 `json:"msgs_per_sec"`
+	// Per input message of the backlog, in µs: Redis's used_cpu_user +
+	// used_cpu_sys delta, the relay processes' utime+stime, and every
+	// process of the machine (/proc/stat) between the first and the last
+	// output.
+	RedisCPUUs   float64 `json:"redis_cpu_us_per_msg"`
+	ProcCPUUs    float64 `json:"relay_cpu_us_per_msg"`
+	MachineCPUUs float64 `json:"machine_cpu_us_per_msg"`
+	MachineBusy  float64 `json:"machine_busy_pct"`
+	// RoundTrips is Redis's total_reads_processed delta per message (one
+	// read per request burst a client sends: a pipeline or a script call
+	// is one); Commands is total_commands_processed, those run inside
+	// scripts included.
+	RoundTrips float64 `json:"redis_round_trips_per_msg"`
+	Commands   float64 `json:"redis_commands_per_msg"`
+	PeakRSSMB  float64 `json:"peak_rss_mb"`
+	// The latency phase: LatencyN messages published at LatencyRate per
+	// second after the backlog, publish → output.
+	LatencyRate float64 `json:"latency_rate,omitempty"`
+	LatencyN    int     `json:"latency_samples,omitempty"`
+	P50Ms       float64 `json:"latency_p50_ms,omitempty"`
+	P99Ms       float64 `json:"latency_p99_ms,omitempty"`
+	// Correctness over both phases.
+	MissingKeys     int    `json:"missing_keys"`
+	OrderViolations int    `json:"order_violations"`
+	BadPayloads     int    `json:"bad_payloads"`
+	Err             string `json:"error,omitempty"`
+}
+
+// bench holds what every scenario shares.
+type bench struct {
+	o           options
+	run         string
+	self        string // this binary, for the hand-written relays
+	workerBin   string
+	wmBin       string
+	tmp         string
+	stats       *redis.Client
+	nats        *natsAdmin
+	kafka       kafkaAdmin
+	logProgress func(format string, args ...any)
+}
+
+// endpoints are the names one scenario creates and deletes.
+type endpoints struct {
+	inTopic, outTopic     string // Kafka
+	inStream, outStream   string // NATS
+	inSubject, outSubject string
+	group                 string
+	httpURL               string
+}
+
+func (b *bench) runScenario(ctx context.Context, sc scenario) (res result) {
+	res = result{Transport: sc.Transport, Contender: sc.Contender, DupPct: sc.DupPct, Procs: sc.Procs, ScaleOut: sc.ScaleOut}
+	err := b.measure(ctx, sc, &res)
+	if err != nil {
+		res.Err = err.Error()
+	}
+	return res
+}
+
+func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err error) {
+	id := sc.id(b.run)
+	parts := b.o.partitions
+	if sc.Transport == "nats" {
+		parts = 1
+	}
+	plan := makePlan(b.o.msgs, sc.DupPct, parts, "k"+id)
+	var latPlan []input
+	if sc.Latency && b.o.latency > 0 {
+		latPlan = makePlan(max(1, int(b.o.rate*b.o.latency.Seconds())), 0, parts, "L"+id)
+		for i := range latPlan {
+			latPlan[i].Seq += latencySeqBase
+		}
+	}
+	res.Msgs, res.Distinct = len(plan), distinct(plan)
+
+	var m0 machineCPU
+	var m0err error
+	rec := newRecorder(func() { m0, m0err = readMachineCPU() })
+	ep := endpoints{group: id}
+	var cleanups []func() error
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			if cerr := cleanups[i](); cerr != nil {
+				log.Printf("%s: cleanup: %v", id, cerr)
+			}
+		}
+	}()
+
+	// The output side first, then the input, then the backlog.
+	if sc.Contender == "dedupworker-http" {
+		stop, url, err := serveHTTP(rec)
+		if err != nil {
+			return err
+		}
+		cleanups = append(cleanups, stop)
+		ep.httpURL = url
+	}
+	switch sc.Transport {
+	case "kafka":
+		ep.inTopic, ep.outTopic = id+"-in", id+"-out"
+		topics := []string{ep.inTopic}
+		if ep.httpURL == "" {
+			topics = append(topics, ep.outTopic)
+		}
+		if err := b.kafka.create(ctx, b.o.partitions, topics...); err != nil {
+			return err
+		}
+		cleanups = append(cleanups, func() error { return b.kafka.delete(topics...) })
+		if err := b.kafka.publishBacklog(ctx, ep.inTopic, plan); err != nil {
+			return err
+		}
+		if ep.httpURL == "" {
+			stop, err := readKafkaOutput(ctx, b.o.brokers, ep.outTopic, b.o.partitions, rec)
+			if err != nil {
+				return err
+			}
+			cleanups = append(cleanups, func() error { stop(); return nil })
+		}
+	case "nats":
+		name := strings.ToUpper(strings.ReplaceAll(id, "-", "_"))
+		ep.inStream, ep.outStream = name+"_IN", name+"_OUT"
+		ep.inSubject, ep.outSubject = strings.ReplaceAll(id, "-", ".")+".in", strings.ReplaceAll(id, "-", ".")+".out"
+		if err := b.nats.createStream(ctx, ep.inStream, ep.inSubject); err != nil {
+			return err
+		}
+		streams := []string{ep.inStream}
+		cleanups = append(cleanups, func() error { return b.nats.deleteStreams(streams...) })
+		if ep.httpURL == "" {
+			if err := b.nats.createStream(ctx, ep.outStream, ep.outSubject); err != nil {
+				return err
+			}
+			streams = append(streams, ep.outStream)
+		}
+		if err := b.nats.publishBacklog(ctx, ep.inSubject, plan); err != nil {
+			return err
+		}
+		if ep.httpURL == "" {
+			stop, err := b.nats.readNATSOutput(ctx, ep.outStream, rec)
+			if err != nil {
+				return err
+			}
+			cleanups = append(cleanups, func() error { stop(); return nil })
+		}
+	default:
+		return fmt.Errorf("-transports: unknown %q (kafka, nats)", sc.Transport)
+	}
+	cleanups = append(cleanups, func() error { return b.dropRedisKeys(id) })
+
+	r0, err := readRedisStats(ctx, b.stats)
+	if err != nil {
+		return err
+	}
+	procs, err := b.startContender(sc, id, ep)
+	if err != nil {
+		return err
+	}
+	var peak int64
+	cleanups = append(cleanups, func() error {
+		if p, err := procs.peakRSS(); err == nil {
+			peak = p
+		}
+		res.PeakRSSMB = float64(peak) / (1 << 20)
+		return procs.stop(20 * time.Second)
+	})
+
+	// The backlog: done when every distinct key came out and, for a relay
+	// that forwards duplicates too, every message; or when nothing more
+	// came for a while after every distinct key did.
+	expect := res.Distinct
+	if sc.Contender == "raw" {
+		expect = res.Msgs
+	}
+	deadline := time.Now().Add(b.o.timeout)
+	var s snapshot
+	for {
+		s = rec.snapshot()
+		if s.Distinct >= res.Distinct && (s.Total >= expect || time.Since(s.LastAt) > b.o.quiet) {
+			break
+		}
+		if err := procs.exited(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %v: %d of %d distinct keys output (%d messages); raise -timeout if the relay is only slow", b.o.timeout, s.Distinct, res.Distinct, s.Total)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	cpu1, cerr := procs.cpu()
+	m1, merr := readMachineCPU()
+	r1, rerr := readRedisStats(ctx, b.stats)
+	if err := errors.Join(cerr, merr, m0err, rerr); err != nil {
+		return err
+	}
+	n := float64(res.Msgs)
+	res.Outputs, res.Repeats = s.Total, s.Total-s.Distinct
+	res.Seconds = s.LastAt.Sub(s.FirstAt).Seconds()
+	if res.Seconds > 0 {
+		res.MsgsPerSec = float64(s.Total) / res.Seconds
+	}
+	res.ProcCPUUs = float64(cpu1.Microseconds()) / n
+	res.RedisCPUUs = float64((r1.cpu - r0.cpu).Microseconds()) / n
+	res.RoundTrips = float64(r1.reads-r0.reads-1) / n // less the INFO that read r1
+	res.Commands = float64(r1.commands-r0.commands-1) / n
+	if d := m1.total - m0.total; d > 0 {
+		busy := m1.busy - m0.busy
+		res.MachineBusy = 100 * float64(busy) / float64(d)
+		res.MachineCPUUs = float64(time.Duration(busy)*clockTick/time.Microsecond) / n
+	}
+	b.logProgress("%-5s %-16s dup=%2d%% x%d backlog: %.0f msgs/s, redis %.1f µs/msg, relay %.1f µs/msg, machine %.1f µs/msg (%.0f%% busy), %.4f trips/msg",
+		sc.Transport, sc.Contender, sc.DupPct, sc.Procs, res.MsgsPerSec, res.RedisCPUUs, res.ProcCPUUs, res.MachineCPUUs, res.MachineBusy, res.RoundTrips)
+
+	if len(latPlan) > 0 {
+		rec.takeLatencies()
+		var rate float64
+		switch sc.Transport {
+		case "kafka":
+			rate, err = b.kafka.publishPaced(ctx, ep.inTopic, latPlan, b.o.rate)
+		case "nats":
+			rate, err = b.nats.publishPaced(ctx, ep.inSubject, latPlan, b.o.rate)
+		}
+		if err != nil {
+			return err
+		}
+		want := res.Distinct + len(latPlan)
+		deadline := time.Now().Add(30 * time.Second)
+		for rec.snapshot().Distinct < want && time.Now().Before(deadline) {
+			if err := procs.exited(); err != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+		lat := rec.takeLatencies()
+		res.LatencyRate, res.LatencyN = rate, len(lat)
+		res.P50Ms = float64(quantile(lat, 0.50).Microseconds()) / 1000
+		res.P99Ms = float64(quantile(lat, 0.99).Microseconds()) / 1000
+	}
+	s = rec.snapshot()
+	res.MissingKeys = rec.missing(plan) + rec.missing(latPlan)
+	res.OrderViolations, res.BadPayloads = s.Violations, s.Bad
+	return nil
+}
+
+// startContender starts sc.Procs processes of the contender.
+func (b *bench) startContender(sc scenario, id string, ep endpoints) (children, error) {
+	var procs children
+	for i := range sc.Procs {
+		name := fmt.Sprintf("%s#%d", sc.Contender, i)
+		var argv []string
+		switch sc.Contender {
+		case "raw", "naive":
+			argv = []string{b.self, "child", "-mode", sc.Contender, "-transport", sc.Transport,
+				"-brokers", strings.Join(b.o.brokers, ","), "-nats", b.o.natsURL, "-redis", b.o.redisURL,
+				"-ns", id, "-group", ep.group, "-concurrency", strconv.Itoa(b.o.concurrency), "-lease", b.o.lease.String()}
+			if sc.Transport == "kafka" {
+				argv = append(argv, "-in", ep.inTopic, "-out", ep.outTopic)
+			} else {
+				argv = append(argv, "-in", ep.inStream, "-out", ep.outSubject)
+			}
+		case "watermill":
+			argv = []string{b.wmBin, "-transport", sc.Transport, "-brokers", strings.Join(b.o.brokers, ","),
+				"-nats", b.o.natsURL, "-group", ep.group}
+			if sc.Transport == "kafka" {
+				argv = append(argv, "-in", ep.inTopic, "-out", ep.outTopic)
+			} else {
+				argv = append(argv, "-in", ep.inSubject, "-out", ep.outSubject)
+			}
+		case "dedupworker", "dedupworker-http":
+			// One config for all the processes, written before the first
+			// starts: a file rewritten while another process reads it
+			// would be read empty.
+			if i == 0 {
+				if err := b.writeWorkerConfig(sc, id, ep); err != nil {
+					return nil, err
+				}
+			}
+			path := filepath.Join(b.tmp, id+".yaml")
+			argv = []string{b.workerBin, "run", "-c", path}
+		default:
+			return nil, fmt.Errorf("-contenders: unknown %q (raw, naive, watermill, dedupworker, dedupworker-http)", sc.Contender)
+		}
+		c, err := startChild(name, argv, nil)
+		if err != nil {
+			_ = procs.stop(time.Second)
+			return nil, err
+		}
+		procs = append(procs, c)
+	}
+	return procs, nil
+}
+
+// writeWorkerConfig writes the dedupworker config of scenario id to
+// <tmp>/<id>.yaml.
+func (b *bench) writeWorkerConfig(sc scenario, id string, ep endpoints) error {
+	spec := workerSpec{
+		RedisURL: b.o.redisURL, Namespace: id, Concurrency: b.o.concurrency, Lease: b.o.lease,
+		HTTPURL: ep.httpURL,
+	}
+	if sc.Transport == "kafka" {
+		spec.Brokers, spec.InTopic, spec.Group = b.o.brokers, ep.inTopic, ep.group
+		if ep.httpURL == "" {
+			spec.OutTopic = ep.outTopic
+		}
+	} else {
+		spec.NATSURL, spec.InStream, spec.Consumer = b.o.natsURL, ep.inStream, ep.group
+		if ep.httpURL == "" {
+			spec.OutSubject = ep.outSubject
+		}
+	}
+	y, err := workerYAML(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(b.tmp, id+".yaml"), []byte(y), 0o600)
+}
+
+// serveHTTP runs the http action's target: every request body is an
+// output. It returns a function that stops the server and its URL.
+func serveHTTP(rec *recorder) (func() error, string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	srv := &http.Server{
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			rec.add(0, body, r.Header.Get(tsHeader), time.Now())
+			w.WriteHeader(http.StatusOK)
+		}),
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	stop := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := srv.Shutdown(ctx)
+		if serr := <-done; !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
+		}
+		return err
+	}
+	return stop, "http://" + ln.Addr().String() + "/", nil
+}
+
+// dropRedisKeys deletes the keys of a scenario's namespace (SCAN + UNLINK).
+func (b *bench) dropRedisKeys(id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	it := b.stats.Scan(ctx, 0, "*"+id+"*", 1000).Iterator()
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := b.stats.Unlink(ctx, batch...).Err()
+		batch = batch[:0]
+		return err
+	}
+	for it.Next(ctx) {
+		batch = append(batch, it.Val())
+		if len(batch) == 1000 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return errors.Join(it.Err(), flush())
+}

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/internal/testenv"
+)
+
+// TestMain lets the test binary be the hand-written relays' child process,
+// as the benchmark binary is (os.Executable is the test binary here).
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "child" {
+		if err := childMain(os.Args[2:]); err != nil {
+			os.Stderr.WriteString(err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestRelaySmoke runs a short benchmark against the real services: the
+// raw, naive and dedupworker relays at 30 % duplicates on Kafka and NATS,
+// the http action on Kafka, and two dedupworker processes on one group.
+func TestRelaySmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds dedupworker and runs it against the services")
+	}
+	redisURL := testenv.Redis(t)
+	natsURL := testenv.NATS(t)
+	brokers := testenv.RealKafka(t)
+	args := []string{
+		"-msgs", "2000", "-dups", "30", "-latency", "500ms", "-scale", "2", "-src", "../../..",
+		"-contenders", "raw,naive,dedupworker,dedupworker-http", "-timeout", "2m",
+		"-redis", redisURL, "-nats", natsURL, "-kafka", strings.Join(brokers, ","),
+	}
+	// A private Redis counts only this test's round trips; the shared one
+	// also counts other clients'.
+	private := false
+	if bin, err := exec.LookPath("redis-server"); err == nil {
+		args, private = append(args, "-redis-server", bin), true
+	}
+	o, err := parseOptions(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := run(ctx, o, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out.String())
+	if len(rep.Results) != 2*4+2 {
+		t.Fatalf("%d results, want %d", len(rep.Results), 2*4+2)
+	}
+	for _, r := range rep.Results {
+		name := r.Transport + "/" + r.Contender
+		if r.Err != "" {
+			t.Errorf("%s x%d: %s", name, r.Procs, r.Err)
+			continue
+		}
+		if r.MissingKeys != 0 || r.BadPayloads != 0 {
+			t.Errorf("%s x%d: %d keys missing, %d unreadable outputs", name, r.Procs, r.MissingKeys, r.BadPayloads)
+		}
+		if r.MsgsPerSec <= 0 || r.ProcCPUUs <= 0 || r.PeakRSSMB <= 0 {
+			t.Errorf("%s x%d: %.0f msgs/s, %.1f µs CPU/msg, %.0f MB: a measurement is missing", name, r.Procs, r.MsgsPerSec, r.ProcCPUUs, r.PeakRSSMB)
+		}
+		if r.Transport == "kafka" && (r.Contender == "raw" || r.Contender == "dedupworker") && r.OrderViolations != 0 {
+			t.Errorf("%s x%d: %d per-partition order violations", name, r.Procs, r.OrderViolations)
+		}
+		switch r.Contender {
+		case "raw":
+			// No deduplication: every duplicate comes out again.
+			if r.Repeats != r.Msgs-r.Distinct || (private && r.RoundTrips > 0.05) {
+				t.Errorf("%s: %d repeats (want %d), %.3f Redis round trips/msg", name, r.Repeats, r.Msgs-r.Distinct, r.RoundTrips)
+			}
+		case "naive":
+			// Two calls per distinct message, one per duplicate.
+			if r.RoundTrips < 1 {
+				t.Errorf("%s: %.3f Redis round trips/msg, want at least 1", name, r.RoundTrips)
+			}
+		}
+		if !r.ScaleOut && r.LatencyN == 0 {
+			t.Errorf("%s: no latency samples", name)
+		}
+	}
+	for _, want := range []string{"msgs/s (30 % duplicates)", "Redis CPU, µs per message", "Scale-out", "| Kafka → Kafka |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+}
