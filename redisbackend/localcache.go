@@ -295,7 +295,8 @@ type invalidator struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	mu     sync.Mutex
-	ps     *redis.PubSub
+	ps     *redis.PubSub // the subscription being read, for close to end the read
+	closed bool
 }
 
 func startInvalidator(client redis.UniversalClient, channel string, cache *localCache, log *slog.Logger) *invalidator {
@@ -309,6 +310,7 @@ func startInvalidator(client redis.UniversalClient, channel string, cache *local
 func (v *invalidator) close() {
 	v.cancel()
 	v.mu.Lock()
+	v.closed = true // a subscription made after this is closed by run
 	ps := v.ps
 	v.mu.Unlock()
 	if ps != nil {
@@ -325,6 +327,11 @@ func (v *invalidator) run() {
 	for {
 		ps := v.client.Subscribe(v.ctx, v.channel)
 		v.mu.Lock()
+		if v.closed {
+			v.mu.Unlock()
+			_ = ps.Close()
+			return
+		}
 		v.ps = ps
 		v.mu.Unlock()
 		subscribed, err := v.receive(ps)
