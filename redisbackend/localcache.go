@@ -18,7 +18,8 @@ import (
 // duplicate of a key this Store completed is answered from it without a
 // Redis call. The zero value turns it off.
 //
-// Only completions this Store made, and Redis confirmed, enter it; an entry
+// Only completions this Store made, and Redis confirmed, of claims without
+// steps (SaveStep) enter it, so a cached record is the stored one; an entry
 // answers only a claim with the same fingerprint and fingerprint version
 // (any other goes to Redis, so a mismatch is still reported). An entry lives
 // at most TTL, and never longer than the record's own retention. Forget
