@@ -8,10 +8,11 @@
 -- COMPLETED by this same token (a retry whose first reply was lost: nothing
 -- changes); 0 not owned (gone, completed by another token, released, another
 -- token) and nothing changed. One more integer follows: the completed_at_ms
--- of the keys this call completed (0 when it completed none). The keys completed are published on the
--- channel in one message for the whole call: "\n" key "\n" key ... "\n".
--- Waiters are rare (only for keys in flight), so one PUBLISH a call rather
--- than one a key.
+-- of the keys this call completed (0 when it completed none). The keys
+-- completed are published on the channel in one message for the whole call:
+-- the key alone when there is one (as SPEC §4.5 says), else "\n" key "\n"
+-- key ... "\n". Waiters are rare (only for keys in flight), so one PUBLISH a
+-- call rather than one a key.
 
 local channel = ARGV[1]
 local now, now_s = nil, nil
@@ -77,7 +78,9 @@ for i, key in ipairs(KEYS) do
     end
   end
 end
-if #published > 0 then
+if #published == 1 then
+  redis.call('PUBLISH', channel, published[1])
+elseif #published > 1 then
   redis.call('PUBLISH', channel, '\n' .. table.concat(published, '\n') .. '\n')
 end
 out[#KEYS + 1] = now or tonumber(now_s) or 0

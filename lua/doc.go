@@ -44,7 +44,8 @@
 //     an array of 1 (completed), 2 (already completed under this token: a
 //     retry) or 0 (not owned), then the completed_at_ms of the keys it
 //     completed (0 for none). The keys completed are published on channel
-//     in one message, "\n" key "\n" key … "\n". TTL: retention.
+//     in one message: the key alone when there is one, else "\n" key "\n"
+//     key … "\n". TTL: retention.
 //   - Renew: KEYS[1]; ARGV token, lease_ms, grace_ms. Reply: the new
 //     lease_until_ms, or 0 when not owned. TTL: the new lease plus what
 //     the key had left beyond the old lease's end (PTTL), at least lease +

@@ -167,12 +167,17 @@ end
 -- without sign, fraction, exponent or leading zero. What they match is a
 -- valid record (valid() would say so) that cjson would decode to the same
 -- values; anything else goes through decode and valid.
-local NAME, INT = '"([%w%-%.:_]*)"', '([1-9]%d*)'
-local TAIL = ',"fpv":' .. INT .. ',"token":' .. NAME .. ',"fence":' .. INT
-  .. ',"claimed_at_ms":' .. INT .. ',"lease_until_ms":' .. INT .. ',"attempts":' .. INT
-local CLAIMED_PAT = '^{"v":1,"state":"CLAIMED","fp":' .. NAME .. TAIL .. '}$'
-local DONE_PAT = '^{"v":1,"state":"COMPLETED","fp":' .. NAME .. TAIL
-  .. ',"completed_at_ms":' .. INT .. ',"outcome":' .. NAME .. ',"result":"([%w+/]*=?=?)"}$'
+-- NAME is '"([%w%-%.:_]*)"' and INT '([1-9]%d*)': CLAIMED_PAT is
+-- '^{"v":1,"state":"CLAIMED","fp":' NAME ',"fpv":' INT ',"token":' NAME
+-- ',"fence":' INT ',"claimed_at_ms":' INT ',"lease_until_ms":' INT
+-- ',"attempts":' INT '}$', and DONE_PAT the same with state COMPLETED and,
+-- before '}$', ',"completed_at_ms":' INT ',"outcome":' NAME
+-- ',"result":"([%w+/]*=?=?)"'. They are written out whole, not concatenated:
+-- this file runs at every call of every script, where building them is a
+-- fixed cost of each call (docs/PERFORMANCE.md); lua_test.go checks them
+-- against the composition.
+local CLAIMED_PAT = '^{"v":1,"state":"CLAIMED","fp":"([%w%-%.:_]*)","fpv":([1-9]%d*),"token":"([%w%-%.:_]*)","fence":([1-9]%d*),"claimed_at_ms":([1-9]%d*),"lease_until_ms":([1-9]%d*),"attempts":([1-9]%d*)}$'
+local DONE_PAT = '^{"v":1,"state":"COMPLETED","fp":"([%w%-%.:_]*)","fpv":([1-9]%d*),"token":"([%w%-%.:_]*)","fence":([1-9]%d*),"claimed_at_ms":([1-9]%d*),"lease_until_ms":([1-9]%d*),"attempts":([1-9]%d*),"completed_at_ms":([1-9]%d*),"outcome":"([%w%-%.:_]*)","result":"([%w+/]*=?=?)"}$'
 
 -- plain reports whether s may stand in a template string without escaping.
 local function plain(s)

@@ -34,3 +34,26 @@ func TestScriptsLoad(t *testing.T) {
 		}
 	}
 }
+
+// The patterns of lib.lua, written out whole, are the composition their
+// comment describes.
+func TestPatternsAreTheirComposition(t *testing.T) {
+	client := testenv.RedisClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	const composed = `
+local NAME, INT = '"([%w%-%.:_]*)"', '([1-9]%d*)'
+local TAIL = ',"fpv":' .. INT .. ',"token":' .. NAME .. ',"fence":' .. INT
+  .. ',"claimed_at_ms":' .. INT .. ',"lease_until_ms":' .. INT .. ',"attempts":' .. INT
+local claimed = '^{"v":1,"state":"CLAIMED","fp":' .. NAME .. TAIL .. '}$'
+local done = '^{"v":1,"state":"COMPLETED","fp":' .. NAME .. TAIL
+  .. ',"completed_at_ms":' .. INT .. ',"outcome":' .. NAME .. ',"result":"([%w+/]*=?=?)"}$'
+return { tostring(claimed == CLAIMED_PAT), tostring(done == DONE_PAT) }`
+	got, err := client.Eval(ctx, lua.Claim[:strings.Index(lua.Claim, "-- claim: claims")]+composed, nil).StringSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != "true" || got[1] != "true" {
+		t.Fatalf("CLAIMED_PAT, DONE_PAT equal their composition: %v", got)
+	}
+}

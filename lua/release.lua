@@ -17,5 +17,5 @@ if ARGV[4] == '1' and num(rec.attempts) and rec.attempts >= 1 then
   rec.attempts = rec.attempts - 1
 end
 redis.call('SET', KEYS[1], encode(rec), 'PX', tonumber(ARGV[2]))
-redis.call('PUBLISH', ARGV[3], '\n' .. KEYS[1] .. '\n') -- as complete.lua publishes
+redis.call('PUBLISH', ARGV[3], KEYS[1])
 return 1

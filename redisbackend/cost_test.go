@@ -21,7 +21,7 @@ import (
 // message: the INFO used_cpu_user + used_cpu_sys delta over the loop,
 // divided by the messages (redis-us/msg). Each iteration is one batch of
 // messages: claimed in one call, and (but for claim-only) the NEW ones
-// completed in one call. dup=30% re-sends, in every batch, 30% keys that
+// completed in one call. dup=30% makes 30 of every 100 messages a key that
 // this store completed before (the duplicates of a broker's redelivery to
 // the process that completed them); local-cache runs with
 // Options.LocalCache on.
@@ -73,16 +73,16 @@ func BenchmarkRedisCPU(b *testing.B) {
 			if v.cache {
 				awaitCacheReady(b, s)
 			}
-			dups := v.size * v.dupPct / 100
 			var done []string // keys completed, re-sent as duplicates
-			seq := 0
+			seq, msg := 0, 0
 			reqs := make([]idempotency.ClaimRequest, v.size)
 			cs := make([]idempotency.Completion, 0, v.size)
 			batch := func() int {
 				for i := range reqs {
 					var key string
-					if i < dups && len(done) >= dups {
-						key = done[(seq*7+i*13)%len(done)]
+					msg++
+					if (msg*37)%100 < v.dupPct && len(done) > 0 { // spread: 30 of every 100, not in runs
+						key = done[(msg*7919)%len(done)]
 					} else {
 						seq++
 						key = "cost:" + strconv.Itoa(seq)

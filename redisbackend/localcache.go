@@ -18,7 +18,8 @@ import (
 // duplicate of a key this Store completed is answered from it without a
 // Redis call. The zero value turns it off.
 //
-// Only completions this Store made, and Redis confirmed, enter it; an entry
+// Only completions this Store made, and Redis confirmed, of claims without
+// steps (SaveStep) enter it, so a cached record is the stored one; an entry
 // answers only a claim with the same fingerprint and fingerprint version
 // (any other goes to Redis, so a mismatch is still reported). An entry lives
 // at most TTL, and never longer than the record's own retention. Forget
@@ -295,7 +296,8 @@ type invalidator struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	mu     sync.Mutex
-	ps     *redis.PubSub
+	ps     *redis.PubSub // the subscription being read, for close to end the read
+	closed bool
 }
 
 func startInvalidator(client redis.UniversalClient, channel string, cache *localCache, log *slog.Logger) *invalidator {
@@ -309,6 +311,7 @@ func startInvalidator(client redis.UniversalClient, channel string, cache *local
 func (v *invalidator) close() {
 	v.cancel()
 	v.mu.Lock()
+	v.closed = true // a subscription made after this is closed by run
 	ps := v.ps
 	v.mu.Unlock()
 	if ps != nil {
@@ -325,6 +328,11 @@ func (v *invalidator) run() {
 	for {
 		ps := v.client.Subscribe(v.ctx, v.channel)
 		v.mu.Lock()
+		if v.closed {
+			v.mu.Unlock()
+			_ = ps.Close()
+			return
+		}
 		v.ps = ps
 		v.mu.Unlock()
 		subscribed, err := v.receive(ps)

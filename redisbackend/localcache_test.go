@@ -356,3 +356,29 @@ func TestLocalCacheOptions(t *testing.T) {
 		}
 	}
 }
+
+// A key whose run saved a step is not cached: its record holds the steps,
+// which an OnDuplicate hook may read, so its duplicate goes to Redis.
+func TestLocalCacheSkipsRecordsWithSteps(t *testing.T) {
+	client, ctx := cacheFixture(t)
+	s := cachedStore(t, client, "lc", time.Minute)
+	res, err := s.Claim(ctx, req1("o:1", "1:a"))
+	if err != nil || res[0].Claim == nil {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	tok := res[0].Claim.Token
+	if ok, err := s.SaveStep(ctx, "o:1", tok, "charge", []byte("ch_1")); err != nil || !ok {
+		t.Fatalf("SaveStep: %v %v", ok, err)
+	}
+	if ok, err := s.Complete(ctx, []idempotency.Completion{{Key: "o:1", Token: tok, Outcome: idempotency.RecordOutcomeOK, Retention: time.Hour}}); err != nil || !ok[0] {
+		t.Fatalf("complete: %v %v", ok, err)
+	}
+	before := evalshaCalls(t, ctx, client)
+	got := claimOutcome(t, ctx, s, "o:1", "1:a")
+	if got.Outcome != idempotency.ClaimDuplicate || string(got.Record.Steps["charge"]) != "ch_1" {
+		t.Fatalf("duplicate of a record with steps: %+v", got)
+	}
+	if evalshaCalls(t, ctx, client) == before {
+		t.Fatal("a record with steps was answered from the cache")
+	}
+}

@@ -279,7 +279,9 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 				return nil, storeErr(op, err)
 			}
 			results[i] = res
-			if s.cache != nil && res.Claim != nil {
+			// A claim with steps completes into a record with steps, which
+			// the cache does not copy: such a key is answered by Redis.
+			if s.cache != nil && res.Claim != nil && len(res.Claim.Steps) == 0 {
 				r := &reqs[i]
 				pending = append(pending, pendingClaim{
 					rkey: s.prefix + r.Key, fp: r.Fingerprint, fpv: r.FingerprintVersion,
@@ -497,6 +499,9 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 	}
 	if key == "" || step == "" {
 		return false, invalid(op, "empty key or step name (key hash %s, step %q)", keyHash(key), step)
+	}
+	if s.cache != nil {
+		s.cache.dropPending(token) // its record will have steps: not cached
 	}
 	c := &call{script: s.step, keys: []string{s.prefix + key}, args: []any{token, step, base64.StdEncoding.EncodeToString(result)}}
 	if err := s.write(ctx, op, []*call{c}); err != nil {

@@ -193,13 +193,13 @@ func (n *notifier) unwatch(rkey string, wake chan struct{}) {
 // dispatch wakes the waiters of the keys in payload; it reports whether the
 // run should stop for want of waiters (see idleStopLocked).
 //
-// The scripts publish "\n" key "\n" key ... "\n", one message per call
-// (lua/complete.lua, release.lua). A key may itself hold a newline, so the
-// payload is not split: each waited key is looked for, delimited, in it,
-// which finds every key published and, at worst, wakes a waiter whose key
-// was not (it re-reads and waits again). Waiters are few, so this is a
-// handful of searches per message. A payload without the leading newline is
-// one bare key.
+// A payload is one key (release.lua, a completion of one key, SPEC §4.5),
+// or the keys of one completion call, "\n" key "\n" key ... "\n"
+// (lua/complete.lua). A key may itself hold a newline, so a batch payload is
+// not split: each waited key is looked for, delimited, in it, which finds
+// every key published and, at worst, wakes a waiter whose key was not (it
+// re-reads and waits again). Waiters are few, so this is a handful of
+// searches per message.
 func (n *notifier) dispatch(payload string) (stop bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -34,7 +34,8 @@ import (
 // kind of deployment it found (standalone, cluster or sentinel). The store
 // waits for rc.Durability's replicas after every write (SPEC §11.1) and
 // reports its own measurements (the WAITs' time, durability shortfalls) to
-// hooks: run passes the hooks that feed /metrics. close closes the store,
+// hooks: run passes the hooks that feed /metrics. It keeps
+// redis.local_cache (on by default) of the records it completes. close closes the store,
 // then the client: after the store, so a last completion still reaches
 // Redis.
 func OpenStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks ...consumer.Hook) (_ *redisbackend.Store, close func() error, _ error) {
@@ -79,7 +80,7 @@ func localCache(lc config.LocalCache) redisbackend.LocalCache {
 	if lc.Size() <= 0 {
 		return redisbackend.LocalCache{}
 	}
-	return redisbackend.LocalCache{Entries: lc.Size(), TTL: lc.TTL.D()}
+	return redisbackend.LocalCache{Entries: lc.Size(), TTL: lc.TTLOrDefault()}
 }
 
 // readTimeout is the client's read timeout: the longest a pipeline may

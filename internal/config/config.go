@@ -90,6 +90,15 @@ func (l LocalCache) Size() int {
 	return *l.Entries
 }
 
+// TTLOrDefault is TTL with its default, for a Redis built without Parse
+// (inspect's and forget's flags).
+func (l LocalCache) TTLOrDefault() time.Duration {
+	if l.TTL == 0 {
+		return DefaultLocalCacheTTL
+	}
+	return l.TTL.D()
+}
+
 // Durability is redis.durability: WAIT Replicas Timeout after every claim,
 // completion, release and step; a write fewer replicas acknowledged in time
 // fails closed (SPEC §7.3, §11.1).
