@@ -40,7 +40,9 @@
 //     stored value for the others. TTL of a claim: lease + max(grace,
 //     retention) (see Attempts).
 //   - Complete: KEYS the batch; ARGV channel, then per key token, outcome,
-//     result (base64 or ""), meta (JSON object or ""), retention_ms. Reply:
+//     result (base64 or ""), meta (JSON object or ""), retention_ms; or,
+//     when all keys share outcome and retention and none has meta, channel,
+//     '=', outcome, retention_ms, then per key token, result. Reply:
 //     an array of 1 (completed), 2 (already completed under this token: a
 //     retry) or 0 (not owned), then the completed_at_ms of the keys it
 //     completed (0 for none). The keys completed are published on channel

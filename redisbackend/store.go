@@ -384,6 +384,17 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	groups := s.groups(len(cs), func(i int) string { return cs[i].Key })
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {
+		if uniformCompletions(cs, g.idx) {
+			// The short form of complete.lua: outcome and retention once.
+			c0 := &cs[g.idx[0]]
+			args := make([]any, 0, 4+2*len(g.idx))
+			args = append(args, s.channel, "=", &c0.Outcome, durMs(c0.Retention))
+			for _, i := range g.idx {
+				args = append(args, &cs[i].Token, base64.StdEncoding.EncodeToString(cs[i].Result))
+			}
+			calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
+			continue
+		}
 		args := make([]any, 0, 1+5*len(g.idx))
 		args = append(args, s.channel)
 		var retention msBox
@@ -430,6 +441,20 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		s.cache.completed(epoch, start, cs, written, completedAt)
 	}
 	return ok, nil
+}
+
+// uniformCompletions reports whether the completions idx of cs share outcome
+// and retention and have no meta, so that complete.lua takes them in its
+// short form.
+func uniformCompletions(cs []idempotency.Completion, idx []int) bool {
+	c0 := &cs[idx[0]]
+	for _, i := range idx {
+		c := &cs[i]
+		if len(c.Meta) > 0 || c.Outcome != c0.Outcome || c.Retention != c0.Retention {
+			return false
+		}
+	}
+	return true
 }
 
 // Renew extends an owned claim's lease to lease from now on the server's
