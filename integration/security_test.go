@@ -45,7 +45,7 @@ import (
 // which read INFO where CONFIG GET is refused; +scan and +pttl are for
 // dedupworker records and forget --state, +memory|usage for stats (SPEC
 // §11.6; records_security_test.go runs them as this user).
-const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done -@all " +
+const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done &%s:dedup:forget -@all " +
 	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe +info +scan +pttl +memory|usage"
 
 func secFreePort(t testing.TB) int {
@@ -92,7 +92,7 @@ func secTLSRedis(t *testing.T, ca *testenv.TestCA) (string, *redis.Client) {
 func secACLUser(t *testing.T, admin *redis.Client, user, pw, ns string, extra ...string) {
 	t.Helper()
 	args := []any{"ACL", "SETUSER", user}
-	for _, f := range strings.Fields(fmt.Sprintf(secACL, pw, ns, ns)) {
+	for _, f := range strings.Fields(fmt.Sprintf(secACL, pw, ns, ns, ns)) {
 		args = append(args, f)
 	}
 	for _, e := range extra {
@@ -146,6 +146,27 @@ func TestSecurityRedisTLSLeastPrivilege(t *testing.T) {
 				FlushScripts: func(t *testing.T) { admin.ScriptFlush(context.Background()) },
 			}
 		})
+	})
+
+	// The local cache answers only while its forget subscription stands:
+	// the ACL's second channel is what lets it subscribe.
+	t.Run("local cache subscribes", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := redisbackend.NewFromURL(ctx, url, redisbackend.Options{Namespace: ns, Grace: 2 * time.Second,
+			LocalCache: redisbackend.LocalCache{Entries: 10, TTL: time.Second}}, withCA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		deadline := time.Now().Add(10 * time.Second)
+		for !s.LocalCacheStats().Subscribed {
+			if time.Now().After(deadline) {
+				t.Fatal("the local cache's forget subscription never stood as the ACL user")
+			}
+			poll := time.NewTimer(20 * time.Millisecond) // the subscriber reports nothing to wait on
+			<-poll.C
+		}
 	})
 
 	t.Run("outside the ACL", func(t *testing.T) {

@@ -177,6 +177,28 @@ func scrape(t *testing.T, addr, handler string) map[string]float64 {
 	return out
 }
 
+// metricValue returns the value of the unlabelled metric name, or -1 when
+// /metrics does not have it.
+func metricValue(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
 func status(addr, path string) int {
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get("http://" + addr + path)
@@ -225,6 +247,17 @@ handlers:
 		if !strings.Contains(string(body), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}
+	}
+	// A redelivery of a key this worker just completed is answered by its
+	// local cache, which is subscribed to forgets.
+	if v := metricValue(t, addr, "dedup_local_cache_subscribed"); v != 1 {
+		t.Fatalf("dedup_local_cache_subscribed = %v, want 1", v)
+	}
+	hits := metricValue(t, addr, "dedup_local_cache_hits_total")
+	publishNATS(t, js, "min."+id, []string{"k-0"})
+	eventually(t, 20*time.Second, "the redelivery of k-0 acked as a duplicate", func() bool { return scrape(t, addr, "m")["duplicate"] == 16 })
+	if v := metricValue(t, addr, "dedup_local_cache_hits_total"); v != hits+1 {
+		t.Fatalf("dedup_local_cache_hits_total %v after a redelivery of a key completed seconds before, want %v", v, hits+1)
 	}
 	if s := status(addr, "/healthz"); s != 200 {
 		t.Fatalf("/healthz = %d", s)

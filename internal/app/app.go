@@ -95,6 +95,9 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		return nil, err
 	}
 	a.checks = append(a.checks, metrics.Check{Name: "redis", Fn: a.store.Ping})
+	if err := registerLocalCache(a.reg, a.store); err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	engine, err := idempotency.New(a.store, idempotency.Config{Logger: log, Hooks: hooks})
 	if err != nil {
 		return nil, err
@@ -433,4 +436,34 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 	}
 	c.conns[id] = js
 	return js, nil
+}
+
+// registerLocalCache exports the store's local cache (redis.local_cache):
+// its hits, the records it holds, and whether its forget subscription
+// stands (while it does not, the cache answers nothing).
+func registerLocalCache(reg prometheus.Registerer, s *redisbackend.Store) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "dedup_local_cache_hits_total",
+			Help: "Duplicates answered from the worker's local cache of the records it completed, without Redis.",
+		}, func() float64 { return float64(s.LocalCacheStats().Hits) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "dedup_local_cache_entries",
+			Help: "Records held in the worker's local cache.",
+		}, func() float64 { return float64(s.LocalCacheStats().Entries) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "dedup_local_cache_subscribed",
+			Help: "1 while the local cache's forget subscription stands and the cache may answer; 0 while it is down (the cache is empty).",
+		}, func() float64 {
+			if s.LocalCacheStats().Subscribed {
+				return 1
+			}
+			return 0
+		}),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -165,7 +165,7 @@ func TestStoreHealthLeastPrivilege(t *testing.T) {
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
 	configSet(t, admin, "maxmemory-policy", "allkeys-lru")
-	const base = "reset on >pw ~ns:* resetchannels &ns:dedup:done -@all +evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe"
+	const base = "reset on >pw ~ns:* resetchannels &ns:dedup:done &ns:dedup:forget -@all +evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe"
 	acl := func(user, extra string) {
 		args := []any{"ACL", "SETUSER", user}
 		for _, f := range strings.Fields(base + " " + extra) {
