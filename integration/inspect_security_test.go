@@ -2,7 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,11 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	"github.com/idemkit/dedupworker/redisbackend"
 )
 
 // inspect and forget -c FILE connect as run does: to Redis over TLS with
@@ -31,14 +27,7 @@ func TestSecurityInspectForgetTLSAndACL(t *testing.T) {
 	const ns, pw = "secinsp", "inspect-Valid-1618"
 	secACLUser(t, admin, "dedup", pw, ns)
 
-	user := redis.NewClient(&redis.Options{Addr: raddr, Username: "dedup", Password: pw,
-		TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"}, DialTimeout: time.Second})
-	defer user.Close()
-	s, err := redisbackend.New(user, redisbackend.Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := secUserStore(t, raddr, ca, ns, pw)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	key := idempotency.EffectiveKey("orders", "order-7")

@@ -2,7 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,11 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	"github.com/idemkit/dedupworker/redisbackend"
 )
 
 // records, forget --state and stats (SPEC §11.6) work over TLS as the
@@ -29,14 +25,7 @@ func TestSecurityRecordsForgetStatsAsTheACLUser(t *testing.T) {
 	raddr, admin := secTLSRedis(t, ca)
 	const ns, pw = "secrec", "records-Valid-2718"
 	secACLUser(t, admin, "dedup", pw, ns)
-	user := redis.NewClient(&redis.Options{Addr: raddr, Username: "dedup", Password: pw,
-		TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"}, DialTimeout: time.Second})
-	defer user.Close()
-	s, err := redisbackend.New(user, redisbackend.Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := secUserStore(t, raddr, ca, ns, pw)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	reqs := make([]idempotency.ClaimRequest, 6)

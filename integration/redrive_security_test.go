@@ -3,7 +3,6 @@ package integration_test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,12 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	"github.com/idemkit/dedupworker/redisbackend"
 )
 
 // redrive needs no Redis command beyond the README's least-privilege ACL:
@@ -31,14 +28,7 @@ func TestSecurityRedriveAsTheACLUser(t *testing.T) {
 	raddr, admin := secTLSRedis(t, ca)
 	const ns, pw = "secrd", "redrive-Valid-3141"
 	secACLUser(t, admin, "dedup", pw, ns)
-	user := redis.NewClient(&redis.Options{Addr: raddr, Username: "dedup", Password: pw,
-		TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"}, DialTimeout: time.Second})
-	defer user.Close()
-	s, err := redisbackend.New(user, redisbackend.Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := secUserStore(t, raddr, ca, ns, pw)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ekey := idempotency.EffectiveKey("rd", "k1")

@@ -48,6 +48,21 @@ import (
 const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done &%s:dedup:forget -@all " +
 	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe +info +scan +pttl +memory|usage"
 
+// secUserStore is a store on the TLS Redis at addr (its CA ca) as the ACL
+// user "dedup" of secACLUser, closed when the test ends.
+func secUserStore(t *testing.T, addr string, ca *testenv.TestCA, ns, pw string) *redisbackend.Store {
+	t.Helper()
+	user := redis.NewClient(&redis.Options{Addr: addr, Username: "dedup", Password: pw,
+		TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"}, DialTimeout: time.Second})
+	t.Cleanup(func() { user.Close() })
+	s, err := redisbackend.New(user, redisbackend.Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 func secFreePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
