@@ -32,6 +32,7 @@ func cmdRun(args []string, _, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(stderr, cfg.Log)
+	app.RedisLogs(log) // go-redis's own lines, in the worker's format
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tracer, stopTracing, err := tracing.FromEnv(ctx, versionString())
