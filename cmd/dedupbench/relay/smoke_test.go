@@ -29,9 +29,6 @@ func TestMain(m *testing.M) {
 // raw, naive and dedupworker relays at 30 % duplicates on Kafka and NATS,
 // the http action on Kafka, and two dedupworker processes on one group.
 func TestRelaySmoke(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds dedupworker and runs it against the services")
-	}
 	redisURL := testenv.Redis(t)
 	natsURL := testenv.NATS(t)
 	brokers := testenv.RealKafka(t)
