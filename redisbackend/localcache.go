@@ -18,8 +18,11 @@ import (
 // duplicate of a key this Store completed is answered from it without a
 // Redis call. The zero value turns it off.
 //
-// Only completions this Store made, and Redis confirmed, of claims without
-// steps (SaveStep) enter it, so a cached record is the stored one; an entry
+// Only successful completions (outcome ok) this Store made, and Redis
+// confirmed, of claims without steps (SaveStep) enter it, so a cached record
+// is the stored one; a dead-lettered key is left out because it is what a
+// redrive forgets and republishes at once, faster than an invalidation may
+// travel. An entry
 // answers only a claim with the same fingerprint and fingerprint version
 // (any other goes to Redis, so a mismatch is still reported). An entry lives
 // at most TTL, and never longer than the record's own retention. Forget
@@ -194,7 +197,10 @@ func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.C
 		cp := &cs[i]
 		p, had := c.pending[cp.Token]
 		delete(c.pending, cp.Token)
-		if !ok || !had || !written[i] {
+		// Only successful completions: a dead-lettered key is what an
+		// operator redrives (forget, then republish), and the republished
+		// message may reach this process before the forget's invalidation.
+		if !ok || !had || !written[i] || cp.Outcome != idempotency.RecordOutcomeOK {
 			continue
 		}
 		expires := now.Add(c.ttl)

@@ -382,3 +382,35 @@ func TestLocalCacheSkipsRecordsWithSteps(t *testing.T) {
 		t.Fatal("a record with steps was answered from the cache")
 	}
 }
+
+// A dead-lettered completion is not cached: a redrive forgets the record and
+// republishes the message at once, and the republished copy must reach
+// Redis (and find the key gone) even before the forget's invalidation
+// reaches this process.
+func TestLocalCacheSkipsDeadLettered(t *testing.T) {
+	client, ctx := cacheFixture(t)
+	s := cachedStore(t, client, "lc", time.Minute)
+	res, err := s.Claim(ctx, req1("o:1", "1:a"))
+	if err != nil || res[0].Claim == nil {
+		t.Fatalf("claim: %v %+v", err, res)
+	}
+	done := idempotency.Completion{Key: "o:1", Token: res[0].Claim.Token, Outcome: idempotency.RecordOutcomeDeadLettered, Retention: time.Hour}
+	if ok, err := s.Complete(ctx, []idempotency.Completion{done}); err != nil || !ok[0] {
+		t.Fatalf("complete: %v %v", ok, err)
+	}
+	before := evalshaCalls(t, ctx, client)
+	if got := claimOutcome(t, ctx, s, "o:1", "1:a"); got.Outcome != idempotency.ClaimDuplicate || got.Record.Outcome != idempotency.RecordOutcomeDeadLettered {
+		t.Fatalf("claim of a dead-lettered key: %+v", got)
+	}
+	if evalshaCalls(t, ctx, client) == before {
+		t.Fatal("a dead-lettered record was answered from the cache")
+	}
+	// Deleted behind the store's back (no invalidation): the next claim
+	// owns the key, as a redriven message must.
+	if err := client.Del(ctx, s.RedisKey("o:1")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimOutcome(t, ctx, s, "o:1", "1:a"); got.Outcome != idempotency.ClaimNew {
+		t.Fatalf("claim after the record was deleted: %s, want NEW", got.Outcome)
+	}
+}

@@ -32,7 +32,10 @@
 // loses the writes the replica had not received: the keys that ran again
 // because of either are counted as explained by a Redis fault, the
 // failover's in a column of their own. A lost claim is redelivered unless
-// the record shows a new owner, so no key is lost to either.
+// the record shows a new owner, so no key is lost to either. A completion
+// lost in a failover leaves the key's record CLAIMED; without
+// redis.durability such a record is allowed when a failover came after the
+// key's completed run began, and no other record may stay CLAIMED.
 package chaos_test
 
 import (
@@ -383,15 +386,21 @@ handlers:
 		"records at the end: %d COMPLETED, %d CLAIMED, %d absent (lost to Redis wipes or a failover)\n"+
 		"duration %s",
 		map[bool]string{true: "long", false: "short"}[os.Getenv("CHAOS_LONG") != ""], store, p.workers, p.faultEvery, p.lease,
-		an.table(keys), faults, ws.started, completed, claimed, missing, time.Since(start).Round(time.Second))
+		an.table(keys), faults, ws.started, completed, len(claimed), missing, time.Since(start).Round(time.Second))
 	if an.lost > 0 {
 		t.Errorf("%d keys lost: %v", an.lost, an.lostKeys)
 	}
 	if len(an.unexplained) > 0 {
 		t.Errorf("%d handler runs repeat a key with no crash or Redis fault inside its earlier run: %v", len(an.unexplained), an.unexplained[:min(10, len(an.unexplained))])
 	}
-	if claimed > 0 {
-		t.Errorf("%d records left CLAIMED after every key completed and the workers stopped", claimed)
+	var stuck []string
+	for _, hk := range claimed {
+		if os.Getenv("CHAOS_DURABILITY") != "" || !an.claimedByFailover(hk) {
+			stuck = append(stuck, hk)
+		}
+	}
+	if len(stuck) > 0 {
+		t.Errorf("%d records left CLAIMED after every key completed and the workers stopped, with no failover after their completion: %v", len(stuck), stuck[:min(10, len(stuck))])
 	}
 	if an.completed != len(keys.unique) {
 		t.Errorf("%d of %d keys completed", an.completed, len(keys.unique))
@@ -504,6 +513,7 @@ type analysis struct {
 	byRedis     map[string]int
 	byFailover  map[string]int // of byRedis, those with a failover in the window
 	unexplained []string
+	failovers   []int64 // when the primary was killed, ms
 }
 
 // analyse reads the ledger. A run of a key after its first is explained
@@ -604,7 +614,33 @@ func analyse(t *testing.T, path string, kp keyPlan, lease time.Duration) *analys
 		}
 	}
 	sort.Strings(an.lostKeys)
+	an.failovers = failovers
 	return an
+}
+
+// claimedByFailover reports whether a failover can explain the CLAIMED
+// record of hk, a key whose handler completed: one came after its last
+// completed run began, so the replica Sentinel promoted may have had the
+// claim and not the completion (asynchronous replication, SPEC §11.1). A
+// duplicate that claims the key again repairs such a record; one answered
+// by the local cache of the process that completed it (which is right: the
+// key was completed) leaves it.
+func (an *analysis) claimedByFailover(hk string) bool {
+	var last *run
+	for _, r := range an.runs[hk] {
+		if r.done {
+			last = r
+		}
+	}
+	if last == nil {
+		return false
+	}
+	for _, at := range an.failovers {
+		if at >= last.at-1000 {
+			return true
+		}
+	}
+	return false
 }
 
 func (an *analysis) table(kp keyPlan) string {
@@ -647,11 +683,12 @@ func (an *analysis) table(kp keyPlan) string {
 }
 
 // scanRecords counts the records of the keys by state.
-func scanRecords(t *testing.T, rc redis.UniversalClient, kp keyPlan) (claimed, completed, missing int) {
+func scanRecords(t *testing.T, rc redis.UniversalClient, kp keyPlan) (claimed []string, completed, missing int) {
 	ctx := context.Background()
 	for i := 0; i < len(kp.unique); i += 500 {
+		hks := kp.unique[i:min(i+500, len(kp.unique))]
 		var ks []string
-		for _, hk := range kp.unique[i:min(i+500, len(kp.unique))] {
+		for _, hk := range hks {
 			h, k, _ := strings.Cut(hk, "/")
 			ks = append(ks, "chaos:"+h+":"+k)
 		}
@@ -659,7 +696,7 @@ func scanRecords(t *testing.T, rc redis.UniversalClient, kp keyPlan) (claimed, c
 		if err != nil {
 			t.Fatalf("reading records: %v", err)
 		}
-		for _, v := range vals {
+		for j, v := range vals {
 			s, _ := v.(string)
 			var rec struct{ State string }
 			switch {
@@ -670,7 +707,7 @@ func scanRecords(t *testing.T, rc redis.UniversalClient, kp keyPlan) (claimed, c
 			case rec.State == "COMPLETED":
 				completed++
 			default:
-				claimed++
+				claimed = append(claimed, hks[j])
 			}
 		}
 	}
