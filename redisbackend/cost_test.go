@@ -21,7 +21,7 @@ import (
 // message: the INFO used_cpu_user + used_cpu_sys delta over the loop,
 // divided by the messages (redis-us/msg). Each iteration is one batch of
 // messages: claimed in one call, and (but for claim-only) the NEW ones
-// completed in one call. dup=30% makes 30 of every 100 messages a key that
+// completed in one call. The dup=30 runs make 30 of every 100 messages a key that
 // this store completed before (the duplicates of a broker's redelivery to
 // the process that completed them); local-cache runs with
 // Options.LocalCache on.

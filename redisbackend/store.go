@@ -596,7 +596,7 @@ func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
 	return reply[0] > 0, nil
 }
 
-// warnUnpublished logs a forget whose invalidation Redis refused to
+// warnUnpublished logs a forget whose invalidation Redis would not
 // publish: the record is gone, but other processes' local caches may answer
 // for it until their TTL.
 func (s *Store) warnUnpublished(op string) {

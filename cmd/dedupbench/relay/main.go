@@ -8,8 +8,8 @@
 //
 // Every contender is a child process fed the same input: a backlog of -msgs
 // messages on an 8-partition Kafka topic or a NATS stream, created fresh
-// for each measurement and deleted after it; at 30 % duplicates a message
-// repeats the key, payload and partition of one at least 1000 messages
+// for each measurement and deleted after it; with -dups N, N of every 100 messages
+// repeat the key, payload and partition of one at least 1000 messages
 // earlier. For each it reports msgs/s (outputs ÷ time from the first to the
 // last output), CPU per input message of Redis (INFO used_cpu_*), of the
 // relay process (/proc/<pid>/stat) and of the whole machine (/proc/stat),

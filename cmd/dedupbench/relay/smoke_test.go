@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 }
 
 // TestRelaySmoke runs a short benchmark against the real services: the
-// raw, naive and dedupworker relays at 30 % duplicates on Kafka and NATS,
+// raw, naive and dedupworker relays with -dups 30 on Kafka and NATS,
 // the http action on Kafka, and two dedupworker processes on one group.
 func TestRelaySmoke(t *testing.T) {
 	redisURL := testenv.Redis(t)
