@@ -52,12 +52,33 @@ func TestParseSpecExample(t *testing.T) {
 	}
 }
 
+// errCase is a config that Parse must refuse with an *Error at path and
+// line whose message contains msg.
+type errCase struct {
+	name, yaml, path string
+	line             int
+	msg              string
+}
+
+// wantErrors parses each case's YAML followed by tail and checks its error.
+func wantErrors(t *testing.T, tail string, cases []errCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse([]byte(c.yaml+tail), env(nil))
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v, want *config.Error", err)
+			}
+			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
+				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
+			}
+		})
+	}
+}
+
 func TestParseErrorsNameFieldAndLine(t *testing.T) {
-	cases := []struct {
-		name, yaml, path string
-		line             int
-		msg              string
-	}{
+	cases := []errCase{
 		{"unknown field", "handlers:\n  - name: a\n    leese: 3s\n", "handlers[0].leese", 3, "unknown field"},
 		{"bad duration", "handlers:\n  - name: a\n    lease: 30x\n", "handlers[0].lease", 3, "not a duration"},
 		{"wrong type", "handlers:\n  - name: a\n    max_attempts: many\n", "handlers[0].max_attempts", 3, "want an integer"},
@@ -79,18 +100,7 @@ func TestParseErrorsNameFieldAndLine(t *testing.T) {
 		{"dead-letter credentials (nats)", "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S, user: a, password: b}}\n    action: {exec: {command: [x]}}\n    dead_letter: {nats: {subject: d, user: c, password: d}}\n", "handlers[0].dead_letter.nats", 5, "source's credentials"},
 		{"loop", "handlers:\n  - name: a\n    source: {kafka: {brokers: [b:1], topic: t}}\n    action: {forward: {kafka: {topic: t}}}\n", "handlers[0].action.forward.kafka.topic", 4, "loop"},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			_, err := Parse([]byte(c.yaml), env(nil))
-			var ce *Error
-			if !errors.As(err, &ce) {
-				t.Fatalf("error %v, want *config.Error", err)
-			}
-			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
-				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
-			}
-		})
-	}
+	wantErrors(t, "", cases)
 }
 
 // A dead-letter destination that names the source's brokers or URL, or

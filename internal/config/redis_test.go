@@ -30,11 +30,7 @@ func TestMasterNameMovedToSentinel(t *testing.T) {
 }
 
 func TestRedisSentinelErrorsNameFieldAndLine(t *testing.T) {
-	cases := []struct {
-		name, redis, path string
-		line              int
-		msg               string
-	}{
+	cases := []errCase{
 		{"with url", "redis:\n  url: redis://h:1/0\n  sentinel: {master: m, addrs: [h:26379]}\n", "redis.sentinel", 3, "redis.url or redis.sentinel"},
 		{"with addrs", "redis:\n  addrs: [h:7000]\n  sentinel: {master: m, addrs: [h:26379]}\n", "redis.sentinel", 3, "Cluster seeds"},
 		{"no master", "redis:\n  sentinel: {addrs: [h:26379]}\n", "redis.sentinel.master", 2, "required"},
@@ -43,18 +39,7 @@ func TestRedisSentinelErrorsNameFieldAndLine(t *testing.T) {
 		{"two passwords", "redis:\n  sentinel:\n    master: m\n    addrs: [h:26379]\n    password: p\n    password_file: /f\n", "redis.sentinel.password_file", 6, "not both"},
 		{"unknown field", "redis:\n  sentinel: {master: m, addrs: [h:26379], tls: {}}\n", "redis.sentinel.tls", 2, "unknown field"},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			_, err := Parse([]byte(c.redis+redisTail), env(nil))
-			var ce *Error
-			if !errors.As(err, &ce) {
-				t.Fatalf("error %v, want *config.Error", err)
-			}
-			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
-				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
-			}
-		})
-	}
+	wantErrors(t, redisTail, cases)
 }
 
 // redis.sentinel is read whole, takes no default URL, and its password is
@@ -105,28 +90,13 @@ func TestRedisDurability(t *testing.T) {
 	if cfg, err := Parse([]byte(redisTail), env(nil)); err != nil || cfg.Redis.Durability != (Durability{}) {
 		t.Fatalf("default durability %+v, %v; want none", cfg.Redis.Durability, err)
 	}
-	cases := []struct {
-		name, redis, path string
-		line              int
-		msg               string
-	}{
+	cases := []errCase{
 		{"negative", "redis:\n  durability:\n    replicas: -1\n", "redis.durability.replicas", 3, "must not be negative"},
 		{"no timeout", "redis:\n  durability:\n    replicas: 2\n", "redis.durability.timeout", 2, "required when redis.durability.replicas is 2"},
 		{"under 1ms", "redis:\n  durability:\n    replicas: 1\n    timeout: 500us\n", "redis.durability.timeout", 4, "at least 1ms"},
 		{"unknown field", "redis:\n  durability: {replicas: 1, timeout: 1s, wait: 1}\n", "redis.durability.wait", 2, "unknown field"},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			_, err := Parse([]byte(c.redis+redisTail), env(nil))
-			var ce *Error
-			if !errors.As(err, &ce) {
-				t.Fatalf("error %v, want *config.Error", err)
-			}
-			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
-				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
-			}
-		})
-	}
+	wantErrors(t, redisTail, cases)
 }
 
 // redis.local_cache: on by default (10000 entries, 10s), off with
@@ -154,26 +124,11 @@ func TestRedisLocalCache(t *testing.T) {
 	if err != nil || cfg.Redis.LocalCache.Size() != 0 {
 		t.Fatalf("entries: 0 must turn the cache off: %+v, %v", cfg.Redis.LocalCache, err)
 	}
-	cases := []struct {
-		name, redis, path string
-		line              int
-		msg               string
-	}{
+	cases := []errCase{
 		{"negative entries", "redis:\n  local_cache:\n    entries: -1\n", "redis.local_cache.entries", 3, "0 turns the cache off"},
 		{"negative ttl", "redis:\n  local_cache:\n    ttl: -1s\n", "redis.local_cache.ttl", 3, "must not be negative"},
 		{"under 1ms", "redis:\n  local_cache:\n    entries: 10\n    ttl: 500us\n", "redis.local_cache.ttl", 4, "at least 1ms"},
 		{"unknown field", "redis:\n  local_cache: {entries: 1, size: 1}\n", "redis.local_cache.size", 2, "unknown field"},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			_, err := Parse([]byte(c.redis+redisTail), env(nil))
-			var ce *Error
-			if !errors.As(err, &ce) {
-				t.Fatalf("error %v, want *config.Error", err)
-			}
-			if ce.Path != c.path || ce.Line != c.line || !strings.Contains(ce.Msg, c.msg) {
-				t.Fatalf("got %q (path %q line %d), want path %q line %d containing %q", err, ce.Path, ce.Line, c.path, c.line, c.msg)
-			}
-		})
-	}
+	wantErrors(t, redisTail, cases)
 }
