@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/idempotency"
-	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
 // records, forget --state and stats (SPEC §11.6) work over TLS as the
@@ -21,11 +20,8 @@ import (
 // server's refusal.
 func TestSecurityRecordsForgetStatsAsTheACLUser(t *testing.T) {
 	t.Parallel()
-	ca := testenv.NewTestCA(t)
-	raddr, admin := secTLSRedis(t, ca)
 	const ns, pw = "secrec", "records-Valid-2718"
-	secACLUser(t, admin, "dedup", pw, ns)
-	s := secUserStore(t, raddr, ca, ns, pw)
+	ca, raddr, admin, s := secACLStore(t, ns, pw)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	reqs := make([]idempotency.ClaimRequest, 6)

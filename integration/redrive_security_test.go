@@ -24,11 +24,8 @@ import (
 // nowhere in its output.
 func TestSecurityRedriveAsTheACLUser(t *testing.T) {
 	t.Parallel()
-	ca := testenv.NewTestCA(t)
-	raddr, admin := secTLSRedis(t, ca)
 	const ns, pw = "secrd", "redrive-Valid-3141"
-	secACLUser(t, admin, "dedup", pw, ns)
-	s := secUserStore(t, raddr, ca, ns, pw)
+	ca, raddr, _, s := secACLStore(t, ns, pw)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ekey := idempotency.EffectiveKey("rd", "k1")

@@ -48,6 +48,17 @@ import (
 const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done &%s:dedup:forget -@all " +
 	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe +info +scan +pttl +memory|usage"
 
+// secACLStore starts a TLS Redis with its own CA, makes the ACL user
+// "dedup" of secACLUser for namespace ns, and returns the CA, the Redis's
+// address, an admin client and a store as that user.
+func secACLStore(t *testing.T, ns, pw string) (*testenv.TestCA, string, *redis.Client, *redisbackend.Store) {
+	t.Helper()
+	ca := testenv.NewTestCA(t)
+	addr, admin := secTLSRedis(t, ca)
+	secACLUser(t, admin, "dedup", pw, ns)
+	return ca, addr, admin, secUserStore(t, addr, ca, ns, pw)
+}
+
 // secUserStore is a store on the TLS Redis at addr (its CA ca) as the ACL
 // user "dedup" of secACLUser, closed when the test ends.
 func secUserStore(t *testing.T, addr string, ca *testenv.TestCA, ns, pw string) *redisbackend.Store {
