@@ -9,25 +9,8 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
-	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
-
-// newRealEnv is newEnv on the real Kafka broker.
-func newRealEnv(t *testing.T, partitions int) *env {
-	t.Helper()
-	brokers := testenv.RealKafka(t)
-	n := topicSeq.Add(1)
-	e := &env{
-		t:       t,
-		brokers: brokers,
-		topic:   fmt.Sprintf("b-%s-%d-%d", sanitize(t.Name()), time.Now().UnixNano()%1e6, n),
-		parts:   partitions,
-	}
-	e.group = e.topic + "-g"
-	testenv.CreateKafkaTopic(t, brokers, e.topic, partitions)
-	return e
-}
 
 // runChecker checks the calls of a batch handler: a call holds one lane's
 // messages (a partition's, or a key's under key ordering), within a lane

@@ -31,7 +31,18 @@ type env struct {
 
 func newEnv(t *testing.T, partitions int) *env {
 	t.Helper()
-	brokers := testenv.Kafka(t)
+	return envOn(t, testenv.Kafka(t), partitions)
+}
+
+// newRealEnv is newEnv on the real Kafka broker only (no kfake fallback).
+func newRealEnv(t *testing.T, partitions int) *env {
+	t.Helper()
+	return envOn(t, testenv.RealKafka(t), partitions)
+}
+
+// envOn makes a topic of its own, and names a group, on brokers.
+func envOn(t *testing.T, brokers []string, partitions int) *env {
+	t.Helper()
 	n := topicSeq.Add(1)
 	e := &env{
 		t:       t,
