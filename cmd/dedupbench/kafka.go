@@ -13,6 +13,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
@@ -31,7 +32,7 @@ type kafkaTransport struct {
 
 func startKafka(b *bench) ([]string, *kfake.Cluster, error) {
 	if b.o.kafka != "" {
-		return splitList(b.o.kafka), nil, nil
+		return benchutil.SplitList(b.o.kafka), nil, nil
 	}
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	if err != nil {

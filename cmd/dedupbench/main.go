@@ -43,10 +43,11 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 )
 
 type options struct {
@@ -98,9 +99,9 @@ func main() {
 	flag.DurationVar(&o.soak, "soak", 0, "instead of the table: run the worker on loopback servers for this long (at most 1h), printing RSS and goroutines every 10s")
 	flag.Float64Var(&o.soakRate, "soak-rate", 4000, "messages per second per transport during --soak")
 	flag.Parse()
-	o.transports = splitList(transports)
-	o.modes = splitList(modes)
-	for _, d := range splitList(dups) {
+	o.transports = benchutil.SplitList(transports)
+	o.modes = benchutil.SplitList(modes)
+	for _, d := range benchutil.SplitList(dups) {
 		n, err := strconv.Atoi(d)
 		if err != nil || n < 0 || n > 90 {
 			log.Fatalf("--dups: %q is not a percentage between 0 and 90", d)
@@ -145,16 +146,6 @@ func main() {
 		}
 		os.Exit(1)
 	}
-}
-
-func splitList(s string) []string {
-	var out []string
-	for f := range strings.SplitSeq(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 // result is one row of the table.
@@ -325,7 +316,7 @@ func run(ctx context.Context, o options) error {
 		},
 		Ratios: map[string]float64{},
 	}
-	log.Printf("dedupbench: load average %s; %d messages per scenario", loadAvg(), o.msgs)
+	log.Printf("dedupbench: load average %s; %d messages per scenario", benchutil.LoadAvg(), o.msgs)
 
 	var trs []transport
 	for _, name := range o.transports {
@@ -356,7 +347,7 @@ func run(ctx context.Context, o options) error {
 			}
 		}
 	}
-	rep.LoadAtEnd = loadAvg()
+	rep.LoadAtEnd = benchutil.LoadAvg()
 	find := func(t, m string, d int) *result {
 		for i := range rep.Results {
 			r := &rep.Results[i]

@@ -165,19 +165,6 @@ func procStatus(field string) int64 {
 	return ru.Maxrss * 1024
 }
 
-// loadAvg returns /proc/loadavg's first three fields.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
-}
-
 // latencies collects publish→ack durations.
 type latencies struct {
 	mu sync.Mutex

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/redisbackend"
@@ -142,7 +143,7 @@ func (b *bench) begin(ctx context.Context) (*measured, error) {
 	// scenario's and not the heap a previous one left behind.
 	debug.FreeOSMemory()
 	resetPeakRSS()
-	m := &measured{b: b, load: loadAvg()}
+	m := &measured{b: b, load: benchutil.LoadAvg()}
 	var err error
 	if m.rs, err = readRedisStats(ctx, b.stats); err != nil {
 		return nil, err
@@ -160,7 +161,7 @@ func (m *measured) end(ctx context.Context, r *result, msgs int) {
 	runtime.ReadMemStats(&heap)
 	cmds := m.b.hook.cmds.Load() - m.cmds
 	trips := m.b.hook.trips.Load() - m.trips
-	r.LoadBefore, r.LoadAfter = m.load, loadAvg()
+	r.LoadBefore, r.LoadAfter = m.load, benchutil.LoadAvg()
 	rs, err := readRedisStats(ctx, m.b.stats)
 	f := float64(msgs)
 	r.Msgs = msgs

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 )
 
 // soakSample is one line of the soak's report.
@@ -32,7 +34,7 @@ func soak(ctx context.Context, o options) error {
 		return fmt.Errorf("--soak %s: at most 1h", o.soak)
 	}
 	for _, a := range []string{o.redisURL, o.natsURL, o.kafka} {
-		for _, addr := range splitList(a) {
+		for _, addr := range benchutil.SplitList(a) {
 			if !isLoopback(addr) {
 				return fmt.Errorf("--soak runs against loopback servers only, not %s", addr)
 			}
@@ -47,7 +49,7 @@ func soak(ctx context.Context, o options) error {
 	if len(o.dups) > 0 {
 		dup = o.dups[len(o.dups)-1]
 	}
-	log.Printf("soak: %s at %.0f msgs/s per transport, %d%% duplicates, load average %s", o.soak, o.soakRate, dup, loadAvg())
+	log.Printf("soak: %s at %.0f msgs/s per transport, %d%% duplicates, load average %s", o.soak, o.soakRate, dup, benchutil.LoadAvg())
 
 	type running struct {
 		t    transport
@@ -103,7 +105,7 @@ func soak(ctx context.Context, o options) error {
 		s := soakSample{
 			Elapsed: time.Since(began).Round(time.Second).String(),
 			RSSMB:   float64(procStatus("VmRSS")) / (1 << 20), HeapMB: float64(mst.HeapInuse) / (1 << 20),
-			Goroutines: runtime.NumGoroutine(), Settled: map[string]int{}, P99Ms: map[string]float64{}, Load: loadAvg(),
+			Goroutines: runtime.NumGoroutine(), Settled: map[string]int{}, P99Ms: map[string]float64{}, Load: benchutil.LoadAvg(),
 		}
 		for _, r := range rs {
 			s.Settled[r.t.name()] = int(r.p.n.Load())

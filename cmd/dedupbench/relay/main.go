@@ -46,6 +46,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 )
 
 type options struct {
@@ -112,7 +114,7 @@ func parseOptions(args []string) (options, error) {
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
-	o.brokers, o.transports, o.contenders = splitList(brokers), splitList(transports), splitList(contenders)
+	o.brokers, o.transports, o.contenders = benchutil.SplitList(brokers), benchutil.SplitList(transports), benchutil.SplitList(contenders)
 	var err error
 	if o.dups, err = intList("-dups", dups, 0, 90); err != nil {
 		return o, err
@@ -132,19 +134,9 @@ func parseOptions(args []string) (options, error) {
 	return o, nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for f := range strings.SplitSeq(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
 func intList(flagName, s string, lo, hi int) ([]int, error) {
 	var out []int
-	for _, f := range splitList(s) {
+	for _, f := range benchutil.SplitList(s) {
 		n, err := strconv.Atoi(f)
 		if err != nil || n < lo || n > hi {
 			return nil, fmt.Errorf("%s: %q is not a number from %d to %d", flagName, f, lo, hi)
@@ -215,7 +207,7 @@ func run(ctx context.Context, o options, w io.Writer) (report, error) {
 			"concurrency": o.concurrency, "lease": o.lease.String(), "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL, "private_redis": o.redisServer != "",
 		},
 	}
-	log.Printf("relay benchmark %s at %s: %d messages per measurement, load average %s", b.run, orDefault(rep.Commit, "?"), o.msgs, loadAvg())
+	log.Printf("relay benchmark %s at %s: %d messages per measurement, load average %s", b.run, orDefault(rep.Commit, "?"), o.msgs, benchutil.LoadAvg())
 	for _, sc := range plannedScenarios(o) {
 		if ctx.Err() != nil {
 			break
@@ -296,17 +288,4 @@ func gitCommit(dir string) string {
 		return ""
 	}
 	return strings.TrimSpace(out)
-}
-
-// loadAvg returns /proc/loadavg's first three fields.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "?"
-	}
-	return strings.Join(f[:3], " ")
 }

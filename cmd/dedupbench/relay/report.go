@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 )
 
 var transportTitle = map[string]string{"kafka": "Kafka → Kafka", "nats": "NATS → NATS"}
@@ -13,7 +15,7 @@ var transportTitle = map[string]string{"kafka": "Kafka → Kafka", "nats": "NATS
 // row.
 func printReport(w io.Writer, rep report) {
 	fmt.Fprintf(w, "\nrelay benchmark, %s, commit %s, %s, %d CPUs, %v messages per measurement, load average at end %s\n",
-		rep.Started.Format(time.RFC3339), orDefault(rep.Commit, "?"), rep.GoVersion, rep.CPUs, rep.Options["msgs"], loadAvg())
+		rep.Started.Format(time.RFC3339), orDefault(rep.Commit, "?"), rep.GoVersion, rep.CPUs, rep.Options["msgs"], benchutil.LoadAvg())
 	contenders := uniq(rep.Results, func(r result) string { return r.Contender }, func(r result) bool { return !r.ScaleOut })
 	transports := uniq(rep.Results, func(r result) string { return r.Transport }, func(result) bool { return true })
 	dups := uniqInt(rep.Results)
