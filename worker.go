@@ -27,6 +27,9 @@ type (
 	Store = idempotency.Store
 	// Claim is what a running handler knows of its claim (ClaimOf).
 	Claim = idempotency.ClaimInfo
+	// Middleware wraps a Handler with a cross-cutting concern; it runs
+	// after the claim, only when the handler does (see consumer.Middleware).
+	Middleware = consumer.Middleware
 )
 
 // Permanent wraps err so that the message is dead-lettered without further
@@ -55,6 +58,16 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// StoreTimeout bounds every call to the store. Default 5s.
 	StoreTimeout time.Duration
+	// Middleware wraps every handler, outside each handler's own
+	// WithMiddleware; the first listed is the outermost. A middleware
+	// around a batch handler must return one (consumer.Batched), or Handle
+	// fails.
+	Middleware []Middleware
+	// Wrap wraps every handler's delivery processing, the first listed
+	// outermost: for what must see each delivery and its outcome,
+	// duplicates included, such as a trace span per delivery
+	// (consumer/tracing's Tracer.Wrap).
+	Wrap []consumer.ProcessorWrapper
 }
 
 // Worker runs deduplicated handlers: each message's idempotency key is
@@ -79,7 +92,10 @@ func NewWorker(store Store, cfg Config) (*Worker, error) {
 	}
 	return &Worker{
 		engine: e,
-		w:      consumer.NewWorker(consumer.Config{Logger: cfg.Logger, Hooks: cfg.Hooks, ShutdownTimeout: cfg.ShutdownTimeout}),
+		w: consumer.NewWorker(consumer.Config{
+			Logger: cfg.Logger, Hooks: cfg.Hooks, ShutdownTimeout: cfg.ShutdownTimeout,
+			Middleware: cfg.Middleware, Wrap: cfg.Wrap,
+		}),
 	}, nil
 }
 
@@ -96,6 +112,12 @@ type handlerOptions struct {
 // (SPEC §8.1). Default 16.
 func WithConcurrency(n int) Option {
 	return func(o *handlerOptions) { o.handle = append(o.handle, consumer.WithConcurrency(n)) }
+}
+
+// WithMiddleware wraps this handler in mws, inside Config.Middleware; the
+// first listed is the outermost. Repeated, it appends.
+func WithMiddleware(mws ...Middleware) Option {
+	return func(o *handlerOptions) { o.handle = append(o.handle, consumer.WithMiddleware(mws...)) }
 }
 
 // WithLease sets how long a claim is owned before another worker may take
@@ -141,11 +163,11 @@ func (w *Worker) Handle(name string, src Source, h Handler, opts ...Option) erro
 	}
 	handle := o.handle
 	if !o.noDedup {
-		mw, err := w.engine.Middleware(o.dedup...)
+		dedup, err := w.engine.Processor(o.dedup...)
 		if err != nil {
 			return fmt.Errorf("dedupworker: handler %q: %w", name, err)
 		}
-		handle = append(handle, consumer.WithMiddleware(mw))
+		handle = append(handle, consumer.WithProcessor(dedup))
 	} else if len(o.dedup) > 0 {
 		return fmt.Errorf("dedupworker: handler %q: WithoutDedup with deduplication options", name)
 	}

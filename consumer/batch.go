@@ -55,21 +55,6 @@ func (f BatchFunc) Handle(ctx context.Context, m *Message) ([]byte, error) {
 	return res[0].Value, res[0].Err
 }
 
-// BatchProcessor is implemented by a Processor that can take a contiguous
-// run of deliveries at once (the deduplication engine and Direct do, and
-// hand a BatchHandler the run). Sources call it through Runner.ProcessBatch.
-type BatchProcessor interface {
-	Processor
-	// ProcessBatch runs ds to settlement, each delivery settled on its own
-	// (Ack, Nak, or dead-letter and Ack), keeping their order where the
-	// handler's side effects are concerned. It has Process's contract for
-	// every delivery of ds, including a cancelled ctx.
-	ProcessBatch(ctx context.Context, ds []Delivery)
-	// Batching reports whether ProcessBatch hands runs to a BatchHandler;
-	// when false it processes the deliveries one at a time, in order.
-	Batching() bool
-}
-
 // CallBatchHandler runs h on msgs, turning a panic into a *PanicError in
 // every result. results must have len(msgs); it is zeroed first.
 func CallBatchHandler(ctx context.Context, h BatchHandler, msgs []*Message, results []Result) {
@@ -112,8 +97,8 @@ func MessageContext(ctx context.Context, i int) context.Context {
 type deliveryCtxKey struct{}
 
 // WithDeliveryContexts returns ctx carrying a context for each delivery of
-// a run, for a wrapper around a BatchProcessor that gives each delivery
-// values of its own (a trace span, an Observation): the processor runs,
+// a run, for a wrapper around a Processor's ProcessBatch that gives each
+// delivery values of its own (a trace span, an Observation): the processor runs,
 // settles and observes delivery d on DeliveryContext(ctx, d). Each context
 // must be derived from ctx, so that the run's cancellation reaches it.
 func WithDeliveryContexts(ctx context.Context, ctxs map[Delivery]context.Context) context.Context {

@@ -20,6 +20,9 @@ type direct struct {
 // already be cancelled.
 const settleTimeout = 10 * time.Second
 
+// Prepare does nothing: direct keeps no state across a fetched batch.
+func (p *direct) Prepare(context.Context, []Delivery) {}
+
 func (p *direct) Process(ctx context.Context, d Delivery) {
 	m := d.Message()
 	tr := m.Origin.Transport

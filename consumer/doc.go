@@ -5,9 +5,17 @@
 // deduplication engine (package idempotency) meet.
 //
 // The package imports only the standard library. Transports implement Source
-// and Delivery; the engine implements Processor as a Middleware around a
-// Handler. Without a middleware a Handler runs at least once, exactly as the
+// and Delivery; the engine makes a Processor for each Handler
+// (WithProcessor). Without one a Handler runs at least once, exactly as the
 // broker delivers it.
+//
+// Cross-cutting concerns stack at two levels. A Middleware wraps the
+// Handler (logging, metrics of the handler's own work) and runs only when
+// the handler does; a ProcessorWrapper (Config.Wrap) wraps the Processor and
+// sees every delivery and its outcome, duplicates included (a trace span per
+// delivery, package consumer/tracing). A Processor carries every method of
+// its contract (Prepare, Process, ProcessBatch, Batching), so no wrapper can
+// drop batch claims or runs.
 //
 // A handler chooses the fate of a failed message with the error it returns:
 //
@@ -23,7 +31,7 @@
 // hand runs to Runner.ProcessBatch: the Kafka source a lane's queued
 // contiguous run (a partition's under partition ordering, a key's under key
 // ordering, at most BatchSize), the NATS source each fetched batch.
-// Processors that are not BatchProcessors, and handlers that are not
+// Processors that are not Batching, and handlers that are not
 // BatchHandlers, get the run one delivery at a time, in order (the NATS
 // source then keeps calling Process concurrently: Runner.Batching). A run
 // holds one Concurrency slot for the whole call.

@@ -32,6 +32,14 @@ type Config struct {
 	// cause ErrShutdownTimeout and their claims released (SPEC §8.3).
 	// Default 30s; negative means cancel at once.
 	ShutdownTimeout time.Duration
+	// Middleware wraps every handler, outside the handler's own
+	// WithMiddleware; the first listed is the outermost (see Middleware).
+	Middleware []Middleware
+	// Wrap wraps every handler's Processor, the first listed outermost: for
+	// what must see each delivery and its outcome, such as tracing's
+	// Tracer.Wrap. A delivery goes Wrap[0], Wrap[1], ..., the Processor,
+	// Middleware[0], ..., the handler's middleware, the handler.
+	Wrap []ProcessorWrapper
 }
 
 func (c *Config) withDefaults() {
@@ -59,9 +67,11 @@ type Worker struct {
 type registration struct {
 	name        string
 	src         Source
-	handler     Handler
+	handler     Handler // with every middleware applied
 	concurrency int
-	middleware  Middleware
+	middleware  []Middleware
+	processor   ProcessorFactory
+	setProc     bool // WithProcessor was given, maybe with nil
 }
 
 // NewWorker returns a Worker with cfg's defaults filled in.
@@ -77,17 +87,27 @@ type HandleOption func(*registration)
 // (SPEC §8.1). Default 16.
 func WithConcurrency(n int) HandleOption { return func(r *registration) { r.concurrency = n } }
 
-// WithMiddleware sets what turns the handler into a Processor, typically the
-// deduplication engine: WithMiddleware(engine.Middleware(...)). Without it the
-// handler runs at least once: acked on success, retried on error with a
-// backoff of 1s doubling to 5m, dead-lettered on Permanent errors.
-func WithMiddleware(m Middleware) HandleOption { return func(r *registration) { r.middleware = m } }
+// WithMiddleware wraps this handler in mws, inside Config.Middleware; the
+// first listed is the outermost. Repeated, it appends.
+func WithMiddleware(mws ...Middleware) HandleOption {
+	return func(r *registration) { r.middleware = append(r.middleware, mws...) }
+}
+
+// WithProcessor sets what takes the handler's deliveries to settlement,
+// typically the deduplication engine: WithProcessor(engine.Processor(...)).
+// Without it the handler runs at least once: acked on success, retried on
+// error with a backoff of 1s doubling to 5m, dead-lettered on Permanent
+// errors.
+func WithProcessor(f ProcessorFactory) HandleOption {
+	return func(r *registration) { r.processor, r.setProc = f, true }
+}
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
 
 // Handle registers handler h under name, fed by src. The name is the
 // deduplication scope (SPEC §2): 1–64 characters of letters, digits, '_', '.'
-// and '-', unique within the worker.
+// and '-', unique within the worker. It fails when a middleware drops a
+// BatchHandler (ErrMiddlewareDropsBatch).
 func (w *Worker) Handle(name string, src Source, h Handler, opts ...HandleOption) error {
 	r := &registration{name: name, src: src, handler: h, concurrency: 16}
 	for _, o := range opts {
@@ -102,7 +122,20 @@ func (w *Worker) Handle(name string, src Source, h Handler, opts ...HandleOption
 		return fmt.Errorf("dedup: handler %q: handler is nil", name)
 	case r.concurrency < 1:
 		return fmt.Errorf("dedup: handler %q: concurrency %d: must be at least 1", name, r.concurrency)
+	case r.setProc && r.processor == nil:
+		return fmt.Errorf("dedup: handler %q: WithProcessor(nil): pass the engine's processor, or leave the option out to run at least once", name)
 	}
+	for i, wr := range w.cfg.Wrap {
+		if wr == nil {
+			return fmt.Errorf("dedup: handler %q: Config.Wrap[%d] is nil", name, i)
+		}
+	}
+	mws := append(append([]Middleware(nil), w.cfg.Middleware...), r.middleware...)
+	wrapped, err := Chain(h, mws...)
+	if err != nil {
+		return fmt.Errorf("dedup: handler %q: %w", name, err)
+	}
+	r.handler = wrapped
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.running {
@@ -201,13 +234,14 @@ func (w *Worker) newRunner(reg *registration, workCtx context.Context) *runner {
 		hooks:   w.cfg.Hooks,
 		workCtx: workCtx,
 	}
-	if reg.middleware != nil {
-		r.proc = reg.middleware(reg.name, reg.handler)
+	if reg.processor != nil {
+		r.proc = reg.processor(reg.name, reg.handler)
 	} else {
 		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger}
 	}
-	r.prep, _ = r.proc.(BatchPreparer)
-	r.batch, _ = r.proc.(BatchProcessor)
+	for i := len(w.cfg.Wrap) - 1; i >= 0; i-- {
+		r.proc = w.cfg.Wrap[i](reg.name, r.proc)
+	}
 	return r
 }
 
@@ -217,8 +251,6 @@ type runner struct {
 	limit   int
 	sem     chan struct{}
 	proc    Processor
-	prep    BatchPreparer
-	batch   BatchProcessor // nil when proc takes one delivery at a time
 	hooks   Hooks
 	workCtx context.Context // the worker's hard-stop context; cancelled after the drain timeout
 	bound   atomic.Pointer[boundCtx]
@@ -231,12 +263,12 @@ func (r *runner) Name() string     { return r.name }
 func (r *runner) Concurrency() int { return r.limit }
 
 func (r *runner) Prepare(ctx context.Context, batch []Delivery) {
-	if r.prep == nil || len(batch) == 0 {
+	if len(batch) == 0 {
 		return
 	}
 	ctx, cancel := r.bind(ctx)
 	defer cancel()
-	r.prep.PrepareBatch(ctx, batch)
+	r.proc.Prepare(ctx, batch)
 }
 
 func (r *runner) Process(ctx context.Context, d Delivery) {
@@ -255,7 +287,7 @@ func (r *runner) Process(ctx context.Context, d Delivery) {
 	r.proc.Process(ctx, d)
 }
 
-func (r *runner) Batching() bool { return r.batch != nil && r.batch.Batching() }
+func (r *runner) Batching() bool { return r.proc.Batching() }
 
 func (r *runner) ProcessBatch(ctx context.Context, ds []Delivery) {
 	switch len(ds) {
@@ -275,13 +307,7 @@ func (r *runner) ProcessBatch(ctx context.Context, ds []Delivery) {
 	case <-ctx.Done():
 		// Still hand them over: the processor settles cancelled deliveries.
 	}
-	if r.batch != nil {
-		r.batch.ProcessBatch(ctx, ds)
-		return
-	}
-	for _, d := range ds {
-		r.proc.Process(ctx, d)
-	}
+	r.proc.ProcessBatch(ctx, ds)
 }
 
 // bind returns ctx also cancelled, with the worker's cause, when the worker's

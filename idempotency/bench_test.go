@@ -58,7 +58,7 @@ func (stubStore) Delete(context.Context, string) (bool, error)             { ret
 func (stubStore) Ping(context.Context) error                               { return nil }
 
 // BenchmarkEngine runs batches of 100 deliveries through the engine as a
-// source does (PrepareBatch, then Process on a pool of 100 goroutines) with a no-op
+// source does (Prepare, then Process on a pool of 100 goroutines) with a no-op
 // handler and a store that answers at once. b.N counts messages; allocs/op
 // and B/op are per message and do not depend on the machine's load
 // (docs/PERFORMANCE.md).
@@ -68,13 +68,12 @@ func BenchmarkEngine(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer eng.Close()
-	mw, err := eng.Middleware()
+	dedup, err := eng.Processor()
 	if err != nil {
 		b.Fatal(err)
 	}
 	noop := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
-	p := mw("bench", noop)
-	prep := p.(consumer.BatchPreparer)
+	p := dedup("bench", noop)
 	ctx := context.Background()
 	const batch = 100
 	ds := make([]consumer.Delivery, batch)
@@ -105,7 +104,7 @@ func BenchmarkEngine(b *testing.B) {
 			ds[i] = fds[i]
 		}
 		b.StartTimer()
-		prep.PrepareBatch(ctx, ds)
+		p.Prepare(ctx, ds)
 		done.Add(batch)
 		for _, d := range ds {
 			work <- d

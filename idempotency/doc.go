@@ -10,13 +10,14 @@
 // (SPEC §5.2); failures are retried with backoff and dead-lettered after
 // max attempts (SPEC §7).
 //
-// The engine plugs into a consumer.Worker as middleware:
+// The root package dedupworker runs it for you. Used directly, the engine
+// is a consumer.Worker's processor for each handler:
 //
 //	store, _ := redisbackend.NewFromURL(ctx, "redis://127.0.0.1:6379/0", redisbackend.Options{})
 //	engine, _ := idempotency.New(store, idempotency.Config{Logger: logger})
-//	mw, err := engine.Middleware(idempotency.WithLease(30*time.Second), idempotency.WithMaxAttempts(5))
+//	dedup, err := engine.Processor(idempotency.WithLease(30*time.Second), idempotency.WithMaxAttempts(5))
 //	w := consumer.NewWorker(consumer.Config{Logger: logger})
-//	w.Handle("orders", source, handler, consumer.WithMiddleware(mw))
+//	w.Handle("orders", source, handler, consumer.WithProcessor(dedup))
 //	err = w.Run(ctx)
 //
 // Inside a handler, FromContext tells the claim (key, fence, attempt) and
@@ -28,7 +29,7 @@
 // messages of a run that the engine owns in one HandleBatch call
 // (SPEC §11.4), when the source hands it a run (consumer.Runner.ProcessBatch:
 // a Kafka lane's queued messages, a NATS fetch). Of the run, already claimed
-// by PrepareBatch:
+// by Prepare:
 //
 //   - deliveries whose key it claimed NEW, RECLAIMED or RECOVERED go to the
 //     handler, in order, in one call;

@@ -25,7 +25,7 @@ type Config struct {
 }
 
 // Engine deduplicates deliveries against a Store. One Engine serves any
-// number of handlers; each gets its Processor from Middleware.
+// number of handlers; each gets its Processor from Processor.
 type Engine struct {
 	store     Store
 	log       *slog.Logger
@@ -75,9 +75,10 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// Middleware returns the consumer.Middleware that deduplicates a handler
-// with opts. It fails, naming the option, when an option is invalid.
-func (e *Engine) Middleware(opts ...Option) (consumer.Middleware, error) {
+// Processor returns what makes the deduplicating consumer.Processor of a
+// handler with opts (consumer.WithProcessor). It fails, naming the option,
+// when an option is invalid.
+func (e *Engine) Processor(opts ...Option) (consumer.ProcessorFactory, error) {
 	cfg := defaultHandlerConfig()
 	for _, o := range opts {
 		o(&cfg)
@@ -111,7 +112,7 @@ type processor struct {
 
 	mu       sync.Mutex
 	prepared map[consumer.Delivery]*prepared
-	// held indexes, by effective key, the owned claims that PrepareBatch
+	// held indexes, by effective key, the owned claims that Prepare
 	// made and whose delivery has not started yet. A delivery of the same
 	// key that runs first (a duplicate in the batch, or in another Kafka
 	// partition) adopts the claim instead of waiting for it to expire.
@@ -159,11 +160,11 @@ func (p *processor) inspect(d consumer.Delivery) *prepared {
 	return pr
 }
 
-// PrepareBatch claims the keys of a fetched batch in one store call
+// Prepare claims the keys of a fetched batch in one store call
 // (SPEC §4.4). A key that appears twice in the batch is claimed for its first
 // delivery only; the later one claims when it runs and finds the key in
 // flight or done.
-func (p *processor) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	prs := make([]*prepared, len(batch))
 	reqs := make([]ClaimRequest, 0, len(batch))
 	idx := make([]int, 0, len(batch))

@@ -23,7 +23,7 @@ type ownedRun struct {
 // which runs every delivery, get them one at a time.
 //
 // In order, each delivery of ds is:
-//   - owned (claimed NEW, RECLAIMED or RECOVERED by PrepareBatch, and still
+//   - owned (claimed NEW, RECLAIMED or RECOVERED by Prepare, and still
 //     held): added to the pending batch;
 //   - a duplicate or a fingerprint mismatch: answered at once, as Process
 //     answers it; the handler never sees it;

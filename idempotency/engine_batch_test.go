@@ -123,17 +123,16 @@ func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
 			}
 		},
 	}
-	mw, err := eng.Middleware(idempotency.WithInFlightWait(time.Minute), idempotency.WithMaxAttempts(3))
+	dedup, err := eng.Processor(idempotency.WithInFlightWait(time.Minute), idempotency.WithMaxAttempts(3))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := mw("orders", rec.handler(t))
-	bp, ok := p.(consumer.BatchProcessor)
-	if !ok || !bp.Batching() {
+	p := dedup("orders", rec.handler(t))
+	if !p.Batching() {
 		t.Fatalf("the engine's processor of a batch handler must batch (%T)", p)
 	}
-	p.(consumer.BatchPreparer).PrepareBatch(ctx, ds)
-	bp.ProcessBatch(ctx, ds)
+	p.Prepare(ctx, ds)
+	p.ProcessBatch(ctx, ds)
 
 	want := [][]string{{"k1", "k3"}, {"busy"}, {"k5", "flaky", "poison"}}
 	if got := rec.calls; !slices.EqualFunc(got, want, slices.Equal[[]string]) {
@@ -168,7 +167,7 @@ func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
 	delete(rec.fail, "flaky")
 	retry := fakedelivery.New("flaky", "payload-flaky")
 	retry.AttemptN = 2
-	bp.ProcessBatch(ctx, []consumer.Delivery{retry})
+	p.ProcessBatch(ctx, []consumer.Delivery{retry})
 	retry.ExpectAck(t)
 	if got := rec.calls[len(rec.calls)-1]; !slices.Equal(got, []string{"flaky"}) || len(rec.calls) != 4 {
 		t.Fatalf("handler calls %v: the retry must run flaky alone", rec.calls)
@@ -185,9 +184,9 @@ func TestProcessBatchPanicFailsEveryMessageOfTheCall(t *testing.T) {
 		results[0].Value = []byte("half done")
 		panic("boom")
 	})
-	p := f.processor(t, h).(consumer.BatchProcessor)
+	p := f.processor(t, h)
 	ds := []consumer.Delivery{fakedelivery.New("a", "1"), fakedelivery.New("b", "2")}
-	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds)
+	p.Prepare(context.Background(), ds)
 	p.ProcessBatch(context.Background(), ds)
 	for _, d := range ds {
 		d.(*fakedelivery.Delivery).ExpectNak(t)
@@ -240,12 +239,12 @@ func TestProcessBatchLeaseRenewedForEveryClaim(t *testing.T) {
 			}
 		}
 	})
-	p := f.processor(t, h, idempotency.WithLease(lease)).(consumer.BatchProcessor)
+	p := f.processor(t, h, idempotency.WithLease(lease))
 	ds := make([]consumer.Delivery, len(keys))
 	for i, k := range keys {
 		ds[i] = fakedelivery.New(k, k)
 	}
-	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds)
+	p.Prepare(context.Background(), ds)
 	p.ProcessBatch(context.Background(), ds)
 	for _, d := range ds {
 		d.(*fakedelivery.Delivery).ExpectAck(t)

@@ -72,11 +72,11 @@ func setup(t *testing.T) *fixture {
 
 func (f *fixture) processor(t *testing.T, h consumer.Handler, opts ...idempotency.Option) consumer.Processor {
 	t.Helper()
-	mw, err := f.eng.Middleware(opts...)
+	dedup, err := f.eng.Processor(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mw("orders", h)
+	return dedup("orders", h)
 }
 
 func TestDuplicateAckedWithoutRunningHandler(t *testing.T) {
@@ -517,20 +517,16 @@ func TestShadowModeRunsButCountsWouldSkip(t *testing.T) {
 	}
 }
 
-func TestPrepareBatchClaimsInOneCall(t *testing.T) {
+func TestPrepareClaimsInOneCall(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	h := &countingHandler{}
 	p := f.processor(t, h)
-	bp, ok := p.(consumer.BatchPreparer)
-	if !ok {
-		t.Fatal("the engine's processor must implement consumer.BatchPreparer")
-	}
 	var batch []consumer.Delivery
 	for i := range 20 {
 		batch = append(batch, fakedelivery.New(fmt.Sprintf("k%d", i%12), "x")) // 8 duplicates
 	}
-	bp.PrepareBatch(context.Background(), batch)
+	p.Prepare(context.Background(), batch)
 	if n := f.calls.claim.Load(); n != 1 {
 		t.Fatalf("%d claim calls for one batch, want 1", n)
 	}
@@ -549,7 +545,7 @@ func TestCancelledBeforeRunReleasesAndNaks(t *testing.T) {
 	h := &countingHandler{}
 	p := f.processor(t, h)
 	d := fakedelivery.New("k", "x")
-	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), []consumer.Delivery{d})
+	p.Prepare(context.Background(), []consumer.Delivery{d})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	p.Process(ctx, d)
@@ -684,7 +680,7 @@ func TestInvalidOptionsNameTheField(t *testing.T) {
 		"key":          idempotency.WithKeySources(),
 	}
 	for field, opt := range cases {
-		_, err := f.eng.Middleware(opt)
+		_, err := f.eng.Processor(opt)
 		if !errors.Is(err, idempotency.ErrInvalidOption) || !contains(err.Error(), field) {
 			t.Errorf("%s: error %v, want ErrInvalidOption naming the field", field, err)
 		}
@@ -706,7 +702,7 @@ func TestDuplicateInBatchAdoptsTheHeldClaim(t *testing.T) {
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithInFlightWait(200*time.Millisecond))
 	first, second := fakedelivery.New("k", "x"), fakedelivery.New("k", "x")
-	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), []consumer.Delivery{first, second})
+	p.Prepare(context.Background(), []consumer.Delivery{first, second})
 	// The later copy runs first (another Kafka partition, another lane): it
 	// must take over the claim made for the first, not wait for it.
 	p.Process(context.Background(), second)
@@ -756,7 +752,7 @@ func TestConcurrentCompletionsAreBatched(t *testing.T) {
 	for i := range 64 {
 		batch = append(batch, fakedelivery.New(fmt.Sprintf("k%d", i), "x"))
 	}
-	p.(consumer.BatchPreparer).PrepareBatch(context.Background(), batch)
+	p.Prepare(context.Background(), batch)
 	done := make(chan struct{})
 	for _, d := range batch {
 		go func() { p.Process(context.Background(), d); done <- struct{}{} }()

@@ -99,11 +99,11 @@ func (h *hostileCounter) total() int {
 
 func (f *hostileFix) proc(t *testing.T, h consumer.Handler, opts ...idempotency.Option) consumer.Processor {
 	t.Helper()
-	mw, err := f.eng.Middleware(append([]idempotency.Option{idempotency.WithLease(5 * time.Second)}, opts...)...)
+	dedup, err := f.eng.Processor(append([]idempotency.Option{idempotency.WithLease(5 * time.Second)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mw("h", h)
+	return dedup("h", h)
 }
 
 func hostileDelivery(key string, payload []byte) *fakedelivery.Delivery {

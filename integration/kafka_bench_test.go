@@ -122,11 +122,11 @@ func kafkaBenchWorkerWith(dedup bool, ordering string) func(b *testing.B, h *kaf
 			if err != nil {
 				b.Fatal(err)
 			}
-			mw, err := engine.Middleware()
+			dedup, err := engine.Processor()
 			if err != nil {
 				b.Fatal(err)
 			}
-			opts = append(opts, consumer.WithMiddleware(mw))
+			opts = append(opts, consumer.WithProcessor(dedup))
 		}
 		w := consumer.NewWorker(consumer.Config{Hooks: consumer.Hooks{count}})
 		if err := w.Handle("bench", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {

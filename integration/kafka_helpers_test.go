@@ -317,18 +317,19 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *kafkaRunning {
 		idempotency.WithLease(10 * time.Second),
 		idempotency.WithBackoff(20*time.Millisecond, 200*time.Millisecond),
 	}, spec.opts...)
-	mw, err := engine.Middleware(opts...)
+	dedup, err := engine.Processor(opts...)
 	if err != nil {
 		t.Fatal(err)
-	}
-	if spec.spy != nil {
-		mw = spec.spy.wrap(mw)
 	}
 	if spec.concurrency == 0 {
 		spec.concurrency = 16
 	}
-	w := consumer.NewWorker(consumer.Config{Logger: kafkaLogger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second})
-	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithMiddleware(mw)); err != nil {
+	wcfg := consumer.Config{Logger: kafkaLogger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second}
+	if spec.spy != nil {
+		wcfg.Wrap = []consumer.ProcessorWrapper{spec.spy.wrap}
+	}
+	w := consumer.NewWorker(wcfg)
+	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithProcessor(dedup)); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -408,8 +409,9 @@ func (l *kafkaLedger) totals() (starts, completes int) {
 }
 
 // kafkaAckSpy records every acked (partition, offset) by wrapping the
-// deliveries a middleware sees — in PrepareBatch and Process alike, so the
-// engine's batch claims still match its deliveries.
+// deliveries the engine's Processor sees — in Prepare, Process and
+// ProcessBatch alike, so the engine's batch claims still match its
+// deliveries.
 type kafkaAckSpy struct {
 	mu    sync.Mutex
 	acked map[int]map[int64]bool
@@ -418,12 +420,9 @@ type kafkaAckSpy struct {
 
 func newKafkaAckSpy() *kafkaAckSpy { return &kafkaAckSpy{acked: map[int]map[int64]bool{}} }
 
-func (s *kafkaAckSpy) wrap(mw consumer.Middleware) consumer.Middleware {
-	return func(name string, next consumer.Handler) consumer.Processor {
-		inner := mw(name, next)
-		prep, _ := inner.(consumer.BatchPreparer)
-		return &kafkaSpyProc{spy: s, inner: inner, prep: prep, wrapped: map[consumer.Delivery]*kafkaSpyDelivery{}}
-	}
+// wrap is a consumer.ProcessorWrapper.
+func (s *kafkaAckSpy) wrap(_ string, inner consumer.Processor) consumer.Processor {
+	return &kafkaSpyProc{spy: s, inner: inner, wrapped: map[consumer.Delivery]*kafkaSpyDelivery{}}
 }
 
 func (s *kafkaAckSpy) record(o consumer.Origin) {
@@ -455,12 +454,11 @@ func (s *kafkaAckSpy) unfinishedBelow(committed map[int]int64) (int, int64, bool
 type kafkaSpyProc struct {
 	spy     *kafkaAckSpy
 	inner   consumer.Processor
-	prep    consumer.BatchPreparer
 	mu      sync.Mutex
 	wrapped map[consumer.Delivery]*kafkaSpyDelivery
 }
 
-func (p *kafkaSpyProc) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+func (p *kafkaSpyProc) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	ws := make([]consumer.Delivery, len(batch))
 	p.mu.Lock()
 	for i, d := range batch {
@@ -469,12 +467,25 @@ func (p *kafkaSpyProc) PrepareBatch(ctx context.Context, batch []consumer.Delive
 		ws[i] = w
 	}
 	p.mu.Unlock()
-	if p.prep != nil {
-		p.prep.PrepareBatch(ctx, ws)
-	}
+	p.inner.Prepare(ctx, ws)
 }
 
 func (p *kafkaSpyProc) Process(ctx context.Context, d consumer.Delivery) {
+	p.inner.Process(ctx, p.take(d))
+}
+
+func (p *kafkaSpyProc) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	ws := make([]consumer.Delivery, len(ds))
+	for i, d := range ds {
+		ws[i] = p.take(d)
+	}
+	p.inner.ProcessBatch(ctx, ws)
+}
+
+func (p *kafkaSpyProc) Batching() bool { return p.inner.Batching() }
+
+// take returns the spying delivery Prepare made for d, or a new one.
+func (p *kafkaSpyProc) take(d consumer.Delivery) consumer.Delivery {
 	p.mu.Lock()
 	w, ok := p.wrapped[d]
 	delete(p.wrapped, d)
@@ -482,7 +493,7 @@ func (p *kafkaSpyProc) Process(ctx context.Context, d consumer.Delivery) {
 	if !ok {
 		w = &kafkaSpyDelivery{Delivery: d, spy: p.spy}
 	}
-	p.inner.Process(ctx, w)
+	return w
 }
 
 type kafkaSpyDelivery struct {

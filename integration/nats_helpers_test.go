@@ -356,7 +356,7 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := eng.Middleware(append([]idempotency.Option{idempotency.WithRetention(10 * time.Minute)}, spec.opts...)...)
+	dedup, err := eng.Processor(append([]idempotency.Option{idempotency.WithRetention(10 * time.Minute)}, spec.opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +368,7 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 		t.Fatal(err)
 	}
 	w := consumer.NewWorker(consumer.Config{Logger: log, Hooks: spec.hooks, ShutdownTimeout: spec.shutdown})
-	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithMiddleware(mw)); err != nil {
+	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithProcessor(dedup)); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -308,18 +308,18 @@ func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progr
 		_ = store.Close()
 		return nil, err
 	}
-	mw, err := engine.Middleware(idempotency.WithRetention(retention))
+	dedup, err := engine.Processor(idempotency.WithRetention(retention))
 	if err != nil {
 		_ = store.Close()
 		return nil, err
 	}
-	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 30 * time.Second})
+	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 30 * time.Second, Wrap: []consumer.ProcessorWrapper{observe(p)}})
 	st := p.stages
 	noop := consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
 		st.mark(m, func(t *stageTimes, now int64) { t.hand = now })
 		return nil, nil
 	})
-	if err := w.Handle("bench", src, noop, consumer.WithConcurrency(b.o.concurrency), consumer.WithMiddleware(observe(mw, p))); err != nil {
+	if err := w.Handle("bench", src, noop, consumer.WithConcurrency(b.o.concurrency), consumer.WithProcessor(dedup)); err != nil {
 		_ = store.Close()
 		return nil, err
 	}
@@ -341,22 +341,22 @@ func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progr
 }
 
 // observe wraps the engine's Processor to record the publish→ack latency of
-// stamped (latency-phase) messages. Settled deliveries are counted by
-// settledCounter, a hook: observing every delivery (an Observation, a
-// context value, the key's hash) cost the measured worker four allocations a
-// message that the naive consumer does not pay.
-func observe(mw consumer.Middleware, p *progress) consumer.Middleware {
-	return func(name string, next consumer.Handler) consumer.Processor {
-		inner := mw(name, next)
-		prep, _ := inner.(consumer.BatchPreparer)
-		return &observed{inner: inner, prep: prep, p: p}
+// stamped (latency-phase) messages and the stage times around Prepare.
+// Settled deliveries are counted by settledCounter, a hook, rather than by
+// observing every delivery (an Observation, a context value, the key's
+// hash), which would cost the measured worker allocations a message that
+// the naive consumer does not pay.
+func observe(p *progress) consumer.ProcessorWrapper {
+	return func(_ string, next consumer.Processor) consumer.Processor {
+		return &observed{Processor: next, p: p}
 	}
 }
 
+// observed is the engine's Processor with Prepare, Process and
+// ProcessBatch observed; Batching is the engine's own.
 type observed struct {
-	inner consumer.Processor
-	prep  consumer.BatchPreparer
-	p     *progress
+	consumer.Processor
+	p *progress
 }
 
 // settledCounter counts the deliveries the engine acked (the hook is called
@@ -379,14 +379,12 @@ func acked(o consumer.Outcome) bool {
 	return false
 }
 
-func (o *observed) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+func (o *observed) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	st := o.p.stages
 	for _, d := range batch {
 		st.mark(d.Message(), func(t *stageTimes, now int64) { t.prep0 = now })
 	}
-	if o.prep != nil {
-		o.prep.PrepareBatch(ctx, batch)
-	}
+	o.Processor.Prepare(ctx, batch)
 	for _, d := range batch {
 		st.mark(d.Message(), func(t *stageTimes, now int64) { t.prep1 = now })
 	}
@@ -395,16 +393,30 @@ func (o *observed) PrepareBatch(ctx context.Context, batch []consumer.Delivery) 
 func (o *observed) Process(ctx context.Context, d consumer.Delivery) {
 	ts := d.Message().Header.Get(tsHeader)
 	if ts == "" {
-		o.inner.Process(ctx, d)
+		o.Processor.Process(ctx, d)
 		return
 	}
 	st := o.p.stages
 	st.mark(d.Message(), func(t *stageTimes, now int64) { t.proc0 = now })
 	ctx, obs := consumer.WithObservation(ctx)
-	o.inner.Process(ctx, d)
+	o.Processor.Process(ctx, d)
 	st.mark(d.Message(), func(t *stageTimes, now int64) { t.proc1 = now })
 	if acked(obs.Outcome) {
 		o.p.lat.addFromHeader(ts)
+	}
+}
+
+// ProcessBatch observes each delivery of a run through Process when the
+// engine takes runs one delivery at a time (the bench handler is not a
+// batch handler), as the Kafka source hands them; a batching engine gets
+// the run whole.
+func (o *observed) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	if o.Processor.Batching() {
+		o.Processor.ProcessBatch(ctx, ds)
+		return
+	}
+	for _, d := range ds {
+		o.Process(ctx, d)
 	}
 }
 

@@ -14,9 +14,9 @@ import (
 // stamped with tsHeader), when each stage of a delivery began, so that the
 // publish→ack latency can be split into where it was spent:
 //
-//	fetch    publish → the batch holding it reached PrepareBatch
-//	claim    PrepareBatch (the batch claim, one store round trip)
-//	queue    PrepareBatch returned → Process began (waiting for a slot or
+//	fetch    publish → the batch holding it reached Prepare
+//	claim    Prepare (the batch claim, one store round trip)
+//	queue    Prepare returned → Process began (waiting for a slot or
 //	         for the batch ahead of it)
 //	adopt    Process began → the handler ran (taking the batch's claim, or
 //	         claiming alone)

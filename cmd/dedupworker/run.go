@@ -10,9 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/dedupworker/consumer/tracing"
 	"github.com/idemkit/dedupworker/internal/app"
 	"github.com/idemkit/dedupworker/internal/config"
-	"github.com/idemkit/dedupworker/internal/tracing"
 )
 
 func cmdRun(args []string, _, stderr io.Writer) error {

@@ -45,11 +45,11 @@ func claimed(t *testing.T, h consumer.Handler, ids []string) []*fakedelivery.Del
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { eng.Close() })
-	mw, err := eng.Middleware(idempotency.WithKeySources(idempotency.JSONKey("id")))
+	dedup, err := eng.Processor(idempotency.WithKeySources(idempotency.JSONKey("id")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := mw("relay", h).(consumer.BatchProcessor)
+	p := dedup("relay", h)
 	fds := make([]*fakedelivery.Delivery, len(ids))
 	ds := make([]consumer.Delivery, len(ids))
 	for i, id := range ids {
@@ -63,7 +63,7 @@ func claimed(t *testing.T, h consumer.Handler, ids []string) []*fakedelivery.Del
 		fds[i], ds[i] = d, d
 	}
 	ctx := context.Background()
-	p.(consumer.BatchPreparer).PrepareBatch(ctx, ds)
+	p.Prepare(ctx, ds)
 	p.Process(ctx, ds[0])
 	p.ProcessBatch(ctx, ds[1:])
 	for _, d := range fds {

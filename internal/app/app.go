@@ -24,11 +24,11 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/tracing"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/actions"
 	"github.com/idemkit/dedupworker/internal/config"
 	"github.com/idemkit/dedupworker/internal/metrics"
-	"github.com/idemkit/dedupworker/internal/tracing"
 	"github.com/idemkit/dedupworker/redisbackend"
 	"github.com/idemkit/dedupworker/transports/kafka"
 	natssrc "github.com/idemkit/dedupworker/transports/nats"
@@ -103,7 +103,11 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		return nil, err
 	}
 	a.engine = engine
-	a.worker = consumer.NewWorker(consumer.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()})
+	wcfg := consumer.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()}
+	if opts.Tracer != nil {
+		wcfg.Wrap = []consumer.ProcessorWrapper{opts.Tracer.Wrap}
+	}
+	a.worker = consumer.NewWorker(wcfg)
 
 	conns := &natsConns{app: a, ctx: ctx}
 	var inject actions.Injector
@@ -124,15 +128,11 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if opts.Wrap != nil {
 			action = opts.Wrap(h.Name, action)
 		}
-		mw, err := engine.Middleware(engineOptions(h)...)
+		dedup, err := engine.Processor(engineOptions(h)...)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
-		if t := opts.Tracer; t != nil {
-			dedup := mw
-			mw = func(name string, next consumer.Handler) consumer.Processor { return t.Wrap(name, dedup(name, next)) }
-		}
-		if err := a.worker.Handle(h.Name, src, action, consumer.WithMiddleware(mw), consumer.WithConcurrency(h.Concurrency)); err != nil {
+		if err := a.worker.Handle(h.Name, src, action, consumer.WithProcessor(dedup), consumer.WithConcurrency(h.Concurrency)); err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
 		a.metrics.Register(transport, h.Name)

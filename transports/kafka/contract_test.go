@@ -11,7 +11,8 @@ import (
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
-// preparing is a BatchPreparer processor recording what the source does.
+// preparing is a Processor with a Prepare recording what the source does;
+// it takes runs one delivery at a time.
 type preparing struct {
 	mu        sync.Mutex
 	batches   [][]int64
@@ -22,7 +23,7 @@ type preparing struct {
 	started   chan struct{}
 }
 
-func (p *preparing) PrepareBatch(_ context.Context, batch []consumer.Delivery) {
+func (p *preparing) Prepare(_ context.Context, batch []consumer.Delivery) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var offs []int64
@@ -52,7 +53,15 @@ func (p *preparing) Process(ctx context.Context, d consumer.Delivery) {
 	_ = d.Ack(ctx)
 }
 
-// TestPreparedAlwaysProcessed checks the consumer.BatchPreparer contract on
+func (p *preparing) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	for _, d := range ds {
+		p.Process(ctx, d)
+	}
+}
+
+func (p *preparing) Batching() bool { return false }
+
+// TestPreparedAlwaysProcessed checks the consumer.Processor.Prepare contract on
 // stop: every prepared delivery is processed exactly once; those that had
 // not started get a cancelled context with cause ErrStopping and stay
 // uncommitted; batches respect BatchSize and fetching pauses at
@@ -67,9 +76,9 @@ func TestPreparedAlwaysProcessed(t *testing.T) {
 	e.produce(e.topic, ms)
 	proc := &preparing{processed: map[consumer.Delivery]int{}, prepared: map[consumer.Delivery]bool{},
 		causes: map[int64]error{}, block: make(chan struct{}), started: make(chan struct{})}
-	mw := func(string, consumer.Handler) consumer.Processor { return proc }
+	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 	src := e.source(func(c *kafka.Config) { c.BatchSize = 10 })
-	r := run(t, worker(t, "prep", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), consumer.WithMiddleware(mw)))
+	r := run(t, worker(t, "prep", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), consumer.WithProcessor(newProc)))
 	select {
 	case <-proc.started:
 	case <-time.After(30 * time.Second):

@@ -7,9 +7,8 @@
 //		Topic:   "orders",
 //		GroupID: "orders-dedup",
 //	})
-//	dedup, err := engine.Middleware(idempotency.WithLease(30 * time.Second))
-//	w := consumer.NewWorker(consumer.Config{})
-//	err = w.Handle("orders", src, handler, consumer.WithMiddleware(dedup))
+//	w, err := dedupworker.NewWorker(store, dedupworker.Config{})
+//	err = w.Handle("orders", src, handler, dedupworker.WithLease(30*time.Second))
 //	err = w.Run(ctx)
 //
 // # Behaviour

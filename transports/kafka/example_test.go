@@ -13,8 +13,9 @@ import (
 )
 
 // A Worker consuming a topic through a Kafka consumer group. Without a
-// middleware every message is processed at least once; add the
-// deduplication engine with consumer.WithMiddleware(engine.Middleware(...)).
+// processor every message is processed at least once; add the
+// deduplication engine with consumer.WithProcessor(engine.Processor(...)),
+// or use dedupworker.Worker.
 func ExampleSource() {
 	// An in-process Kafka-protocol broker stands in for a real cluster.
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"),

@@ -36,7 +36,7 @@ func TestIsolationThroughEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Close() })
-	dedup, err := eng.Middleware(
+	dedup, err := eng.Processor(
 		idempotency.WithKeySources(idempotency.JSONKey("id")),
 		idempotency.WithMissingKey(idempotency.MissingKeyReject),
 		idempotency.WithRetention(time.Minute),
@@ -55,7 +55,7 @@ func TestIsolationThroughEngine(t *testing.T) {
 		return nil, nil
 	})
 	src := e.source(func(c *kafka.Config) { c.DeadLetterTopic = dlq })
-	r := run(t, worker(t, "iso-engine", src, h, consumer.WithMiddleware(dedup)))
+	r := run(t, worker(t, "iso-engine", src, h, consumer.WithProcessor(dedup)))
 	ends := map[int]int64{0: 32}
 	eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
 	eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })

@@ -518,7 +518,7 @@ func (p *partition) again(d *delivery, st settlement, delay time.Duration) (*del
 }
 
 // abandon hands a delivery that will not run to Process with a cancelled
-// context (the contract of consumer.BatchPreparer: a prepared delivery is
+// context (the contract of consumer.Processor.Prepare: a prepared delivery is
 // always processed once), so the processor releases what it prepared. Its
 // offset stays unfinished.
 func (p *partition) abandon(d *delivery) {

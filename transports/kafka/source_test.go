@@ -179,7 +179,7 @@ func TestKeyOrdering(t *testing.T) {
 
 // deadLetterAfter3 is a processor that naks twice with a short delay, then
 // dead-letters with a key and acks: what the engine does after max attempts.
-func deadLetterAfter3(bad string, calls *sync.Map) consumer.Middleware {
+func deadLetterAfter3(bad string, calls *sync.Map) consumer.ProcessorFactory {
 	return func(name string, next consumer.Handler) consumer.Processor {
 		return consumer.ProcessorFunc(func(ctx context.Context, d consumer.Delivery) {
 			m := d.Message()
@@ -247,7 +247,7 @@ func TestRetryInPlaceThenDeadLetter(t *testing.T) {
 	})
 	var calls sync.Map
 	src := e.source(func(c *kafka.Config) { c.DeadLetterTopic = dlq })
-	w := worker(t, "dl", src, h, consumer.WithMiddleware(deadLetterAfter3("bad", &calls)))
+	w := worker(t, "dl", src, h, consumer.WithProcessor(deadLetterAfter3("bad", &calls)))
 	r := run(t, w)
 	eventually(t, 30*time.Second, "commit at the end of partition 1", func() bool { return e.committed()[1] == 4 })
 	if err := r.stop(t); err != nil {
@@ -312,7 +312,7 @@ func TestNoDeadLetterTopic(t *testing.T) {
 	e := newEnv(t, 1)
 	e.produce(e.topic, []msg{{value: "x"}})
 	got := make(chan error, 1)
-	mw := func(name string, next consumer.Handler) consumer.Processor {
+	proc := func(name string, next consumer.Handler) consumer.Processor {
 		return consumer.ProcessorFunc(func(ctx context.Context, d consumer.Delivery) {
 			select {
 			case got <- d.DeadLetter(ctx, consumer.DeadLetter{Reason: "x"}):
@@ -321,7 +321,7 @@ func TestNoDeadLetterTopic(t *testing.T) {
 			_ = d.Ack(ctx)
 		})
 	}
-	w := worker(t, "nodl", e.source(nil), consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), consumer.WithMiddleware(mw))
+	w := worker(t, "nodl", e.source(nil), consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), consumer.WithProcessor(proc))
 	r := run(t, w)
 	select {
 	case err := <-got:

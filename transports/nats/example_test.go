@@ -15,8 +15,9 @@ import (
 )
 
 // A handler run by a Worker behind a JetStream durable consumer. Without a
-// middleware it runs at least once; add the deduplication engine with
-// consumer.WithMiddleware(engine.Middleware(...)) to make it effectively once.
+// processor it runs at least once; add the deduplication engine with
+// consumer.WithProcessor(engine.Processor(...)), or use dedupworker.Worker,
+// to make it effectively once.
 // The example runs its own nats-server in-process.
 func Example() {
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: tempDir(), NoSigs: true, NoLog: true})

@@ -244,7 +244,7 @@ type batchRecorder struct {
 	proc     int
 }
 
-func (b *batchRecorder) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
+func (b *batchRecorder) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.batches = append(b.batches, len(batch))
@@ -274,6 +274,16 @@ func (b *batchRecorder) Process(ctx context.Context, d consumer.Delivery) {
 	}
 }
 
+// ProcessBatch processes ds one at a time, as a processor of a handler that
+// is not a batch handler does.
+func (b *batchRecorder) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	for _, d := range ds {
+		b.Process(ctx, d)
+	}
+}
+
+func (b *batchRecorder) Batching() bool { return false }
+
 // TestPrepareOncePerBatch: a fetched batch is prepared once, never larger
 // than the concurrency, and each delivery is processed once after it.
 func TestPrepareOncePerBatch(t *testing.T) {
@@ -281,8 +291,8 @@ func TestPrepareOncePerBatch(t *testing.T) {
 		const n, limit = 100, 8
 		e.publish(t, n)
 		b := &batchRecorder{prepared: map[int64]bool{}}
-		mw := func(string, consumer.Handler) consumer.Processor { return b }
-		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithConcurrency(limit), consumer.WithMiddleware(mw))
+		proc := func(string, consumer.Handler) consumer.Processor { return b }
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithConcurrency(limit), consumer.WithProcessor(proc))
 		e.drained(t, "c", 20*time.Second)
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -339,8 +349,8 @@ func TestNakWithDelayAndAttempt(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		e.publish(t, 1)
 		a := &attemptRecorder{delay: 400 * time.Millisecond, okAt: 3}
-		mw := func(string, consumer.Handler) consumer.Processor { return a }
-		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithMiddleware(mw))
+		proc := func(string, consumer.Handler) consumer.Processor { return consumer.ProcessorFunc(a.Process) }
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithProcessor(proc))
 		e.drained(t, "c", 10*time.Second)
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -360,7 +370,7 @@ func TestNakWithDelayAndAttempt(t *testing.T) {
 
 // heartbeating is a Processor that heartbeats every period while the
 // handler runs (as the engine's lease renewer does), then acks.
-func heartbeating(period time.Duration) consumer.Middleware {
+func heartbeating(period time.Duration) consumer.ProcessorFactory {
 	return func(_ string, h consumer.Handler) consumer.Processor {
 		return consumer.ProcessorFunc(func(ctx context.Context, d consumer.Delivery) {
 			done := make(chan struct{})
@@ -414,7 +424,7 @@ func TestHeartbeatPreventsRedelivery(t *testing.T) {
 					return nil, nil
 				})
 				run(t, consumer.Config{}, newSource(t, e, natstr.Config{AckWait: ackWait}), h,
-					consumer.WithConcurrency(2), consumer.WithMiddleware(heartbeating(tc.period)))
+					consumer.WithConcurrency(2), consumer.WithProcessor(heartbeating(tc.period)))
 				e.drained(t, "c", 10*time.Second)
 				if got := starts.Load(); (got > 1) != tc.redeliver {
 					t.Errorf("handler started %d times; redelivery expected: %v", got, tc.redeliver)
@@ -509,13 +519,13 @@ func TestNoDeadLetterConfigured(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		e.publish(t, 1)
 		got := make(chan error, 1)
-		mw := func(string, consumer.Handler) consumer.Processor {
+		proc := func(string, consumer.Handler) consumer.Processor {
 			return consumer.ProcessorFunc(func(ctx context.Context, d consumer.Delivery) {
 				got <- d.DeadLetter(ctx, consumer.DeadLetter{Reason: "x"})
 				_ = d.Ack(ctx)
 			})
 		}
-		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithMiddleware(mw))
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithProcessor(proc))
 		select {
 		case err := <-got:
 			if !errors.Is(err, consumer.ErrNoDeadLetter) {

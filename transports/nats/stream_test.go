@@ -61,7 +61,7 @@ func TestStreamBoundedByConcurrency(t *testing.T) {
 		var batchMu sync.Mutex
 		var bigBatch int
 		gate := make(chan struct{})
-		mw := func(_ string, h consumer.Handler) consumer.Processor {
+		proc := func(_ string, h consumer.Handler) consumer.Processor {
 			return preparer{
 				prepare: func(batch []consumer.Delivery) {
 					batchMu.Lock()
@@ -83,7 +83,7 @@ func TestStreamBoundedByConcurrency(t *testing.T) {
 				},
 			}
 		}
-		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithConcurrency(limit), consumer.WithMiddleware(mw))
+		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), consumer.HandlerFunc(nil), consumer.WithConcurrency(limit), consumer.WithProcessor(proc))
 		var open sync.Once
 		openGate := func() { open.Do(func() { close(gate) }) }
 		t.Cleanup(openGate) // before the worker's stop, also when the test fails
@@ -109,14 +109,22 @@ func TestStreamBoundedByConcurrency(t *testing.T) {
 	})
 }
 
-// preparer is a Processor with a PrepareBatch.
+// preparer is a Processor with a Prepare, taking runs one delivery at a
+// time.
 type preparer struct {
 	prepare func(batch []consumer.Delivery)
 	process func(ctx context.Context, d consumer.Delivery)
 }
 
-func (p preparer) PrepareBatch(_ context.Context, batch []consumer.Delivery) { p.prepare(batch) }
-func (p preparer) Process(ctx context.Context, d consumer.Delivery)          { p.process(ctx, d) }
+func (p preparer) Prepare(_ context.Context, batch []consumer.Delivery) { p.prepare(batch) }
+func (p preparer) Process(ctx context.Context, d consumer.Delivery)     { p.process(ctx, d) }
+func (p preparer) Batching() bool                                       { return false }
+
+func (p preparer) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	for _, d := range ds {
+		p.process(ctx, d)
+	}
+}
 
 // TestStopNaksBuffered: stopping while messages wait in the client's buffer
 // naks them, so a second Consume gets them at once, not after AckWait (30s

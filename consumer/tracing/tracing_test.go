@@ -16,11 +16,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/tracing"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/actions"
 	"github.com/idemkit/dedupworker/internal/fakedelivery"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	"github.com/idemkit/dedupworker/internal/tracing"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
@@ -57,7 +57,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := engine.Middleware()
+	dedup, err := engine.Processor()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,10 +68,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 
 	out := &capture{}
 	inject := func(ctx context.Context, h consumer.Header) { tr.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
-	proc := tr.Wrap("orders", mw("orders", actions.ForwardNATS("orders", out, "out", inject)))
-	if _, ok := proc.(consumer.BatchPreparer); !ok {
-		t.Fatal("the traced processor must keep the engine's batch claims")
-	}
+	proc := tr.Wrap("orders", dedup("orders", actions.ForwardNATS("orders", out, "out", inject)))
 
 	d := fakedelivery.New("order-1", `{"id":1}`)
 	d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
@@ -138,7 +135,7 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer engine.Close()
-	mw, err := engine.Middleware()
+	dedup, err := engine.Processor()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,9 +145,8 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 	tr := tracing.New(tp)
 	out := &capture{}
 	inject := func(ctx context.Context, h consumer.Header) { tr.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
-	proc := tr.Wrap("orders", mw("orders", actions.ForwardNATS("orders", out, "out", inject)))
-	bp, ok := proc.(consumer.BatchProcessor)
-	if !ok || !bp.Batching() {
+	proc := tr.Wrap("orders", dedup("orders", actions.ForwardNATS("orders", out, "out", inject)))
+	if !proc.Batching() {
 		t.Fatal("the traced processor must keep the engine's batch runs")
 	}
 
@@ -162,10 +158,10 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 		d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parents[i]+"-01")
 		ds = append(ds, d)
 	}
-	proc.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds[:2])
-	bp.ProcessBatch(context.Background(), ds[:2])
-	proc.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds[2:])
-	bp.ProcessBatch(context.Background(), ds[2:])
+	proc.Prepare(context.Background(), ds[:2])
+	proc.ProcessBatch(context.Background(), ds[:2])
+	proc.Prepare(context.Background(), ds[2:])
+	proc.ProcessBatch(context.Background(), ds[2:])
 	for _, d := range ds {
 		d.(*fakedelivery.Delivery).ExpectAck(t)
 	}

@@ -1,9 +1,21 @@
 // Package tracing continues W3C trace context through dedupworker
 // (SPEC §8.7): a span per delivery, child of the message's traceparent
 // header, carrying the outcome, a hash of the key (never the key) and the
-// fence; the handler runs inside it, so forward actions inject it onward.
+// fence; the handler runs inside it, so what it sends onward can carry the
+// trace (Propagator, HeaderCarrier).
 //
-// Tracing is off unless the standard OpenTelemetry environment asks for it:
+// A library user makes a Tracer over any OpenTelemetry TracerProvider and
+// wraps every handler's Processor with it:
+//
+//	tr := tracing.New(otel.GetTracerProvider())
+//	w, err := dedupworker.NewWorker(store, dedupworker.Config{Wrap: []consumer.ProcessorWrapper{tr.Wrap}})
+//
+// The span wraps the Processor, not the Handler, because the outcome it
+// records (duplicate, dead-lettered, ...) is decided there, and a duplicate
+// never reaches the handler.
+//
+// The dedupworker binary makes its Tracer with FromEnv. Tracing is then off
+// unless the standard OpenTelemetry environment asks for it:
 // OTEL_TRACES_EXPORTER=otlp, or an OTEL_EXPORTER_OTLP_ENDPOINT /
 // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT. The OTLP/HTTP exporter reads the rest
 // of its settings (headers, timeout, TLS) from the same OTEL_* variables.
@@ -109,40 +121,34 @@ const (
 	AttrAttempt = attribute.Key("dedup.attempt")
 )
 
-// Wrap returns next with a span around every delivery. The span is a child
-// of the message's traceparent, if any, and the handler's context carries it.
-// What next does with batches it still does: it sees each fetched batch
-// (consumer.BatchPreparer) and takes runs (consumer.BatchProcessor), in
+// Wrap returns next with a span around every delivery; it is a
+// consumer.ProcessorWrapper (consumer.Config.Wrap, dedupworker.Config.Wrap).
+// The span is a child of the message's traceparent, if any, and the
+// handler's context carries it. Wrap forwards every method of next: next
+// still sees each fetched batch (Prepare) and takes runs (ProcessBatch), in
 // which each delivery keeps a span of its own (consumer.DeliveryContext).
 func (t *Tracer) Wrap(handler string, next consumer.Processor) consumer.Processor {
-	w := &traced{t: t, handler: handler, next: next}
-	w.prep, _ = next.(consumer.BatchPreparer)
-	w.batch, _ = next.(consumer.BatchProcessor)
-	return w
+	return &traced{t: t, handler: handler, next: next}
 }
 
 type traced struct {
 	t       *Tracer
 	handler string
 	next    consumer.Processor
-	prep    consumer.BatchPreparer  // nil when next claims one delivery at a time
-	batch   consumer.BatchProcessor // nil when next takes one delivery at a time
 }
 
-// PrepareBatch shows the batch to next.
-func (t *traced) PrepareBatch(ctx context.Context, batch []consumer.Delivery) {
-	if t.prep != nil {
-		t.prep.PrepareBatch(ctx, batch)
-	}
+// Prepare shows the batch to next.
+func (t *traced) Prepare(ctx context.Context, batch []consumer.Delivery) {
+	t.next.Prepare(ctx, batch)
 }
 
 // Batching reports whether next hands runs to its handler.
-func (t *traced) Batching() bool { return t.batch != nil && t.batch.Batching() }
+func (t *traced) Batching() bool { return t.next.Batching() }
 
 // ProcessBatch runs ds through next in one call, each delivery in a span of
 // its own.
 func (t *traced) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
-	if t.batch == nil {
+	if !t.next.Batching() {
 		for _, d := range ds {
 			t.Process(ctx, d)
 		}
@@ -153,12 +159,13 @@ func (t *traced) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	for i, d := range ds {
 		ctxs[d], ends[i] = t.begin(ctx, d)
 	}
-	t.batch.ProcessBatch(consumer.WithDeliveryContexts(ctx, ctxs), ds)
+	t.next.ProcessBatch(consumer.WithDeliveryContexts(ctx, ctxs), ds)
 	for _, end := range ends {
 		end()
 	}
 }
 
+// Process runs d through next inside d's span.
 func (t *traced) Process(ctx context.Context, d consumer.Delivery) {
 	ctx, end := t.begin(ctx, d)
 	defer end()
