@@ -61,7 +61,9 @@ type Options struct {
 	Registry *prometheus.Registry
 	// Hooks are added to the metrics hooks (the demo counts runs).
 	Hooks consumer.Hooks
-	// Wrap, when set, wraps each handler's action (the demo counts runs).
+	// Wrap, when set, wraps each handler's action as its middleware (the
+	// demo counts runs). A forward action is a consumer.BatchHandler: Wrap
+	// returns one around it (consumer.Batched), or Build fails.
 	Wrap func(handler string, h consumer.Handler) consumer.Handler
 	// Tracer, when set, puts a span around every delivery and injects its
 	// context into what forward and http actions send (SPEC §8.7).
@@ -125,14 +127,16 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("%s.action: %w", field, err)
 		}
-		if opts.Wrap != nil {
-			action = opts.Wrap(h.Name, action)
-		}
 		dedup, err := engine.Processor(engineOptions(h)...)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
-		if err := a.worker.Handle(h.Name, src, action, consumer.WithProcessor(dedup), consumer.WithConcurrency(h.Concurrency)); err != nil {
+		hopts := []consumer.HandleOption{consumer.WithProcessor(dedup), consumer.WithConcurrency(h.Concurrency)}
+		if opts.Wrap != nil {
+			name := h.Name
+			hopts = append(hopts, consumer.WithMiddleware(func(next consumer.Handler) consumer.Handler { return opts.Wrap(name, next) }))
+		}
+		if err := a.worker.Handle(h.Name, src, action, hopts...); err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
 		a.metrics.Register(transport, h.Name)

@@ -275,20 +275,9 @@ func (c *handlerCounts) String() string {
 // wrap counts successful runs and makes the first run of every n-th key
 // fail, so the transport must redeliver it.
 func (c *handlerCounts) wrap(next consumer.Handler, n int) consumer.Handler {
-	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-		key := m.Header.Get("Idempotency-Key")
-		if i, err := strconv.Atoi(key[len("order-"):]); n > 0 && err == nil && i%n == 0 {
-			c.mu.Lock()
-			first := !c.failedOnce[key]
-			if c.failedOnce == nil {
-				c.failedOnce = map[string]bool{}
-			}
-			c.failedOnce[key] = true
-			c.mu.Unlock()
-			if first {
-				c.failed.Add(1)
-				return nil, consumer.RetryAfterErr(20*time.Millisecond, errors.New("demo: forced failure"))
-			}
+	one := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		if err := c.forcedFailure(m, n); err != nil {
+			return nil, err
 		}
 		res, err := next.Handle(ctx, m)
 		if err == nil {
@@ -296,6 +285,61 @@ func (c *handlerCounts) wrap(next consumer.Handler, n int) consumer.Handler {
 		}
 		return res, err
 	})
+	bh, ok := next.(consumer.BatchHandler)
+	if !ok {
+		return one
+	}
+	// The forward actions are batch handlers: a run keeps going to them in
+	// one call, less its forced failures, as production runs it.
+	return consumer.Batched(one, consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
+		var (
+			pass []*consumer.Message
+			ctxs []context.Context
+			idx  []int
+		)
+		for i, m := range msgs {
+			if err := c.forcedFailure(m, n); err != nil {
+				results[i].Err = err
+				continue
+			}
+			pass = append(pass, m)
+			ctxs = append(ctxs, consumer.MessageContext(ctx, i))
+			idx = append(idx, i)
+		}
+		if len(pass) == 0 {
+			return
+		}
+		sub := make([]consumer.Result, len(pass))
+		consumer.CallBatchHandler(consumer.WithMessageContexts(ctx, ctxs), bh, pass, sub)
+		for j, i := range idx {
+			results[i] = sub[j]
+			if sub[j].Err == nil {
+				c.runs.Add(1)
+			}
+		}
+	}))
+}
+
+// forcedFailure fails the first run of every n-th key, so the demo shows a
+// retry.
+func (c *handlerCounts) forcedFailure(m *consumer.Message, n int) error {
+	key := m.Header.Get("Idempotency-Key")
+	i, err := strconv.Atoi(key[len("order-"):])
+	if n <= 0 || err != nil || i%n != 0 {
+		return nil
+	}
+	c.mu.Lock()
+	first := !c.failedOnce[key]
+	if c.failedOnce == nil {
+		c.failedOnce = map[string]bool{}
+	}
+	c.failedOnce[key] = true
+	c.mu.Unlock()
+	if !first {
+		return nil
+	}
+	c.failed.Add(1)
+	return consumer.RetryAfterErr(20*time.Millisecond, errors.New("demo: forced failure"))
 }
 
 type outcomeCounter map[string]*handlerCounts
