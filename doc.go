@@ -18,6 +18,12 @@
 // WithMaxAttempts is reached. ClaimOf gives a running handler its claim's
 // fence, for downstream systems that must reject a stale writer.
 //
+// Cross-cutting concerns stack: a Middleware wraps the handler
+// (Config.Middleware for every handler, WithMiddleware for one, the first
+// listed outermost) and runs after the claim, only when the handler does;
+// Config.Wrap wraps each delivery's processing and sees every outcome,
+// duplicates included, as consumer/tracing's span per delivery does.
+//
 // For tests, idempotency/memstore is an in-memory store with the Redis
 // store's semantics and consumer/consumertest an in-memory source.
 package dedupworker
