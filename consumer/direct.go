@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// direct is the Processor used without a middleware: at-least-once, no
+// direct is the Processor used without WithProcessor: at-least-once, no
 // deduplication.
 type direct struct {
 	name  string
