@@ -227,3 +227,27 @@ func TestWrapSeesEveryMethod(t *testing.T) {
 		t.Fatalf("calls %v (factory for %q), want %v (for \"h\")", got, factoryName, want)
 	}
 }
+
+func TestRunRejectsNilProcessors(t *testing.T) {
+	h := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
+	nilWrap := func(string, consumer.Processor) consumer.Processor { return nil }
+	nilFactory := func(string, consumer.Handler) consumer.Processor { return nil }
+	cases := []struct {
+		name string
+		cfg  consumer.Config
+		opts []consumer.HandleOption
+		want string
+	}{
+		{"factory", consumer.Config{}, []consumer.HandleOption{consumer.WithProcessor(nilFactory)}, "WithProcessor factory returned a nil Processor"},
+		{"wrapper", consumer.Config{Wrap: []consumer.ProcessorWrapper{nilWrap}}, nil, "Config.Wrap[0] returned a nil Processor"},
+	}
+	for _, tc := range cases {
+		w := consumer.NewWorker(tc.cfg)
+		if err := w.Handle("h", &chanSource{in: make(chan consumer.Delivery)}, h, tc.opts...); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Run(t.Context()); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Run: %v; want an error saying %q", tc.name, err, tc.want)
+		}
+	}
+}

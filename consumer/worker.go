@@ -156,7 +156,8 @@ func (w *Worker) Handle(name string, src Source, h Handler, opts ...HandleOption
 // ShutdownTimeout, cancels the rest (they release their claims and the
 // message is redelivered), waits for every source to finish its bookkeeping
 // and returns nil. If a source fails, the others are stopped the same way and
-// Run returns the failure.
+// Run returns the failure. It fails before anything starts when a
+// WithProcessor factory or a Config.Wrap wrapper returns nil.
 func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	if w.running {
@@ -182,13 +183,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	workCtx, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelWork(nil)
 
+	runners := make([]*runner, len(handlers))
+	for i, reg := range handlers {
+		r, err := w.newRunner(reg, workCtx)
+		if err != nil {
+			return err
+		}
+		runners[i] = r
+	}
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
 		errs []error
 	)
-	for _, reg := range handlers {
-		r := w.newRunner(reg, workCtx)
+	for i, reg := range handlers {
+		r := runners[i]
 		wg.Go(func() {
 			w.cfg.Logger.Info("handler started", "handler", reg.name, "concurrency", reg.concurrency)
 			err := reg.src.Consume(fetchCtx, r)
@@ -226,7 +235,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (w *Worker) newRunner(reg *registration, workCtx context.Context) *runner {
+// newRunner makes reg's Processor and wraps it in Config.Wrap; it fails when
+// the factory or a wrapper returns nil.
+func (w *Worker) newRunner(reg *registration, workCtx context.Context) (*runner, error) {
 	r := &runner{
 		name:    reg.name,
 		limit:   reg.concurrency,
@@ -235,14 +246,18 @@ func (w *Worker) newRunner(reg *registration, workCtx context.Context) *runner {
 		workCtx: workCtx,
 	}
 	if reg.processor != nil {
-		r.proc = reg.processor(reg.name, reg.handler)
+		if r.proc = reg.processor(reg.name, reg.handler); r.proc == nil {
+			return nil, fmt.Errorf("dedup: handler %q: the WithProcessor factory returned a nil Processor", reg.name)
+		}
 	} else {
 		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger}
 	}
 	for i := len(w.cfg.Wrap) - 1; i >= 0; i-- {
-		r.proc = w.cfg.Wrap[i](reg.name, r.proc)
+		if r.proc = w.cfg.Wrap[i](reg.name, r.proc); r.proc == nil {
+			return nil, fmt.Errorf("dedup: handler %q: Config.Wrap[%d] returned a nil Processor", reg.name, i)
+		}
 	}
-	return r
+	return r, nil
 }
 
 // runner implements Runner for one registration.
