@@ -108,13 +108,13 @@ type Runner interface {
 	// Concurrency's slots for the whole call: a batch handler call is one
 	// unit of work, however many messages it carries. A processor that is
 	// not Batching takes the deliveries one at a time, in order, under that
-	// one slot. Every delivery of ds has Process's contract
-	// (with a cancelled ctx it is settled as best it can).
+	// one slot. Every delivery of ds has Process's contract (with a
+	// cancelled ctx it is settled as best it can).
 	ProcessBatch(ctx context.Context, ds []Delivery)
 	// Batching reports whether ProcessBatch gives the handler runs at once
 	// (Processor.Batching: a BatchHandler behind a processor that hands it
-	// runs). When it is false, a run is
-	// processed one delivery after another: a source with no order to keep
-	// (NATS) should then call Process for each delivery concurrently.
+	// runs). When it is false, a run is processed one delivery after
+	// another: a source with no order to keep (NATS) should then call
+	// Process for each delivery concurrently.
 	Batching() bool
 }
