@@ -32,6 +32,11 @@ type Config struct {
 	// cause ErrShutdownTimeout and their claims released (SPEC §8.3).
 	// Default 30s; negative means cancel at once.
 	ShutdownTimeout time.Duration
+	// Retry is how handlers registered without a middleware retry failures
+	// (Decide). A backoff left zero (both fields) is DefaultRetryPolicy's.
+	// The deduplication engine has its own (idempotency.WithBackoff,
+	// WithMaxAttempts).
+	Retry RetryPolicy
 }
 
 func (c *Config) withDefaults() {
@@ -43,6 +48,10 @@ func (c *Config) withDefaults() {
 	}
 	if c.ShutdownTimeout < 0 {
 		c.ShutdownTimeout = 0
+	}
+	if c.Retry.BackoffInitial == 0 && c.Retry.BackoffMax == 0 {
+		def := DefaultRetryPolicy()
+		c.Retry.BackoffInitial, c.Retry.BackoffMax = def.BackoffInitial, def.BackoffMax
 	}
 }
 
@@ -204,7 +213,7 @@ func (w *Worker) newRunner(reg *registration, workCtx context.Context) *runner {
 	if reg.middleware != nil {
 		r.proc = reg.middleware(reg.name, reg.handler)
 	} else {
-		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger}
+		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger, retry: w.cfg.Retry}
 	}
 	r.prep, _ = r.proc.(BatchPreparer)
 	r.batch, _ = r.proc.(BatchProcessor)

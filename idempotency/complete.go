@@ -100,7 +100,7 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		case errs[i] != nil:
 			p.log.Error("handler finished but its completion could not be stored; not acked, the message will be redelivered",
 				"origin", d.Message().Origin.String(), "err", errs[i])
-			p.settle(ctx, d, consumer.OutcomeStoreError, nak(consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax)))
+			p.settle(ctx, d, consumer.OutcomeStoreError, nak(p.storeRetry.Delay(d.Attempt())))
 		case !owned[i]:
 			p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", c.cl.Fence)
 			p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, c.cl))

@@ -15,7 +15,7 @@ func (p *processor) deadLetterOwned(ctx context.Context, d consumer.Delivery, cl
 	dl := consumer.DeadLetter{Reason: reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: attempt}
 	if !p.publishDeadLetter(ctx, d, dl) {
 		p.release(ctx, cl)
-		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(attempt, p.cfg.backoffInitial, p.cfg.backoffMax)))
+		p.retryDeadLetter(ctx, d, attempt)
 		return completing{}, false
 	}
 	p.log.Error("message dead-lettered", "origin", m.Origin.String(), "reason", reason, "attempts", attempt, "err", herr)
@@ -40,4 +40,10 @@ func (p *processor) publishDeadLetter(ctx context.Context, d consumer.Delivery, 
 	}
 	p.log.Error("dead-letter publish failed; will retry", "origin", d.Message().Origin.String(), "reason", dl.Reason, "err", err)
 	return false
+}
+
+// retryDeadLetter naks d, whose dead-letter publish failed, for another
+// attempt after the handler backoff of attempt.
+func (p *processor) retryDeadLetter(ctx context.Context, d consumer.Delivery, attempt int) {
+	p.settle(ctx, d, consumer.OutcomeFailed, nak(p.retry.Delay(attempt)))
 }

@@ -83,14 +83,17 @@ func (e *Engine) Middleware(opts ...Option) (consumer.Middleware, error) {
 	}
 	return func(name string, next consumer.Handler) consumer.Processor {
 		return &processor{
-			e:        e,
-			name:     name,
-			h:        next,
-			cfg:      cfg,
-			log:      e.log.With("handler", name),
-			prepared: make(map[consumer.Delivery]*prepared),
-			held:     make(map[string]*prepared),
-			renewals: renewals{tick: max(cfg.lease/100, time.Millisecond)},
+			e:             e,
+			name:          name,
+			h:             next,
+			cfg:           cfg,
+			log:           e.log.With("handler", name),
+			prepared:      make(map[consumer.Delivery]*prepared),
+			held:          make(map[string]*prepared),
+			renewals:      renewals{tick: max(cfg.lease/100, time.Millisecond)},
+			retry:         consumer.RetryPolicy{MaxAttempts: cfg.maxAttempts, BackoffInitial: cfg.backoffInitial, BackoffMax: cfg.backoffMax},
+			storeRetry:    consumer.RetryPolicy{BackoffInitial: cfg.storeRetryMin, BackoffMax: cfg.storeRetryMax},
+			inFlightRetry: consumer.RetryPolicy{BackoffInitial: cfg.backoffInitial, BackoffMax: max(cfg.backoffInitial, cfg.lease)},
 		}
 	}, nil
 }
@@ -102,6 +105,13 @@ type processor struct {
 	h    consumer.Handler
 	cfg  handlerConfig
 	log  *slog.Logger
+
+	// retry decides the fate of a failed handler run (consumer.Decide) and
+	// the delay of a retry after a failed dead-letter publish; storeRetry
+	// the delay of a redelivery while the store is unavailable (SPEC §7.3);
+	// inFlightRetry that of a key still in flight elsewhere after the wait
+	// (SPEC §5.1), at most a lease.
+	retry, storeRetry, inFlightRetry consumer.RetryPolicy
 
 	renewals renewals
 

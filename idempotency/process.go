@@ -214,7 +214,7 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 		p.e.hooks.CorruptRecord(p.name)
 		p.log.Warn("stored value was not a valid record; replaced by a fresh claim", "key_hash", keyHash(pr.ekey))
 	}
-	if cl.Attempts > p.cfg.maxAttempts {
+	if cl.Attempts > p.retry.MaxAttempts {
 		// The key has had its max_attempts runs, and the last of them
 		// ended with no outcome stored (its worker died, or it lost its
 		// lease): an error would have dead-lettered it. The attempts are
@@ -222,8 +222,8 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 		// key that kills its worker on every run stops here instead of
 		// running for ever.
 		runs := cl.Attempts - 1
-		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.cfg.maxAttempts)
-		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, "max_attempts", err, runs); ok {
+		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.retry.MaxAttempts)
+		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, consumer.ReasonMaxAttempts, err, runs); ok {
 			p.completeOne(ctx, c)
 		}
 		return leaseEnd, claimSettled
@@ -274,14 +274,16 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 		p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, cl))
 		return completing{}, false
 	}
-	if herr == nil {
+	attempt := rs.info.Attempt
+	f := consumer.Decide(ctx, herr, attempt, p.retry)
+	switch f.Action {
+	case consumer.ActAck:
 		outcome := consumer.OutcomeProcessed
 		if pr.res.Outcome == ClaimReclaimed {
 			outcome = consumer.OutcomeReclaimed
 		}
 		return p.completion(d, cl, RecordOutcomeOK, result, nil, outcome), true
-	}
-	if ctx.Err() != nil {
+	case consumer.ActRedeliver:
 		p.log.Info("handler cancelled; claim released for redelivery", "origin", m.Origin.String(), "cause", context.Cause(ctx))
 		p.release(ctx, cl)
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
@@ -291,23 +293,13 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 	if errors.As(herr, &pe) {
 		p.log.Error("handler panicked", "origin", m.Origin.String(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 	}
-	attempt := rs.info.Attempt
-	permanent := consumer.IsPermanent(herr)
-	if permanent || attempt >= p.cfg.maxAttempts {
-		reason := "max_attempts"
-		if permanent {
-			reason = "permanent_error"
-		}
-		return p.deadLetterOwned(ctx, d, cl, pr.key, reason, herr, attempt)
-	}
-	delay, ok := consumer.RetryDelay(herr)
-	if !ok {
-		delay = consumer.Backoff(attempt, p.cfg.backoffInitial, p.cfg.backoffMax)
+	if f.Action == consumer.ActDeadLetter {
+		return p.deadLetterOwned(ctx, d, cl, pr.key, f.Reason, herr, attempt)
 	}
 	p.log.Warn("handler failed; released for retry", "origin", m.Origin.String(), "attempt", attempt,
-		"max_attempts", p.cfg.maxAttempts, "delay", delay, "err", herr)
+		"max_attempts", p.retry.MaxAttempts, "delay", f.Delay, "err", herr)
 	p.release(ctx, cl)
-	p.settle(ctx, d, consumer.OutcomeFailed, nak(delay))
+	p.settle(ctx, d, consumer.OutcomeFailed, nak(f.Delay))
 	return completing{}, false
 }
 
@@ -322,28 +314,20 @@ func (p *processor) runUnclaimed(ctx context.Context, d consumer.Delivery, key s
 	_, herr := consumer.CallHandler(hctx, p.h, m)
 	cancel()
 	p.e.hooks.HandlerDone(p.name, time.Since(start), herr)
-	switch {
-	case herr == nil:
+	switch f := consumer.Decide(ctx, herr, d.Attempt(), p.retry); f.Action {
+	case consumer.ActAck:
 		p.settle(ctx, d, outcome, ack)
-	case ctx.Err() != nil:
+	case consumer.ActRedeliver:
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
-	case consumer.IsPermanent(herr) || d.Attempt() >= p.cfg.maxAttempts:
-		reason := "max_attempts"
-		if consumer.IsPermanent(herr) {
-			reason = "permanent_error"
-		}
-		dl := consumer.DeadLetter{Reason: reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: d.Attempt()}
+	case consumer.ActDeadLetter:
+		dl := consumer.DeadLetter{Reason: f.Reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: d.Attempt()}
 		if !p.publishDeadLetter(ctx, d, dl) {
-			p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)))
+			p.retryDeadLetter(ctx, d, d.Attempt())
 			return
 		}
 		p.settle(ctx, d, consumer.OutcomeDeadLettered, ack)
-	default:
-		delay, ok := consumer.RetryDelay(herr)
-		if !ok {
-			delay = consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)
-		}
-		p.log.Warn("handler failed; will retry", "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", delay, "err", herr)
-		p.settle(ctx, d, consumer.OutcomeFailed, nak(delay))
+	case consumer.ActRetry:
+		p.log.Warn("handler failed; will retry", "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", f.Delay, "err", herr)
+		p.settle(ctx, d, consumer.OutcomeFailed, nak(f.Delay))
 	}
 }

@@ -50,7 +50,7 @@ func (p *processor) afterLoss(ctx context.Context, d consumer.Delivery, cl *Clai
 		return ack
 	}
 	p.log.Warn("no new owner holds the key of a lost claim; redelivering", "origin", d.Message().Origin.String(), "fence", cl.Fence, "err", err)
-	return nak(consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax))
+	return nak(p.storeRetry.Delay(d.Attempt()))
 }
 
 func (p *processor) release(ctx context.Context, cl *Claim) {
@@ -99,7 +99,7 @@ func (p *processor) mismatch(ctx context.Context, d consumer.Delivery, pr *prepa
 	p.log.Warn("idempotency key reused for different content; rejected", "origin", d.Message().Origin.String(), "key_hash", keyHash(pr.ekey))
 	dl := consumer.DeadLetter{Reason: "fingerprint_mismatch", Err: "payload fingerprint differs from the stored record's", Key: pr.key, Handler: p.name}
 	if !p.publishDeadLetter(ctx, d, dl) {
-		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)))
+		p.retryDeadLetter(ctx, d, d.Attempt())
 		return
 	}
 	p.settle(ctx, d, consumer.OutcomeMismatch, ack)
@@ -112,14 +112,14 @@ func (p *processor) missingKey(ctx context.Context, d consumer.Delivery) {
 	}
 	dl := consumer.DeadLetter{Reason: "missing_key", Err: "no idempotency key from " + sourcesString(p.cfg.keySources), Handler: p.name}
 	if !p.publishDeadLetter(ctx, d, dl) {
-		p.settle(ctx, d, consumer.OutcomeFailed, nak(consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, p.cfg.backoffMax)))
+		p.retryDeadLetter(ctx, d, d.Attempt())
 		return
 	}
 	p.settle(ctx, d, consumer.OutcomeMissingKey, ack)
 }
 
 func (p *processor) inFlight(ctx context.Context, d consumer.Delivery, pr *prepared) {
-	delay := consumer.Backoff(d.Attempt(), p.cfg.backoffInitial, max(p.cfg.backoffInitial, p.cfg.lease))
+	delay := p.inFlightRetry.Delay(d.Attempt())
 	p.log.Info("key in flight elsewhere; redelivering later", "origin", d.Message().Origin.String(), "key_hash", keyHash(pr.ekey), "delay", delay)
 	p.settle(ctx, d, consumer.OutcomeInFlight, nak(delay))
 }
@@ -135,7 +135,7 @@ func (p *processor) storeDown(ctx context.Context, d consumer.Delivery, op strin
 		p.runUnclaimed(ctx, d, "", consumer.OutcomeStoreBypassed)
 		return
 	}
-	delay := consumer.Backoff(d.Attempt(), p.cfg.storeRetryMin, p.cfg.storeRetryMax)
+	delay := p.storeRetry.Delay(d.Attempt())
 	p.log.Warn("store unavailable; not running, not acking, retrying", "op", op, "delay", delay, "err", err)
 	p.settle(ctx, d, consumer.OutcomeStoreError, nak(delay))
 }
