@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 )
 
 func TestDecide(t *testing.T) {
@@ -97,37 +98,45 @@ func TestActionString(t *testing.T) {
 	}
 }
 
+// listSource hands its deliveries to the runner one after the other, then
+// returns, which ends the Worker's Run.
+type listSource []consumer.Delivery
+
+func (s listSource) Consume(ctx context.Context, r consumer.Runner) error {
+	for _, d := range s {
+		r.Process(ctx, d)
+	}
+	return nil
+}
+
 // A handler without a middleware retries under Config.Retry: its backoff,
 // and its attempt limit, after which the message is dead-lettered.
 func TestWorkerDirectUsesConfigRetry(t *testing.T) {
-	src := &chanSource{in: make(chan consumer.Delivery)}
+	first := consumertest.NewDelivery(consumertest.NewMessage("", "a"), 1)
+	second := consumertest.NewDelivery(consumertest.NewMessage("", "b"), 2)
+	last := consumertest.NewDelivery(consumertest.NewMessage("", "c"), 3)
 	w := consumer.NewWorker(consumer.Config{Retry: consumer.RetryPolicy{MaxAttempts: 3, BackoffInitial: 10 * time.Second, BackoffMax: time.Minute}})
-	err := w.Handle("h", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
+	err := w.Handle("h", listSource{first, second, last}, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
 		return nil, errors.New("transient")
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := start(ctx, w)
-
-	first, second, last := newDelivery("a"), newDelivery("b"), newDelivery("c")
-	second.attempt, last.attempt = 2, 3
-	for _, d := range []*delivery{first, second, last} {
-		src.in <- d
-		wait(t, d.done, string(d.msg.Payload))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
-	cancel()
-	if err := <-runErr; err != nil {
-		t.Fatalf("Run after cancel = %v, want nil", err)
+	for _, c := range []struct {
+		d      *consumertest.Delivery
+		lo, hi time.Duration
+	}{{first, 8 * time.Second, 12 * time.Second}, {second, 16 * time.Second, 24 * time.Second}} {
+		if st, n := c.d.Settled(); st != consumertest.Nakked || n != 1 || c.d.NakDelay() < c.lo || c.d.NakDelay() > c.hi {
+			t.Errorf("attempt %d: settled %s %d times, delay %s, want one nak within [%s, %s]", c.d.Attempt(), st, n, c.d.NakDelay(), c.lo, c.hi)
+		}
 	}
-	if len(first.naks) != 1 || first.naks[0] < 8*time.Second || first.naks[0] > 12*time.Second {
-		t.Errorf("attempt 1: naks %v, want one of ~10s", first.naks)
-	}
-	if len(second.naks) != 1 || second.naks[0] < 16*time.Second || second.naks[0] > 24*time.Second {
-		t.Errorf("attempt 2: naks %v, want one of ~20s", second.naks)
-	}
-	if !last.acked || len(last.dead) != 1 || last.dead[0].Reason != consumer.ReasonMaxAttempts || last.dead[0].Attempts != 3 {
-		t.Errorf("attempt 3: acked %v dead %+v, want dead-lettered (max_attempts, 3 attempts) and acked", last.acked, last.dead)
+	dl := last.DeadLetterInfo()
+	if st, n := last.Settled(); st != consumertest.DeadLettered || n != 1 || dl == nil || dl.Reason != consumer.ReasonMaxAttempts || dl.Attempts != 3 {
+		t.Errorf("attempt 3: settled %s %d times, dead letter %+v, want dead-lettered once (max_attempts, 3 attempts)", st, n, dl)
 	}
 }
