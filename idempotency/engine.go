@@ -18,6 +18,10 @@ type Config struct {
 	Hooks consumer.Hooks
 	// StoreTimeout bounds every store call. Default 5s.
 	StoreTimeout time.Duration
+	// Clock is the local time that schedules lease renewals and estimates
+	// a lease's end (see Clock). Default: the system clock. Waits and
+	// timeouts of store calls always take real time.
+	Clock Clock
 }
 
 // Engine deduplicates deliveries against a Store. One Engine serves any
@@ -27,6 +31,7 @@ type Engine struct {
 	log       *slog.Logger
 	hooks     consumer.Hooks
 	timeout   time.Duration
+	clock     Clock
 	completer *batcher[Completion, bool]
 	claimer   *batcher[ClaimRequest, ClaimResult]
 
@@ -47,6 +52,9 @@ func New(store Store, cfg Config) (*Engine, error) {
 	if cfg.StoreTimeout == 0 {
 		cfg.StoreTimeout = 5 * time.Second
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = systemClock{}
+	}
 	if cfg.StoreTimeout < 0 {
 		return nil, fmt.Errorf("%w: StoreTimeout %s: must be positive", ErrInvalidOption, cfg.StoreTimeout)
 	}
@@ -55,6 +63,7 @@ func New(store Store, cfg Config) (*Engine, error) {
 		log:     cfg.Logger,
 		hooks:   cfg.Hooks,
 		timeout: cfg.StoreTimeout,
+		clock:   cfg.Clock,
 	}
 	e.completer = newCompleter(e.store, e.timeout)
 	e.claimer = newClaimer(e.store, e.timeout)
@@ -90,7 +99,7 @@ func (e *Engine) Middleware(opts ...Option) (consumer.Middleware, error) {
 			log:           e.log.With("handler", name),
 			prepared:      make(map[consumer.Delivery]*prepared),
 			held:          make(map[string]*prepared),
-			renewals:      renewals{tick: max(cfg.lease/100, time.Millisecond)},
+			renewals:      schedule{clock: e.clock, tick: max(cfg.lease/100, time.Millisecond)},
 			retry:         consumer.RetryPolicy{MaxAttempts: cfg.maxAttempts, BackoffInitial: cfg.backoffInitial, BackoffMax: cfg.backoffMax},
 			storeRetry:    consumer.RetryPolicy{BackoffInitial: cfg.storeRetryMin, BackoffMax: cfg.storeRetryMax},
 			inFlightRetry: consumer.RetryPolicy{BackoffInitial: cfg.backoffInitial, BackoffMax: max(cfg.backoffInitial, cfg.lease)},
@@ -113,7 +122,7 @@ type processor struct {
 	// (SPEC §5.1), at most a lease.
 	retry, storeRetry, inFlightRetry consumer.RetryPolicy
 
-	renewals renewals
+	renewals schedule // of the running handlers' lease renewals
 
 	mu       sync.Mutex
 	prepared map[consumer.Delivery]*prepared
@@ -138,5 +147,5 @@ type prepared struct {
 	batched bool
 	res     ClaimResult
 	err     error
-	claimAt time.Time // local time the claim was requested
+	claimAt time.Time // when the claim was requested, on the engine's Clock
 }

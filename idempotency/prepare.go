@@ -3,7 +3,6 @@ package idempotency
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
 )
@@ -45,7 +44,7 @@ func (p *processor) PrepareBatch(ctx context.Context, batch []consumer.Delivery)
 		idx = append(idx, i)
 	}
 	if len(reqs) > 0 {
-		now := time.Now()
+		now := p.e.clock.Now()
 		res, err := p.claim(ctx, reqs)
 		for j, i := range idx {
 			pr := prs[i]

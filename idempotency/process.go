@@ -44,7 +44,7 @@ func (p *processor) process(ctx context.Context, d consumer.Delivery, pr *prepar
 			p.adopt(pr)
 		}
 		if !pr.claimed {
-			pr.claimAt = time.Now()
+			pr.claimAt = p.e.clock.Now()
 			cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
 			res, err := p.e.claimer.do(cctx, p.claimRequest(pr))
 			cancel()
@@ -196,8 +196,8 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 	res := pr.res
 	cl := res.Claim
 	leaseEnd := pr.claimAt.Add(p.cfg.lease)
-	if time.Since(pr.claimAt) > p.cfg.lease/3 {
-		start := time.Now()
+	if now := p.e.clock.Now(); now.Sub(pr.claimAt) > p.cfg.lease/3 {
+		start := now
 		rctx, cancel := context.WithTimeout(ctx, p.e.timeout)
 		_, ok, err := p.e.store.Renew(rctx, cl.Key, cl.Token, p.cfg.lease)
 		cancel()
