@@ -71,13 +71,13 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		// must not stop it: a deadline shared with the other deliveries.
 		if len(todo) == 1 {
 			i := todo[0]
-			owned[i], errs[i] = p.e.completer.do(p.e.completeBy.ctx(), cs[i].c)
+			owned[i], errs[i] = p.e.completer.do(p.e.completeBy.Ctx(), cs[i].c)
 		} else {
 			reqs := make([]Completion, len(todo))
 			for j, i := range todo {
 				reqs[j] = cs[i].c
 			}
-			res, rerrs := p.e.completer.doAll(p.e.completeBy.ctx(), reqs)
+			res, rerrs := p.e.completer.doAll(p.e.completeBy.Ctx(), reqs)
 			for j, i := range todo {
 				owned[i], errs[i] = res[j], rerrs[j]
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/ctxshare"
 )
 
 // Config configures an Engine. The zero value is usable.
@@ -36,9 +37,10 @@ type Engine struct {
 	claimer   *batcher[ClaimRequest, ClaimResult]
 
 	// Shared deadlines for the calls every delivery makes: completing its
-	// key and settling it (see deadlines).
-	completeBy deadlines
-	settleBy   deadlines
+	// key and settling it, with no context or timer of their own
+	// (BenchmarkEngine's allocs/op guards them).
+	completeBy ctxshare.Deadlines
+	settleBy   ctxshare.Deadlines
 }
 
 // New returns an Engine over store.
@@ -67,8 +69,8 @@ func New(store Store, cfg Config) (*Engine, error) {
 	}
 	e.completer = newCompleter(e.store, e.timeout)
 	e.claimer = newClaimer(e.store, e.timeout)
-	e.completeBy.d = e.timeout
-	e.settleBy.d = settleTimeout
+	e.completeBy.D = e.timeout
+	e.settleBy.D = settleTimeout
 	return e, nil
 }
 

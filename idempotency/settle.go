@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/ctxshare"
 )
 
 // settleTimeout bounds an ack, nak or dead-letter publish.
@@ -15,14 +16,9 @@ type settleFunc func(ctx context.Context, d consumer.Delivery) error
 // settle acks or naks with its own deadline (it must work during shutdown,
 // when ctx is cancelled) and reports the outcome.
 func (p *processor) settle(ctx context.Context, d consumer.Delivery, outcome consumer.Outcome, f settleFunc) {
-	values := ctx
-	if ctx.Done() != nil {
-		// Hide its cancellation (a context that can never be cancelled,
-		// as the sources' shared delivery context, has none to hide).
-		values = context.WithoutCancel(ctx)
-	}
-	sctx := &valuesCtx{Context: p.e.settleBy.ctx(), values: values}
-	if err := f(sctx, d); err != nil {
+	// The delivery's values (its trace span) on a deadline shared with
+	// the other settles.
+	if err := f(ctxshare.WithValues(p.e.settleBy.Ctx(), ctx), d); err != nil {
 		p.log.Error("settling the delivery failed; the broker will redeliver it", "origin", d.Message().Origin.String(), "outcome", string(outcome), "err", err)
 	}
 	p.e.hooks.Outcome(p.name, d.Message().Origin.Transport, outcome)
