@@ -10,8 +10,9 @@ import "time"
 type Clock interface {
 	// Now returns the current local time.
 	Now() time.Time
-	// AfterFunc calls f, on a goroutine of its own, once d has passed, as
-	// time.AfterFunc does.
+	// AfterFunc calls f once d has passed, as time.AfterFunc does. f
+	// must not rely on the goroutine it runs on: the system clock starts
+	// one, idempotencytest.Clock runs f inside its Advance.
 	AfterFunc(d time.Duration, f func()) Timer
 }
 
