@@ -72,41 +72,63 @@ func (p *processor) process(ctx context.Context, d consumer.Delivery, pr *prepar
 			p.mismatch(ctx, d, pr, res.Record)
 			return
 		case ClaimInFlight:
-			if pr.batched && !p.cfg.shadow {
-				// The batch claim found the key in flight, perhaps long
-				// ago: claim again before waiting, which costs one round
-				// trip where the wait's read and the claim after it cost
-				// two. Not a round of its own.
-				pr.claimed, pr.batched = false, false
+			switch p.onInFlight(ctx, d, pr, round) {
+			case inFlightSettled:
+				return
+			case inFlightClaimFree:
 				round--
-				continue
 			}
-			if p.cfg.shadow {
-				p.runUnclaimed(ctx, d, pr.key, consumer.OutcomeWouldSkip)
-				return
-			}
-			if round >= maxClaimRounds {
-				p.inFlight(ctx, d, pr)
-				return
-			}
-			rec, err := p.waitInFlight(ctx, d, pr.ekey, res.Record)
-			switch {
-			case ctx.Err() != nil:
-				p.abandon(ctx, d, &prepared{})
-				return
-			case err != nil:
-				p.storeDown(ctx, d, "inflight", err)
-				return
-			case rec != nil:
-				p.inFlight(ctx, d, pr)
-				return
-			}
-			pr.claimed = false // completed, released or gone: the claim decides
 		default:
 			p.storeDown(ctx, d, "claim", fmt.Errorf("%w: unknown claim outcome %q", ErrStoreUnavailable, res.Outcome))
 			return
 		}
 	}
+}
+
+// inFlightNext is what process does after onInFlight.
+type inFlightNext int
+
+const (
+	inFlightSettled   inFlightNext = iota // d is settled
+	inFlightClaim                         // claim again, in the next round
+	inFlightClaimFree                     // claim again, within this round
+)
+
+// onInFlight acts on a claim of round that found pr's key in flight
+// elsewhere: claim again at once after a batch claim, run it unclaimed in
+// shadow mode, wait for the owner (SPEC §5.1), or redeliver it later once
+// the rounds are used up or the owner still holds it after the wait.
+func (p *processor) onInFlight(ctx context.Context, d consumer.Delivery, pr *prepared, round int) inFlightNext {
+	if pr.batched && !p.cfg.shadow {
+		// The batch claim found the key in flight, perhaps long ago:
+		// claim again before waiting, which costs one round trip where
+		// the wait's read and the claim after it cost two. Not a round of
+		// its own.
+		pr.claimed, pr.batched = false, false
+		return inFlightClaimFree
+	}
+	if p.cfg.shadow {
+		p.runUnclaimed(ctx, d, pr.key, consumer.OutcomeWouldSkip)
+		return inFlightSettled
+	}
+	if round >= maxClaimRounds {
+		p.inFlight(ctx, d, pr)
+		return inFlightSettled
+	}
+	rec, err := p.waitInFlight(ctx, d, pr.ekey, pr.res.Record)
+	switch {
+	case ctx.Err() != nil:
+		p.abandon(ctx, d, &prepared{})
+		return inFlightSettled
+	case err != nil:
+		p.storeDown(ctx, d, "inflight", err)
+		return inFlightSettled
+	case rec != nil:
+		p.inFlight(ctx, d, pr)
+		return inFlightSettled
+	}
+	pr.claimed = false // completed, released or gone: the claim decides
+	return inFlightClaim
 }
 
 // waitInFlight waits up to the in-flight wait for the owner of key to
