@@ -14,6 +14,7 @@ type direct struct {
 	h     Handler
 	hooks Hooks
 	log   *slog.Logger
+	retry RetryPolicy // Config.Retry
 }
 
 // settleTimeout bounds an ack or nak issued after the processing context may
@@ -69,42 +70,45 @@ func (p *direct) Batching() bool {
 	return ok
 }
 
-// fate settles d after its handler returned err: ack, redeliver at once
-// when cancelled, dead-letter a permanent failure, retry the rest.
+// fate settles d after its handler returned err, as Decide says under the
+// worker's RetryPolicy.
 func (p *direct) fate(ctx context.Context, d Delivery, err error) {
 	m := d.Message()
 	tr := m.Origin.Transport
-	switch {
-	case err == nil:
+	f := Decide(ctx, err, d.Attempt(), p.retry)
+	switch f.Action {
+	case ActAck:
 		p.settle(ctx, d.Ack)
 		p.outcome(ctx, tr, OutcomeProcessed)
-	case ctx.Err() != nil:
-		// Shutdown or revocation cut the handler short: hand the message
-		// back at once so another worker takes it.
+	case ActRedeliver:
 		p.settle(ctx, func(c context.Context) error { return d.Nak(c, 0) })
 		p.outcome(ctx, tr, OutcomeCancelled)
-	case IsPermanent(err):
-		dlErr := d.DeadLetter(ctx, DeadLetter{Reason: "permanent_error", Err: err.Error(), Handler: p.name, Attempts: d.Attempt()})
+	case ActDeadLetter:
+		dlErr := p.deadLetter(ctx, d, DeadLetter{Reason: f.Reason, Err: err.Error(), Handler: p.name, Attempts: d.Attempt()})
 		if dlErr != nil && !errors.Is(dlErr, ErrNoDeadLetter) {
 			p.log.Error("dead-letter publish failed; will retry", "handler", p.name, "origin", m.Origin.String(), "err", dlErr)
-			p.settle(ctx, func(c context.Context) error { return d.Nak(c, Backoff(d.Attempt(), time.Second, 5*time.Minute)) })
+			p.settle(ctx, func(c context.Context) error { return d.Nak(c, p.retry.Delay(d.Attempt())) })
 			p.outcome(ctx, tr, OutcomeFailed)
 			return
 		}
 		if dlErr != nil {
-			p.log.Error("permanent failure with no dead-letter destination: message dropped", "handler", p.name, "origin", m.Origin.String(), "err", err)
+			p.log.Error("message to dead-letter but no dead-letter destination: message dropped", "handler", p.name, "origin", m.Origin.String(), "reason", f.Reason, "err", err)
 		}
 		p.settle(ctx, d.Ack)
 		p.outcome(ctx, tr, OutcomeDeadLettered)
-	default:
-		delay, ok := RetryDelay(err)
-		if !ok {
-			delay = Backoff(d.Attempt(), time.Second, 5*time.Minute)
-		}
-		p.log.Warn("handler failed; will retry", "handler", p.name, "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", delay, "err", err)
-		p.settle(ctx, func(c context.Context) error { return d.Nak(c, delay) })
+	case ActRetry:
+		p.log.Warn("handler failed; will retry", "handler", p.name, "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", f.Delay, "err", err)
+		p.settle(ctx, func(c context.Context) error { return d.Nak(c, f.Delay) })
 		p.outcome(ctx, tr, OutcomeFailed)
 	}
+}
+
+// deadLetter publishes dl with the settle deadline: it may run after ctx
+// was cancelled.
+func (p *direct) deadLetter(ctx context.Context, d Delivery, dl DeadLetter) error {
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	return d.DeadLetter(c, dl)
 }
 
 func (p *direct) settle(ctx context.Context, f func(context.Context) error) {

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"regexp"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/dedupworker/internal/ctxshare"
 )
 
 // ErrShutdownTimeout is the cause of handler contexts cancelled because the
@@ -40,6 +40,11 @@ type Config struct {
 	// Tracer.Wrap. A delivery goes Wrap[0], Wrap[1], ..., the Processor,
 	// Middleware[0], ..., the handler's middleware, the handler.
 	Wrap []ProcessorWrapper
+	// Retry is how handlers registered without a middleware retry failures
+	// (Decide). A backoff left zero (both fields) is DefaultRetryPolicy's.
+	// The deduplication engine has its own (idempotency.WithBackoff,
+	// WithMaxAttempts).
+	Retry RetryPolicy
 }
 
 func (c *Config) withDefaults() {
@@ -51,6 +56,10 @@ func (c *Config) withDefaults() {
 	}
 	if c.ShutdownTimeout < 0 {
 		c.ShutdownTimeout = 0
+	}
+	if c.Retry.BackoffInitial == 0 && c.Retry.BackoffMax == 0 {
+		def := DefaultRetryPolicy()
+		c.Retry.BackoffInitial, c.Retry.BackoffMax = def.BackoffInitial, def.BackoffMax
 	}
 }
 
@@ -250,7 +259,7 @@ func (w *Worker) newRunner(reg *registration, workCtx context.Context) (*runner,
 			return nil, fmt.Errorf("dedup: handler %q: the WithProcessor factory returned a nil Processor", reg.name)
 		}
 	} else {
-		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger}
+		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger, retry: w.cfg.Retry}
 	}
 	for i := len(w.cfg.Wrap) - 1; i >= 0; i-- {
 		if r.proc = w.cfg.Wrap[i](reg.name, r.proc); r.proc == nil {
@@ -268,10 +277,7 @@ type runner struct {
 	proc    Processor
 	hooks   Hooks
 	workCtx context.Context // the worker's hard-stop context; cancelled after the drain timeout
-	bound   atomic.Pointer[boundCtx]
-
-	sharedMu sync.Mutex
-	shared   map[context.Context]context.Context // see sharedBind
+	binds   ctxshare.Binder // binds delivery contexts to workCtx
 }
 
 func (r *runner) Name() string     { return r.name }
@@ -326,98 +332,8 @@ func (r *runner) ProcessBatch(ctx context.Context, ds []Delivery) {
 }
 
 // bind returns ctx also cancelled, with the worker's cause, when the worker's
-// drain runs out.
-//
-// A source that passes a context nothing cancels (context.WithoutCancel, as
-// the NATS source does for every delivery) gets a context with its values
-// and the worker's cancellation: built once and shared by every delivery
-// that passes the same context, so a delivery allocates no context and
-// registers no AfterFunc of its own (guarded by BenchmarkEngine's allocs/op
-// and BenchmarkWorkerVsPlain in integration). A context a source may cancel (a revoked Kafka partition) is bound once
-// while it lives (sharedBind).
+// drain runs out. The bound context is shared between the deliveries that
+// pass the same context (ctxshare.Binder).
 func (r *runner) bind(ctx context.Context) (context.Context, context.CancelFunc) {
-	if ctx.Done() == nil {
-		if b := r.bound.Load(); b != nil && b.src == ctx {
-			return b, nop
-		}
-		// Through a WithValue, lookups in ctx do not allocate: a Value
-		// method called directly on a context.WithoutCancel converts it to
-		// an interface (16 bytes a lookup; the context package's own walk
-		// does not).
-		b := &boundCtx{Context: context.WithValue(ctx, boundKey{}, nil), src: ctx, work: r.workCtx}
-		r.bound.Store(b)
-		return b, nop
-	}
-	if c := r.sharedBind(ctx); c != nil {
-		return c, nop
-	}
-	c, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(r.workCtx, func() { cancel(context.Cause(r.workCtx)) })
-	return c, func() { stop(); cancel(nil) }
+	return r.binds.Bind(ctx, r.workCtx)
 }
-
-// maxShared bounds how many live source contexts sharedBind shares.
-const maxShared = 1024
-
-// sharedBind binds a context a source may cancel once for every call that
-// passes it, for as long as it lives: the Kafka source passes one per
-// partition, and a cancellable context and an AfterFunc per delivery, and
-// their registration with the parent, were a tenth of its CPU. The shared
-// context ends when ctx or the worker's hard-stop context does, and is then
-// forgotten. It returns nil for a context that cannot be a map key (only
-// pointer types are shared) or when maxShared contexts are live (a source
-// passing a new context per delivery): the caller binds per call.
-func (r *runner) sharedBind(ctx context.Context) context.Context {
-	if reflect.TypeOf(ctx).Kind() != reflect.Pointer {
-		return nil
-	}
-	r.sharedMu.Lock()
-	defer r.sharedMu.Unlock()
-	if c, ok := r.shared[ctx]; ok {
-		return c
-	}
-	if len(r.shared) >= maxShared {
-		return nil
-	}
-	c, cancel := context.WithCancelCause(ctx)
-	stopWork := context.AfterFunc(r.workCtx, func() { cancel(context.Cause(r.workCtx)) })
-	if r.shared == nil {
-		r.shared = make(map[context.Context]context.Context)
-	}
-	r.shared[ctx] = c
-	context.AfterFunc(c, func() {
-		stopWork()
-		r.sharedMu.Lock()
-		delete(r.shared, ctx)
-		r.sharedMu.Unlock()
-	})
-	return c
-}
-
-func nop() {}
-
-// boundCtx has the values of a context that is never cancelled, and the
-// cancellation, deadline and cause of the worker's hard-stop context.
-type boundCtx struct {
-	context.Context // src's values; never cancelled (Done is nil)
-	src             context.Context
-	work            context.Context
-}
-
-type boundKey struct{}
-
-func (c *boundCtx) Deadline() (time.Time, bool) { return c.work.Deadline() }
-func (c *boundCtx) Done() <-chan struct{}       { return c.work.Done() }
-func (c *boundCtx) Err() error                  { return c.work.Err() }
-
-// Value looks in the source's context first. It hides the cancellation of
-// whatever it was derived from (Done is nil), so context.Cause and derived
-// contexts find the worker's cancellation in work.
-func (c *boundCtx) Value(key any) any {
-	if v := c.Context.Value(key); v != nil {
-		return v
-	}
-	return c.work.Value(key)
-}
-
-func (c *boundCtx) String() string { return "consumer.bound(" + fmt.Sprint(c.src) + ")" }

@@ -23,6 +23,10 @@
 // Inside a handler, FromContext tells the claim (key, fence, attempt) and
 // Step makes single side effects survive a retry without repeating.
 //
+// A handler's failure is retried or dead-lettered as consumer.Decide says,
+// under the handler's WithBackoff and WithMaxAttempts. Lease renewals are
+// sent on Config.Clock; tests drive it with idempotencytest.Clock.
+//
 // # Batch handlers
 //
 // A handler that also implements consumer.BatchHandler is given the

@@ -66,6 +66,7 @@ type handlerConfig struct {
 }
 
 func defaultHandlerConfig() handlerConfig {
+	retry := consumer.DefaultRetryPolicy()
 	return handlerConfig{
 		keySources:     DefaultKeySources(),
 		missingKey:     MissingKeyReject,
@@ -73,8 +74,8 @@ func defaultHandlerConfig() handlerConfig {
 		lease:          30 * time.Second,
 		retention:      24 * time.Hour,
 		maxAttempts:    5,
-		backoffInitial: time.Second,
-		backoffMax:     5 * time.Minute,
+		backoffInitial: retry.BackoffInitial,
+		backoffMax:     retry.BackoffMax,
 		storeRetryMin:  500 * time.Millisecond,
 		storeRetryMax:  15 * time.Second,
 	}

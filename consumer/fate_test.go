@@ -1,0 +1,142 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
+)
+
+func TestDecide(t *testing.T) {
+	live := context.Background()
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	policy := consumer.RetryPolicy{MaxAttempts: 3, BackoffInitial: time.Second, BackoffMax: 4 * time.Second}
+	unlimited := consumer.RetryPolicy{BackoffInitial: time.Second, BackoffMax: 4 * time.Second}
+	plain := errors.New("transient")
+	perm := consumer.Permanent(plain)
+	later := consumer.RetryAfter(time.Minute)
+
+	tests := []struct {
+		name    string
+		ctx     context.Context
+		err     error
+		attempt int
+		p       consumer.RetryPolicy
+		want    consumer.Action
+		reason  string
+		// delay is the exact delay of a retry, or the un-jittered backoff
+		// (±20 %) when backoff is set.
+		delay   time.Duration
+		backoff bool
+	}{
+		{name: "success", ctx: live, err: nil, attempt: 1, p: policy, want: consumer.ActAck},
+		{name: "success on the last attempt", ctx: live, err: nil, attempt: 3, p: policy, want: consumer.ActAck},
+		{name: "success after cancellation", ctx: cancelled, err: nil, attempt: 1, p: policy, want: consumer.ActAck},
+		{name: "failure after cancellation", ctx: cancelled, err: plain, attempt: 1, p: policy, want: consumer.ActRedeliver},
+		{name: "permanent after cancellation", ctx: cancelled, err: perm, attempt: 1, p: policy, want: consumer.ActRedeliver},
+		{name: "permanent", ctx: live, err: perm, attempt: 1, p: policy, want: consumer.ActDeadLetter, reason: consumer.ReasonPermanent},
+		{name: "wrapped permanent", ctx: live, err: fmt.Errorf("charge: %w", perm), attempt: 1, p: policy, want: consumer.ActDeadLetter, reason: consumer.ReasonPermanent},
+		{name: "permanent on the last attempt", ctx: live, err: perm, attempt: 3, p: policy, want: consumer.ActDeadLetter, reason: consumer.ReasonPermanent},
+		{name: "last attempt", ctx: live, err: plain, attempt: 3, p: policy, want: consumer.ActDeadLetter, reason: consumer.ReasonMaxAttempts},
+		{name: "past the last attempt", ctx: live, err: plain, attempt: 7, p: policy, want: consumer.ActDeadLetter, reason: consumer.ReasonMaxAttempts},
+		{name: "retry-after on the last attempt", ctx: live, err: later, attempt: 3, p: policy, want: consumer.ActDeadLetter, reason: consumer.ReasonMaxAttempts},
+		{name: "retry-after", ctx: live, err: later, attempt: 1, p: policy, want: consumer.ActRetry, delay: time.Minute},
+		{name: "wrapped retry-after", ctx: live, err: fmt.Errorf("rate limited: %w", later), attempt: 2, p: policy, want: consumer.ActRetry, delay: time.Minute},
+		{name: "first failure", ctx: live, err: plain, attempt: 1, p: policy, want: consumer.ActRetry, delay: time.Second, backoff: true},
+		{name: "second failure doubles", ctx: live, err: plain, attempt: 2, p: policy, want: consumer.ActRetry, delay: 2 * time.Second, backoff: true},
+		{name: "no limit", ctx: live, err: plain, attempt: 100, p: unlimited, want: consumer.ActRetry, delay: 4 * time.Second, backoff: true},
+		{name: "zero policy retries at once", ctx: live, err: plain, attempt: 5, p: consumer.RetryPolicy{}, want: consumer.ActRetry, delay: 0},
+		{name: "panic", ctx: live, err: &consumer.PanicError{Value: "boom"}, attempt: 1, p: policy, want: consumer.ActRetry, delay: time.Second, backoff: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := consumer.Decide(tt.ctx, tt.err, tt.attempt, tt.p)
+			if f.Action != tt.want || f.Reason != tt.reason {
+				t.Fatalf("Decide = %v %q, want %v %q", f.Action, f.Reason, tt.want, tt.reason)
+			}
+			if tt.want != consumer.ActRetry {
+				if f.Delay != 0 {
+					t.Fatalf("%v with delay %s, want none", f.Action, f.Delay)
+				}
+				return
+			}
+			if !tt.backoff {
+				if f.Delay != tt.delay {
+					t.Fatalf("delay %s, want %s", f.Delay, tt.delay)
+				}
+				return
+			}
+			if lo, hi := tt.delay-tt.delay/5, tt.delay+tt.delay/5; f.Delay < lo || f.Delay > hi {
+				t.Fatalf("delay %s, want %s ±20%%", f.Delay, tt.delay)
+			}
+		})
+	}
+}
+
+func TestRetryPolicyDelayIsBackoff(t *testing.T) {
+	p := consumer.RetryPolicy{BackoffInitial: 100 * time.Millisecond, BackoffMax: time.Second}
+	for attempt, base := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 9: time.Second} {
+		if d := p.Delay(attempt); d < base-base/5 || d > base+base/5 {
+			t.Errorf("Delay(%d) = %s, want %s ±20%%", attempt, d, base)
+		}
+	}
+}
+
+func TestActionString(t *testing.T) {
+	for a, want := range map[consumer.Action]string{
+		consumer.ActAck: "ack", consumer.ActRedeliver: "redeliver", consumer.ActRetry: "retry",
+		consumer.ActDeadLetter: "dead_letter", consumer.Action(9): "Action(9)",
+	} {
+		if got := a.String(); got != want {
+			t.Errorf("%d.String() = %q, want %q", int(a), got, want)
+		}
+	}
+}
+
+// listSource hands its deliveries to the runner one after the other, then
+// returns, which ends the Worker's Run.
+type listSource []consumer.Delivery
+
+func (s listSource) Consume(ctx context.Context, r consumer.Runner) error {
+	for _, d := range s {
+		r.Process(ctx, d)
+	}
+	return nil
+}
+
+// A handler without a middleware retries under Config.Retry: its backoff,
+// and its attempt limit, after which the message is dead-lettered.
+func TestWorkerDirectUsesConfigRetry(t *testing.T) {
+	first := consumertest.NewDelivery(consumertest.NewMessage("", "a"), 1)
+	second := consumertest.NewDelivery(consumertest.NewMessage("", "b"), 2)
+	last := consumertest.NewDelivery(consumertest.NewMessage("", "c"), 3)
+	w := consumer.NewWorker(consumer.Config{Retry: consumer.RetryPolicy{MaxAttempts: 3, BackoffInitial: 10 * time.Second, BackoffMax: time.Minute}})
+	err := w.Handle("h", listSource{first, second, last}, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
+		return nil, errors.New("transient")
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	for _, c := range []struct {
+		d      *consumertest.Delivery
+		lo, hi time.Duration
+	}{{first, 8 * time.Second, 12 * time.Second}, {second, 16 * time.Second, 24 * time.Second}} {
+		if st, n := c.d.Settled(); st != consumertest.Nakked || n != 1 || c.d.NakDelay() < c.lo || c.d.NakDelay() > c.hi {
+			t.Errorf("attempt %d: settled %s %d times, delay %s, want one nak within [%s, %s]", c.d.Attempt(), st, n, c.d.NakDelay(), c.lo, c.hi)
+		}
+	}
+	dl := last.DeadLetterInfo()
+	if st, n := last.Settled(); st != consumertest.DeadLettered || n != 1 || dl == nil || dl.Reason != consumer.ReasonMaxAttempts || dl.Attempts != 3 {
+		t.Errorf("attempt 3: settled %s %d times, dead letter %+v, want dead-lettered once (max_attempts, 3 attempts)", st, n, dl)
+	}
+}
