@@ -170,15 +170,15 @@ func TestOptionsErrorsNameTheField(t *testing.T) {
 		opts  redisbackend.Options
 		field string
 	}{
-		{redisbackend.Options{Namespace: "{dedup}"}, "Options.Namespace"},
-		{redisbackend.Options{Grace: -time.Second}, "Options.Grace"},
-		{redisbackend.Options{Grace: time.Microsecond}, "Options.Grace"},
-		{redisbackend.Options{PollFloor: -time.Second}, "Options.PollFloor"},
-		{redisbackend.Options{PollCap: -time.Second}, "Options.PollCap"},
-		{redisbackend.Options{PollFloor: time.Second, PollCap: time.Millisecond}, "Options.PollCap"},
+		{redisbackend.Options{Namespace: "{dedup}"}, "Namespace"},
+		{redisbackend.Options{Grace: -time.Second}, "Grace"},
+		{redisbackend.Options{Grace: time.Microsecond}, "Grace"},
+		{redisbackend.Options{PollFloor: -time.Second}, "PollFloor"},
+		{redisbackend.Options{PollCap: -time.Second}, "PollCap"},
+		{redisbackend.Options{PollFloor: time.Second, PollCap: time.Millisecond}, "PollCap"},
 	} {
 		_, err := redisbackend.New(client, tc.opts)
-		if err == nil || !strings.Contains(err.Error(), tc.field) {
+		if optionField(err) != tc.field {
 			t.Errorf("New(%+v) = %v, want an error naming %s", tc.opts, err, tc.field)
 		}
 	}
@@ -219,8 +219,8 @@ func TestNewFromURLBadScheme(t *testing.T) {
 		t.Errorf("NewFromURL with a bad db = %v", err)
 	}
 	_, err = redisbackend.NewFromURL(context.Background(), "redis://127.0.0.1:6379", redisbackend.Options{Grace: -1})
-	if err == nil || !strings.Contains(err.Error(), "Options.Grace") {
-		t.Errorf("NewFromURL with bad Options = %v", err)
+	if optionField(err) != "Grace" {
+		t.Errorf("NewFromURL with bad Options = %v, want a ConfigError for Grace", err)
 	}
 }
 

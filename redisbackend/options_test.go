@@ -1,0 +1,51 @@
+package redisbackend_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/redisbackend"
+)
+
+// optionField is the Field of err's *consumer.ConfigError when err wraps
+// ErrInvalidOptions, else "".
+func optionField(err error) string {
+	var ce *consumer.ConfigError
+	if !errors.As(err, &ce) || !errors.Is(err, redisbackend.ErrInvalidOptions) || ce.Reason == "" {
+		return ""
+	}
+	return ce.Field
+}
+
+// Options.Validate refuses each bad field with a ConfigError naming it by its
+// Go path, as New does, and accepts the zero value.
+func TestOptionsValidateNamesTheField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		opts  redisbackend.Options
+		field string
+	}{
+		{redisbackend.Options{Namespace: "{dedup}"}, "Namespace"},
+		{redisbackend.Options{Grace: -time.Second}, "Grace"},
+		{redisbackend.Options{Grace: time.Microsecond}, "Grace"},
+		{redisbackend.Options{PollFloor: -time.Second}, "PollFloor"},
+		{redisbackend.Options{PollCap: -time.Second}, "PollCap"},
+		{redisbackend.Options{PollFloor: time.Second, PollCap: time.Millisecond}, "PollCap"},
+		{redisbackend.Options{Durability: redisbackend.Durability{Replicas: -1}}, "Durability.Replicas"},
+		{redisbackend.Options{Durability: redisbackend.Durability{Replicas: 1}}, "Durability.Timeout"},
+		{redisbackend.Options{Durability: redisbackend.Durability{Replicas: 1, Timeout: 500 * time.Microsecond}}, "Durability.Timeout"},
+		{redisbackend.Options{LocalCache: redisbackend.LocalCache{Entries: -1, TTL: time.Second}}, "LocalCache.Entries"},
+		{redisbackend.Options{LocalCache: redisbackend.LocalCache{Entries: 10}}, "LocalCache.TTL"},
+		{redisbackend.Options{LocalCache: redisbackend.LocalCache{Entries: 10, TTL: -time.Second}}, "LocalCache.TTL"},
+		{redisbackend.Options{LocalCache: redisbackend.LocalCache{TTL: time.Second}}, "LocalCache.Entries"},
+	} {
+		if got := optionField(tc.opts.Validate()); got != tc.field {
+			t.Errorf("%+v: Validate = %v, want a ConfigError for %s", tc.opts, tc.opts.Validate(), tc.field)
+		}
+	}
+	if err := (redisbackend.Options{}).Validate(); err != nil {
+		t.Errorf("zero Options: %v", err)
+	}
+}
