@@ -104,55 +104,54 @@ func invalidOption(field, format string, args ...any) error {
 // withDefaults returns o with defaults filled in, or an error naming the
 // first bad field.
 func (o Options) withDefaults() (Options, error) {
-	bad := invalidOption
 	if o.Namespace == "" {
 		o.Namespace = DefaultNamespace
 	}
 	if strings.ContainsAny(o.Namespace, "{}") {
-		return o, bad("Namespace", "%q contains '{' or '}': a hash tag would pin every key to one cluster slot", o.Namespace)
+		return o, invalidOption("Namespace", "%q contains '{' or '}': a hash tag would pin every key to one cluster slot", o.Namespace)
 	}
 	switch {
 	case o.Grace < 0:
-		return o, bad("Grace", "%s: must not be negative (0 means %s)", o.Grace, DefaultGrace)
+		return o, invalidOption("Grace", "%s: must not be negative (0 means %s)", o.Grace, DefaultGrace)
 	case o.Grace == 0:
 		o.Grace = DefaultGrace
 	case o.Grace < time.Millisecond:
-		return o, bad("Grace", "%s: must be at least 1ms, the store's resolution", o.Grace)
+		return o, invalidOption("Grace", "%s: must be at least 1ms, the store's resolution", o.Grace)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	switch {
 	case o.PollFloor < 0:
-		return o, bad("PollFloor", "%s: must not be negative (0 means %s)", o.PollFloor, DefaultPollFloor)
+		return o, invalidOption("PollFloor", "%s: must not be negative (0 means %s)", o.PollFloor, DefaultPollFloor)
 	case o.PollFloor == 0:
 		o.PollFloor = DefaultPollFloor
 	}
 	switch d := o.Durability; {
 	case d.Replicas < 0:
-		return o, bad("Durability.Replicas", "%d: must not be negative (0 waits for no replica)", d.Replicas)
+		return o, invalidOption("Durability.Replicas", "%d: must not be negative (0 waits for no replica)", d.Replicas)
 	case d.Replicas > 0 && d.Timeout <= 0:
-		return o, bad("Durability.Timeout", "required when Durability.Replicas is %d: how long each WAIT may block, e.g. 50ms (a WAIT with timeout 0 blocks for ever)", d.Replicas)
+		return o, invalidOption("Durability.Timeout", "required when Durability.Replicas is %d: how long each WAIT may block, e.g. 50ms (a WAIT with timeout 0 blocks for ever)", d.Replicas)
 	case d.Replicas > 0 && d.Timeout < time.Millisecond:
-		return o, bad("Durability.Timeout", "%s: must be at least 1ms (WAIT counts milliseconds)", d.Timeout)
+		return o, invalidOption("Durability.Timeout", "%s: must be at least 1ms (WAIT counts milliseconds)", d.Timeout)
 	}
 	switch lc := o.LocalCache; {
 	case lc.Entries < 0:
-		return o, bad("LocalCache.Entries", "%d: must not be negative (0 turns the cache off)", lc.Entries)
+		return o, invalidOption("LocalCache.Entries", "%d: must not be negative (0 turns the cache off)", lc.Entries)
 	case lc.TTL < 0:
-		return o, bad("LocalCache.TTL", "%s: must not be negative; it bounds how long a cached record answers, e.g. 10s", lc.TTL)
+		return o, invalidOption("LocalCache.TTL", "%s: must not be negative; it bounds how long a cached record answers, e.g. 10s", lc.TTL)
 	case lc.Entries > 0 && lc.TTL < time.Millisecond:
-		return o, bad("LocalCache.TTL", "%s: must be at least 1ms when LocalCache.Entries is %d, e.g. 10s: it bounds how long a cached record answers", lc.TTL, lc.Entries)
+		return o, invalidOption("LocalCache.TTL", "%s: must be at least 1ms when LocalCache.Entries is %d, e.g. 10s: it bounds how long a cached record answers", lc.TTL, lc.Entries)
 	case lc.Entries == 0 && lc.TTL > 0:
-		return o, bad("LocalCache.Entries", "0 with LocalCache.TTL %s: set Entries to turn the cache on, or leave TTL zero", lc.TTL)
+		return o, invalidOption("LocalCache.Entries", "0 with LocalCache.TTL %s: set Entries to turn the cache on, or leave TTL zero", lc.TTL)
 	}
 	switch {
 	case o.PollCap < 0:
-		return o, bad("PollCap", "%s: must not be negative (0 means %s or PollFloor)", o.PollCap, DefaultPollCap)
+		return o, invalidOption("PollCap", "%s: must not be negative (0 means %s or PollFloor)", o.PollCap, DefaultPollCap)
 	case o.PollCap == 0:
 		o.PollCap = max(DefaultPollCap, o.PollFloor)
 	case o.PollCap < o.PollFloor:
-		return o, bad("PollCap", "%s is less than PollFloor %s: want PollFloor <= PollCap", o.PollCap, o.PollFloor)
+		return o, invalidOption("PollCap", "%s is less than PollFloor %s: want PollFloor <= PollCap", o.PollCap, o.PollFloor)
 	}
 	return o, nil
 }

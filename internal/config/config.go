@@ -448,7 +448,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // validate checks what decoding cannot: required fields, choices, exclusive
 // options. The values it hands to the library (the store's options, the
 // engine's options, the sources' configs) are checked by the packages that
-// take them, and their errors mapped to the YAML field (validateLibrary).
+// take them, and their errors mapped to the YAML field (libraryError).
 // Errors carry the line of the field, or of its parent when the field is
 // missing.
 func (c *Config) validate(lines map[string]int) error {
@@ -490,10 +490,7 @@ func (c *Config) validate(lines map[string]int) error {
 			return fail(p+".name", "%q is also the name of handlers[%d]", h.Name, j)
 		}
 		names[h.Name] = i
-		if err := h.validate(p, fail); err != nil {
-			return err
-		}
-		if err := h.validateLibrary(p, lines); err != nil {
+		if err := h.validate(p, fail, lines); err != nil {
 			return err
 		}
 	}
@@ -544,7 +541,10 @@ func (r *Redis) validateSentinel(fail failFunc) error {
 	return nil
 }
 
-func (h *Handler) validate(p string, fail failFunc) error {
+// validate checks handlers[i] at path p. What the engine and the source
+// check of the values built from it is asked of them (libraryError) where
+// the file's own checks of the same part are made.
+func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error {
 	switch {
 	case h.Source.Kafka != nil && h.Source.NATS != nil:
 		return fail(p+".source", "two sources: give exactly one of kafka or nats")
@@ -552,17 +552,21 @@ func (h *Handler) validate(p string, fail failFunc) error {
 		return fail(p+".source", "required: give exactly one of kafka or nats")
 	}
 	if k := h.Source.Kafka; k != nil {
-		// The rest of source.kafka is checked by transports/kafka
-		// (validateLibrary); SASL goes to the dialer.
+		if err := libraryError(h.KafkaConfig().Validate(), p, kafkaFields, lines); err != nil {
+			return err
+		}
+		// SASL goes to the dialer, not to the source's Config.
 		if err := validateSASL(p+".source.kafka.sasl", k.SASL, fail); err != nil {
 			return err
 		}
 	}
 	if n := h.Source.NATS; n != nil {
-		// The url is the connection's; the rest of source.nats is
-		// checked by transports/nats (validateLibrary).
+		// The url is the connection's, not the source's Config.
 		if n.URL == "" {
 			return fail(p+".source.nats.url", "required, e.g. nats://127.0.0.1:4222")
+		}
+		if err := libraryError(h.NATSConfig().Validate(), p, natsFields, lines); err != nil {
+			return err
 		}
 		if h.Ordering == "key" {
 			return fail(p+".ordering", "ordering: key is for Kafka sources; NATS runs up to concurrency messages in any order")
@@ -576,9 +580,9 @@ func (h *Handler) validate(p string, fail failFunc) error {
 			return fail(fmt.Sprintf("%s.key[%d]", p, i), "kafka-key needs a kafka source")
 		}
 	}
-	// The deduplication options (missing_key, mismatch, lease, retention,
-	// in_flight_wait, max_attempts, backoff) are checked by the engine
-	// (validateLibrary).
+	if err := libraryError(idempotency.ValidateOptions(h.DedupOptions()...), p, handlerOptionFields, lines); err != nil {
+		return err
+	}
 	switch {
 	case h.Concurrency < 1 || h.Concurrency > 10000:
 		return fail(p+".concurrency", "%d: want 1 to 10000", h.Concurrency)

@@ -239,16 +239,3 @@ func join(base, path string) string {
 	}
 	return base + "." + path
 }
-
-// validateLibrary asks the packages the binary hands the handler's values
-// to whether they take them, and reports the first refusal at its YAML
-// path and line.
-func (h *Handler) validateLibrary(p string, lines map[string]int) error {
-	if err := libraryError(idempotency.ValidateOptions(h.DedupOptions()...), p, handlerOptionFields, lines); err != nil {
-		return err
-	}
-	if h.Source.Kafka != nil {
-		return libraryError(h.KafkaConfig().Validate(), p, kafkaFields, lines)
-	}
-	return libraryError(h.NATSConfig().Validate(), p, natsFields, lines)
-}

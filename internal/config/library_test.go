@@ -34,6 +34,7 @@ func TestLibraryLimitsNameFieldAndLine(t *testing.T) {
 		{"backoff.max", libHead + libNATS + libExec + "    backoff:\n      initial: 1m\n      max: 5s\n", "handlers[0].backoff.max", 7, "5s is below handlers[0].backoff.initial 1m0s"},
 		// transports/kafka (kafkaFields)
 		{"kafka brokers", libHead + "    source: {kafka: {topic: t}}\n" + libExec, "handlers[0].source.kafka.brokers", 3, "at least one broker"},
+		{"kafka brokers before dead_letter", libHead + "    source: {kafka: {topic: t}}\n" + libExec + "    dead_letter: {kafka: {topic: t.dlq}}\n", "handlers[0].source.kafka.brokers", 3, "at least one broker"},
 		{"kafka brokers[1]", libHead + "    source:\n      kafka:\n        brokers: [b:1, ' ']\n        topic: t\n" + libExec, "handlers[0].source.kafka.brokers[1]", 5, "empty address"},
 		{"kafka topic", libHead + "    source: {kafka: {brokers: [b:1]}}\n" + libExec, "handlers[0].source.kafka.topic", 3, "required"},
 		{"kafka start", libHead + "    source:\n      kafka:\n        brokers: [b:1]\n        topic: t\n        start: middle\n" + libExec, "handlers[0].source.kafka.start", 7, `"middle": want earliest or latest`},
