@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -19,10 +21,12 @@ func optionField(err error) string {
 	return ce.Field
 }
 
-// Options.Validate refuses each bad field with a ConfigError naming it by its
-// Go path, as New does, and accepts the zero value.
-func TestOptionsValidateNamesTheField(t *testing.T) {
+// New and Options.Validate refuse each bad field with the same ConfigError,
+// naming it by its Go path, and accept the zero value.
+func TestOptionsNameTheField(t *testing.T) {
 	t.Parallel()
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	t.Cleanup(func() { _ = client.Close() })
 	for _, tc := range []struct {
 		opts  redisbackend.Options
 		field string
@@ -41,8 +45,12 @@ func TestOptionsValidateNamesTheField(t *testing.T) {
 		{redisbackend.Options{LocalCache: redisbackend.LocalCache{Entries: 10, TTL: -time.Second}}, "LocalCache.TTL"},
 		{redisbackend.Options{LocalCache: redisbackend.LocalCache{TTL: time.Second}}, "LocalCache.Entries"},
 	} {
-		if got := optionField(tc.opts.Validate()); got != tc.field {
-			t.Errorf("%+v: Validate = %v, want a ConfigError for %s", tc.opts, tc.opts.Validate(), tc.field)
+		_, err := redisbackend.New(client, tc.opts)
+		if got := optionField(err); got != tc.field {
+			t.Errorf("New(%+v) = %v, want a ConfigError for %s", tc.opts, err, tc.field)
+		}
+		if verr := tc.opts.Validate(); verr == nil || err == nil || verr.Error() != err.Error() {
+			t.Errorf("%+v: Validate = %v, New = %v; want the same error", tc.opts, verr, err)
 		}
 	}
 	if err := (redisbackend.Options{}).Validate(); err != nil {

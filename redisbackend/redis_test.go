@@ -163,25 +163,11 @@ func TestBatchSpansSlotsCluster(t *testing.T) {
 	}
 }
 
-func TestOptionsErrorsNameTheField(t *testing.T) {
+// New refuses what is not a usable client; the Options it refuses are in
+// TestOptionsNameTheField.
+func TestNewRefusesClients(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	t.Cleanup(func() { _ = client.Close() })
-	for _, tc := range []struct {
-		opts  redisbackend.Options
-		field string
-	}{
-		{redisbackend.Options{Namespace: "{dedup}"}, "Namespace"},
-		{redisbackend.Options{Grace: -time.Second}, "Grace"},
-		{redisbackend.Options{Grace: time.Microsecond}, "Grace"},
-		{redisbackend.Options{PollFloor: -time.Second}, "PollFloor"},
-		{redisbackend.Options{PollCap: -time.Second}, "PollCap"},
-		{redisbackend.Options{PollFloor: time.Second, PollCap: time.Millisecond}, "PollCap"},
-	} {
-		_, err := redisbackend.New(client, tc.opts)
-		if optionField(err) != tc.field {
-			t.Errorf("New(%+v) = %v, want an error naming %s", tc.opts, err, tc.field)
-		}
-	}
 	if _, err := redisbackend.New(nil, redisbackend.Options{}); err == nil {
 		t.Error("New(nil client): no error")
 	}
