@@ -542,8 +542,10 @@ func (r *Redis) validateSentinel(fail failFunc) error {
 }
 
 // validate checks handlers[i] at path p. What the engine and the source
-// check of the values built from it is asked of them (libraryError) where
-// the file's own checks of the same part are made.
+// check of the values built from it is asked of them (libraryError): the
+// engine's options after the keys parse, the source's config after them
+// (ack_wait defaults to the lease), both before the action and the
+// dead-letter destination, which take the source's brokers or URL.
 func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error {
 	switch {
 	case h.Source.Kafka != nil && h.Source.NATS != nil:
@@ -552,9 +554,6 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 		return fail(p+".source", "required: give exactly one of kafka or nats")
 	}
 	if k := h.Source.Kafka; k != nil {
-		if err := libraryError(h.KafkaConfig().Validate(), p, kafkaFields, lines); err != nil {
-			return err
-		}
 		// SASL goes to the dialer, not to the source's Config.
 		if err := validateSASL(p+".source.kafka.sasl", k.SASL, fail); err != nil {
 			return err
@@ -564,9 +563,6 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 		// The url is the connection's, not the source's Config.
 		if n.URL == "" {
 			return fail(p+".source.nats.url", "required, e.g. nats://127.0.0.1:4222")
-		}
-		if err := libraryError(h.NATSConfig().Validate(), p, natsFields, lines); err != nil {
-			return err
 		}
 		if h.Ordering == "key" {
 			return fail(p+".ordering", "ordering: key is for Kafka sources; NATS runs up to concurrency messages in any order")
@@ -581,6 +577,14 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 		}
 	}
 	if err := libraryError(idempotency.ValidateOptions(h.DedupOptions()...), p, handlerOptionFields, lines); err != nil {
+		return err
+	}
+	// After the lease: the NATS ack_wait defaults to it.
+	if h.Source.Kafka != nil {
+		if err := libraryError(h.KafkaConfig().Validate(), p, kafkaFields, lines); err != nil {
+			return err
+		}
+	} else if err := libraryError(h.NATSConfig().Validate(), p, natsFields, lines); err != nil {
 		return err
 	}
 	switch {

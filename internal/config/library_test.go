@@ -29,6 +29,8 @@ func TestLibraryLimitsNameFieldAndLine(t *testing.T) {
 		{"missing_key", libHead + libNATS + libExec + "    missing_key: drop\n", "handlers[0].missing_key", 5, `"drop": want reject or passthrough`},
 		{"mismatch", libHead + libNATS + libExec + "    mismatch: overwrite\n", "handlers[0].mismatch", 5, `"overwrite": want reject or ignore`},
 		{"lease", libHead + "    source: {nats: {url: nats://x, stream: S, ack_wait: 1s}}\n" + libExec + "    lease: 50ms\n", "handlers[0].lease", 5, "50ms: must be at least 100ms"},
+		{"lease before the ack_wait it defaults", libHead + libNATS + libExec + "    lease: 50ms\n", "handlers[0].lease", 5, "50ms: must be at least 100ms"},
+		{"key before lease", libHead + libNATS + "    key: [uuid]\n" + libExec + "    lease: 50ms\n", "handlers[0].key[0]", 4, "want header"},
 		{"retention", libHead + libNATS + libExec + "    retention: 500ms\n", "handlers[0].retention", 5, "must be at least 1s"},
 		{"max_attempts", libHead + libNATS + libExec + "    max_attempts: -1\n", "handlers[0].max_attempts", 5, "-1: must be at least 1"},
 		{"backoff.max", libHead + libNATS + libExec + "    backoff:\n      initial: 1m\n      max: 5s\n", "handlers[0].backoff.max", 7, "5s is below handlers[0].backoff.initial 1m0s"},
