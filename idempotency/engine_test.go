@@ -673,11 +673,11 @@ func TestInvalidOptionsNameTheField(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	cases := map[string]idempotency.Option{
-		"lease":        idempotency.WithLease(time.Millisecond),
-		"max_attempts": idempotency.WithMaxAttempts(0),
-		"backoff":      idempotency.WithBackoff(time.Minute, time.Second),
-		"missing_key":  idempotency.WithMissingKey("drop"),
-		"key":          idempotency.WithKeySources(),
+		"Lease":       idempotency.WithLease(time.Millisecond),
+		"MaxAttempts": idempotency.WithMaxAttempts(0),
+		"Backoff.Max": idempotency.WithBackoff(time.Minute, time.Second),
+		"MissingKey":  idempotency.WithMissingKey("drop"),
+		"KeySources":  idempotency.WithKeySources(),
 	}
 	for field, opt := range cases {
 		_, err := f.eng.Processor(opt)

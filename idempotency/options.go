@@ -141,38 +141,56 @@ func WithFailOpen() Option { return func(c *handlerConfig) { c.failOpen = true }
 // WithOnDuplicate sets a hook called for every duplicate before its ack.
 func WithOnDuplicate(f DuplicateFunc) Option { return func(c *handlerConfig) { c.onDuplicate = f } }
 
-// ErrInvalidOption wraps every option validation error.
+// ErrInvalidOption is wrapped by every error an invalid handler option
+// causes: a *consumer.ConfigError whose Field is the option's name without
+// With ("Lease", "MaxAttempts", "Backoff.Max").
 var ErrInvalidOption = errors.New("dedup: invalid option")
+
+// ValidateOptions checks handler options as Engine.Middleware does, without
+// an engine: nil, or the first invalid option's *consumer.ConfigError
+// (wrapping ErrInvalidOption). The binary's config validates with it and
+// maps the Field to the YAML key.
+func ValidateOptions(opts ...Option) error {
+	cfg := defaultHandlerConfig()
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return cfg.validate()
+}
 
 func (c *handlerConfig) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrInvalidOption, field, fmt.Sprintf(format, args...))
+		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...), Err: ErrInvalidOption}
 	}
 	if len(c.keySources) == 0 {
-		return bad("key", "at least one key source is required")
+		return bad("KeySources", "at least one key source is required, e.g. HeaderKey(\"Idempotency-Key\")")
 	}
 	for i, s := range c.keySources {
 		if s.kind == "" || (s.kind == "func" && s.fn == nil) {
-			return bad(fmt.Sprintf("key[%d]", i), "empty key source: build it with HeaderKey, JSONKey, KeyFrom, ...")
+			return bad(fmt.Sprintf("KeySources[%d]", i), "empty key source: build it with HeaderKey, JSONKey, KeyFrom, ...")
 		}
 	}
 	switch {
 	case c.missingKey != MissingKeyReject && c.missingKey != MissingKeyPassthrough:
-		return bad("missing_key", "%q: want reject or passthrough", c.missingKey)
+		return bad("MissingKey", "%q: want %s or %s", c.missingKey, MissingKeyReject, MissingKeyPassthrough)
 	case c.mismatch != MismatchReject && c.mismatch != MismatchIgnore:
-		return bad("mismatch", "%q: want reject or ignore", c.mismatch)
+		return bad("Mismatch", "%q: want %s or %s", c.mismatch, MismatchReject, MismatchIgnore)
 	case c.lease < 100*time.Millisecond:
-		return bad("lease", "%s: must be at least 100ms", c.lease)
+		return bad("Lease", "%s: must be at least 100ms", c.lease)
 	case c.retention < time.Second:
-		return bad("retention", "%s: must be at least 1s", c.retention)
+		return bad("Retention", "%s: must be at least 1s", c.retention)
 	case c.maxAttempts < 1:
-		return bad("max_attempts", "%d: must be at least 1", c.maxAttempts)
-	case c.backoffInitial <= 0 || c.backoffMax < c.backoffInitial:
-		return bad("backoff", "initial %s, max %s: want 0 < initial <= max", c.backoffInitial, c.backoffMax)
+		return bad("MaxAttempts", "%d: must be at least 1", c.maxAttempts)
+	case c.backoffInitial <= 0:
+		return bad("Backoff.Initial", "%s: must be positive, e.g. 1s", c.backoffInitial)
+	case c.backoffMax < c.backoffInitial:
+		return bad("Backoff.Max", "%s is below Backoff.Initial %s: want initial <= max", c.backoffMax, c.backoffInitial)
 	case c.inFlightWait < 0:
-		return bad("in_flight_wait", "%s: must not be negative", c.inFlightWait)
-	case c.storeRetryMin <= 0 || c.storeRetryMax < c.storeRetryMin:
-		return bad("store_retry", "initial %s, max %s: want 0 < initial <= max", c.storeRetryMin, c.storeRetryMax)
+		return bad("InFlightWait", "%s: must not be negative (0 means the lease)", c.inFlightWait)
+	case c.storeRetryMin <= 0:
+		return bad("StoreRetry.Initial", "%s: must be positive, e.g. 500ms", c.storeRetryMin)
+	case c.storeRetryMax < c.storeRetryMin:
+		return bad("StoreRetry.Max", "%s is below StoreRetry.Initial %s: want initial <= max", c.storeRetryMax, c.storeRetryMin)
 	}
 	if c.inFlightWait == 0 {
 		c.inFlightWait = c.lease

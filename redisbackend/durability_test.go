@@ -367,14 +367,14 @@ func TestDurabilityOptionsNameTheField(t *testing.T) {
 		d     redisbackend.Durability
 		field string
 	}{
-		{redisbackend.Durability{Replicas: -1}, "Options.Durability.Replicas"},
-		{redisbackend.Durability{Replicas: 1}, "Options.Durability.Timeout"},
-		{redisbackend.Durability{Replicas: 1, Timeout: -time.Second}, "Options.Durability.Timeout"},
-		{redisbackend.Durability{Replicas: 1, Timeout: 500 * time.Microsecond}, "Options.Durability.Timeout"},
-		{redisbackend.Durability{Replicas: 1, Timeout: time.Second}, "Options.Durability.Timeout"}, // = ReadTimeout
+		{redisbackend.Durability{Replicas: -1}, "Durability.Replicas"},
+		{redisbackend.Durability{Replicas: 1}, "Durability.Timeout"},
+		{redisbackend.Durability{Replicas: 1, Timeout: -time.Second}, "Durability.Timeout"},
+		{redisbackend.Durability{Replicas: 1, Timeout: 500 * time.Microsecond}, "Durability.Timeout"},
+		{redisbackend.Durability{Replicas: 1, Timeout: time.Second}, "Durability.Timeout"}, // = ReadTimeout
 	} {
 		_, err := redisbackend.New(client, redisbackend.Options{Durability: tc.d})
-		if err == nil || !strings.Contains(err.Error(), tc.field) {
+		if optionField(err) != tc.field {
 			t.Errorf("New(Durability %+v) = %v, want an error naming %s", tc.d, err, tc.field)
 		}
 	}

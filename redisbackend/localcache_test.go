@@ -342,17 +342,18 @@ func TestLocalCacheBounds(t *testing.T) {
 func TestLocalCacheOptions(t *testing.T) {
 	client := testenv.RedisClient(t)
 	for _, tc := range []struct {
-		lc   redisbackend.LocalCache
-		want string
+		lc    redisbackend.LocalCache
+		field string
+		want  string
 	}{
-		{redisbackend.LocalCache{Entries: -1, TTL: time.Second}, "Options.LocalCache.Entries is negative"},
-		{redisbackend.LocalCache{Entries: 10}, "Options.LocalCache.TTL 0s must be at least 1ms"},
-		{redisbackend.LocalCache{Entries: 10, TTL: -time.Second}, "Options.LocalCache.TTL is negative"},
-		{redisbackend.LocalCache{TTL: time.Second}, "Options.LocalCache.Entries is 0"},
+		{redisbackend.LocalCache{Entries: -1, TTL: time.Second}, "LocalCache.Entries", "-1: must not be negative"},
+		{redisbackend.LocalCache{Entries: 10}, "LocalCache.TTL", "0s: must be at least 1ms"},
+		{redisbackend.LocalCache{Entries: 10, TTL: -time.Second}, "LocalCache.TTL", "-1s: must not be negative"},
+		{redisbackend.LocalCache{TTL: time.Second}, "LocalCache.Entries", "0 with LocalCache.TTL 1s"},
 	} {
 		_, err := redisbackend.New(client, redisbackend.Options{LocalCache: tc.lc})
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%+v: %v, want %q", tc.lc, err, tc.want)
+		if optionField(err) != tc.field || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want a ConfigError for %s saying %q", tc.lc, err, tc.field, tc.want)
 		}
 	}
 }

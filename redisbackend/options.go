@@ -83,6 +83,24 @@ type Durability struct {
 	Timeout time.Duration
 }
 
+// ErrInvalidOptions is wrapped by every error New and NewFromURL return for
+// a bad Options value: a *consumer.ConfigError whose Field is the Go path
+// under Options ("Grace", "Durability.Timeout", "LocalCache.TTL").
+var ErrInvalidOptions = errors.New("dedup: redisbackend: invalid options")
+
+// Validate checks o as New does, except for the limits that depend on the
+// client (Durability.Timeout against its read timeout): nil, or the first
+// bad field's *consumer.ConfigError.
+func (o Options) Validate() error {
+	_, err := o.withDefaults()
+	return err
+}
+
+// invalidOption is the error for Options' field at the Go path field.
+func invalidOption(field, format string, args ...any) error {
+	return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...), Err: ErrInvalidOptions}
+}
+
 // withDefaults returns o with defaults filled in, or an error naming the
 // first bad field.
 func (o Options) withDefaults() (Options, error) {
@@ -90,50 +108,50 @@ func (o Options) withDefaults() (Options, error) {
 		o.Namespace = DefaultNamespace
 	}
 	if strings.ContainsAny(o.Namespace, "{}") {
-		return o, fmt.Errorf("dedup: redisbackend: Options.Namespace %q contains '{' or '}': a hash tag would pin every key to one cluster slot", o.Namespace)
+		return o, invalidOption("Namespace", "%q contains '{' or '}': a hash tag would pin every key to one cluster slot", o.Namespace)
 	}
 	switch {
 	case o.Grace < 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.Grace is negative (%s)", o.Grace)
+		return o, invalidOption("Grace", "%s: must not be negative (0 means %s)", o.Grace, DefaultGrace)
 	case o.Grace == 0:
 		o.Grace = DefaultGrace
 	case o.Grace < time.Millisecond:
-		return o, fmt.Errorf("dedup: redisbackend: Options.Grace %s is under the store's 1ms resolution", o.Grace)
+		return o, invalidOption("Grace", "%s: must be at least 1ms, the store's resolution", o.Grace)
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	switch {
 	case o.PollFloor < 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.PollFloor is negative (%s)", o.PollFloor)
+		return o, invalidOption("PollFloor", "%s: must not be negative (0 means %s)", o.PollFloor, DefaultPollFloor)
 	case o.PollFloor == 0:
 		o.PollFloor = DefaultPollFloor
 	}
-	switch {
-	case o.Durability.Replicas < 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Replicas is negative (%d)", o.Durability.Replicas)
-	case o.Durability.Replicas > 0 && o.Durability.Timeout <= 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout must be positive when Options.Durability.Replicas is %d (WAIT with timeout 0 blocks for ever)", o.Durability.Replicas)
-	case o.Durability.Replicas > 0 && o.Durability.Timeout < time.Millisecond:
-		return o, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout %s is under WAIT's 1ms resolution", o.Durability.Timeout)
+	switch d := o.Durability; {
+	case d.Replicas < 0:
+		return o, invalidOption("Durability.Replicas", "%d: must not be negative (0 waits for no replica)", d.Replicas)
+	case d.Replicas > 0 && d.Timeout <= 0:
+		return o, invalidOption("Durability.Timeout", "required when Durability.Replicas is %d: how long each WAIT may block, e.g. 50ms (a WAIT with timeout 0 blocks for ever)", d.Replicas)
+	case d.Replicas > 0 && d.Timeout < time.Millisecond:
+		return o, invalidOption("Durability.Timeout", "%s: must be at least 1ms (WAIT counts milliseconds)", d.Timeout)
 	}
 	switch lc := o.LocalCache; {
 	case lc.Entries < 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.Entries is negative (%d); 0 turns the cache off", lc.Entries)
+		return o, invalidOption("LocalCache.Entries", "%d: must not be negative (0 turns the cache off)", lc.Entries)
 	case lc.TTL < 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.TTL is negative (%s)", lc.TTL)
+		return o, invalidOption("LocalCache.TTL", "%s: must not be negative; it bounds how long a cached record answers, e.g. 10s", lc.TTL)
 	case lc.Entries > 0 && lc.TTL < time.Millisecond:
-		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.TTL %s must be at least 1ms when Options.LocalCache.Entries is %d: it bounds how long an entry answers", lc.TTL, lc.Entries)
+		return o, invalidOption("LocalCache.TTL", "%s: must be at least 1ms when LocalCache.Entries is %d, e.g. 10s: it bounds how long a cached record answers", lc.TTL, lc.Entries)
 	case lc.Entries == 0 && lc.TTL > 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.LocalCache.TTL is %s but Options.LocalCache.Entries is 0: set Entries to turn the cache on, or leave TTL zero", lc.TTL)
+		return o, invalidOption("LocalCache.Entries", "0 with LocalCache.TTL %s: set Entries to turn the cache on, or leave TTL zero", lc.TTL)
 	}
 	switch {
 	case o.PollCap < 0:
-		return o, fmt.Errorf("dedup: redisbackend: Options.PollCap is negative (%s)", o.PollCap)
+		return o, invalidOption("PollCap", "%s: must not be negative (0 means %s or PollFloor)", o.PollCap, DefaultPollCap)
 	case o.PollCap == 0:
 		o.PollCap = max(DefaultPollCap, o.PollFloor)
 	case o.PollCap < o.PollFloor:
-		return o, fmt.Errorf("dedup: redisbackend: Options.PollCap %s is less than Options.PollFloor %s", o.PollCap, o.PollFloor)
+		return o, invalidOption("PollCap", "%s is less than PollFloor %s: want PollFloor <= PollCap", o.PollCap, o.PollFloor)
 	}
 	return o, nil
 }

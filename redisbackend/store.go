@@ -84,7 +84,7 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 		// whatever WAIT's own timeout: a WAIT that outlasts it ends as a
 		// network error, and go-redis sends the whole pipeline again.
 		if rt := readTimeout(client); rt > 0 && d.Timeout >= rt {
-			return nil, fmt.Errorf("dedup: redisbackend: Options.Durability.Timeout %s must be shorter than the client's read timeout %s", d.Timeout, rt)
+			return nil, invalidOption("Durability.Timeout", "%s: must be shorter than the client's read timeout %s, which bounds the pipeline that carries each WAIT", d.Timeout, rt)
 		}
 	}
 	s := &Store{

@@ -127,7 +127,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("%s.action: %w", field, err)
 		}
-		dedup, err := engine.Processor(engineOptions(h)...)
+		dedup, err := engine.Processor(h.DedupOptions()...)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
 		}
@@ -219,32 +219,6 @@ func (a *App) close() {
 	}
 }
 
-func engineOptions(h *config.Handler) []idempotency.Option {
-	var keys []idempotency.KeySource
-	for _, k := range h.Key {
-		ks, _ := idempotency.ParseKeySource(k) // validated by config
-		keys = append(keys, ks)
-	}
-	opts := []idempotency.Option{
-		idempotency.WithKeySources(keys...),
-		idempotency.WithMissingKey(idempotency.MissingKeyPolicy(h.MissingKey)),
-		idempotency.WithMismatch(idempotency.MismatchPolicy(h.Mismatch)),
-		idempotency.WithFingerprintHeaders(h.FingerprintHeaders...),
-		idempotency.WithLease(h.Lease.D()),
-		idempotency.WithRetention(h.Retention.D()),
-		idempotency.WithInFlightWait(h.InFlightWait.D()),
-		idempotency.WithMaxAttempts(h.MaxAttempts),
-		idempotency.WithBackoff(h.Backoff.Initial.D(), h.Backoff.Max.D()),
-	}
-	if h.Mode == "shadow" {
-		opts = append(opts, idempotency.WithShadow())
-	}
-	if h.FailOpen {
-		opts = append(opts, idempotency.WithFailOpen())
-	}
-	return opts
-}
-
 func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, string, error) {
 	log := a.log.With("handler", h.Name)
 	if k := h.Source.Kafka; k != nil {
@@ -254,14 +228,8 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 		if err != nil {
 			return nil, "", err
 		}
-		kc := kafka.Config{
-			Brokers: k.Brokers, Topic: k.Topic, GroupID: k.Group, Start: k.Start,
-			SessionTimeout: k.SessionTimeout.D(), CommitInterval: k.CommitInterval.D(),
-			Ordering: h.Ordering, Isolation: k.Isolation, Dialer: d, Logger: log,
-		}
-		if dl := h.DeadLetter; dl != nil {
-			kc.DeadLetterTopic = dl.Kafka.Topic
-		}
+		kc := h.KafkaConfig()
+		kc.Dialer, kc.Logger = d, log
 		src, err := kafka.New(kc)
 		if err != nil {
 			return nil, "", err
@@ -274,10 +242,8 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	if err != nil {
 		return nil, "", err
 	}
-	nc := natssrc.Config{Stream: n.Stream, Consumer: n.Consumer, Subject: n.Subject, AckWait: n.AckWait.D(), MaxAckPending: n.MaxAckPending, Logger: log}
-	if dl := h.DeadLetter; dl != nil {
-		nc.DeadLetterSubject = dl.NATS.Subject
-	}
+	nc := h.NATSConfig()
+	nc.Logger = log
 	src, err := natssrc.New(js, nc)
 	if err != nil {
 		return nil, "", err

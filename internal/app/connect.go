@@ -55,12 +55,9 @@ func openStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks co
 		return nil, nil, nil, fmt.Errorf("redis.durability.timeout %s: must be shorter than the Redis read timeout %s, which bounds each write's pipeline with its WAIT", d.Timeout, readTimeout(client))
 	}
 	log.Info("connected to the store", "deployment", deploymentKind(client, rc), "namespace", rc.Namespace)
-	s, err := redisbackend.New(client, redisbackend.Options{
-		Namespace: rc.Namespace, Grace: rc.Grace.D(), Logger: log,
-		Durability: redisbackend.Durability{Replicas: rc.Durability.Replicas, Timeout: rc.Durability.Timeout.D()},
-		Hooks:      hooks,
-		LocalCache: localCache(rc.LocalCache),
-	})
+	opts := rc.StoreOptions()
+	opts.Logger, opts.Hooks = log, hooks
+	s, err := redisbackend.New(client, opts)
 	if err != nil {
 		client.Close()
 		return nil, nil, nil, fmt.Errorf("redis.namespace: %w", err) // redis.durability is validated by config
@@ -72,15 +69,6 @@ func openStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks co
 		}
 		return err
 	}, nil
-}
-
-// localCache is redis.local_cache as the store's option: off when its
-// entries are 0.
-func localCache(lc config.LocalCache) redisbackend.LocalCache {
-	if lc.Size() <= 0 {
-		return redisbackend.LocalCache{}
-	}
-	return redisbackend.LocalCache{Entries: lc.Size(), TTL: lc.TTLOrDefault()}
 }
 
 // readTimeout is the client's read timeout: the longest a pipeline may

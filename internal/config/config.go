@@ -446,21 +446,14 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // validate checks what decoding cannot: required fields, choices, exclusive
-// options. Errors carry the line of the field, or of its parent when the
-// field is missing.
+// options. The values it hands to the library (the store's options, the
+// engine's options, the sources' configs) are checked by the packages that
+// take them, and their errors mapped to the YAML field (libraryError).
+// Errors carry the line of the field, or of its parent when the field is
+// missing.
 func (c *Config) validate(lines map[string]int) error {
 	fail := func(path, format string, args ...any) error {
-		line := lines[path]
-		for p := path; line == 0 && p != ""; {
-			i := strings.LastIndexAny(p, ".[")
-			if i < 0 {
-				p = ""
-				break
-			}
-			p = p[:i]
-			line = lines[p]
-		}
-		return &Error{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)}
+		return &Error{Path: path, Line: lineOf(lines, path), Msg: fmt.Sprintf(format, args...)}
 	}
 	if c.Redis.URL != "" && len(c.Redis.Addrs) > 0 {
 		return fail("redis.addrs", "give either redis.url or redis.addrs (Cluster seeds), not both")
@@ -474,10 +467,7 @@ func (c *Config) validate(lines map[string]int) error {
 	if c.Redis.Password != "" && c.Redis.PasswordFile != "" {
 		return fail("redis.password_file", "give either password or password_file, not both")
 	}
-	if err := c.Redis.Durability.validate(fail); err != nil {
-		return err
-	}
-	if err := c.Redis.LocalCache.validate(fail); err != nil {
+	if err := libraryError(c.Redis.StoreOptions().Validate(), "redis", storeFields, lines); err != nil {
 		return err
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
@@ -500,11 +490,26 @@ func (c *Config) validate(lines map[string]int) error {
 			return fail(p+".name", "%q is also the name of handlers[%d]", h.Name, j)
 		}
 		names[h.Name] = i
-		if err := h.validate(p, fail); err != nil {
+		if err := h.validate(p, fail, lines); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// lineOf is the line of the field at path, or of its nearest parent that
+// the file holds when the field is absent.
+func lineOf(lines map[string]int, path string) int {
+	line := lines[path]
+	for p := path; line == 0 && p != ""; {
+		i := strings.LastIndexAny(p, ".[")
+		if i < 0 {
+			break
+		}
+		p = p[:i]
+		line = lines[p]
+	}
+	return line
 }
 
 type failFunc func(path, format string, args ...any) error
@@ -536,35 +541,12 @@ func (r *Redis) validateSentinel(fail failFunc) error {
 	return nil
 }
 
-// validate checks redis.durability: WAIT counts replicas from 0, and a
-// WAIT without a timeout would block a delivery for ever.
-func (d Durability) validate(fail failFunc) error {
-	switch {
-	case d.Replicas < 0:
-		return fail("redis.durability.replicas", "%d: must not be negative (0 waits for no replica)", d.Replicas)
-	case d.Replicas > 0 && d.Timeout <= 0:
-		return fail("redis.durability.timeout", "required when redis.durability.replicas is %d: how long each WAIT may block, e.g. 50ms", d.Replicas)
-	case d.Replicas > 0 && d.Timeout.D() < time.Millisecond:
-		return fail("redis.durability.timeout", "%s: must be at least 1ms (WAIT counts milliseconds)", d.Timeout)
-	}
-	return nil
-}
-
-// validate checks redis.local_cache: a bound in entries from 0 (off), and
-// a TTL of at least 1ms (the store's resolution).
-func (l LocalCache) validate(fail failFunc) error {
-	switch {
-	case l.Size() < 0:
-		return fail("redis.local_cache.entries", "%d: must not be negative (0 turns the cache off)", l.Size())
-	case l.TTL < 0:
-		return fail("redis.local_cache.ttl", "%s: must not be negative; it bounds how long a cached record answers, e.g. 10s", l.TTL)
-	case l.Size() > 0 && l.TTL.D() < time.Millisecond:
-		return fail("redis.local_cache.ttl", "%s: must be at least 1ms, e.g. 10s (or set redis.local_cache.entries: 0 to turn the cache off)", l.TTL)
-	}
-	return nil
-}
-
-func (h *Handler) validate(p string, fail failFunc) error {
+// validate checks handlers[i] at path p. What the engine and the source
+// check of the values built from it is asked of them (libraryError): the
+// engine's options after the keys parse, the source's config after them
+// (ack_wait defaults to the lease), both before the action and the
+// dead-letter destination, which take the source's brokers or URL.
+func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error {
 	switch {
 	case h.Source.Kafka != nil && h.Source.NATS != nil:
 		return fail(p+".source", "two sources: give exactly one of kafka or nats")
@@ -572,30 +554,15 @@ func (h *Handler) validate(p string, fail failFunc) error {
 		return fail(p+".source", "required: give exactly one of kafka or nats")
 	}
 	if k := h.Source.Kafka; k != nil {
-		sp := p + ".source.kafka"
-		switch {
-		case len(k.Brokers) == 0:
-			return fail(sp+".brokers", "required: at least one host:port")
-		case k.Topic == "":
-			return fail(sp+".topic", "required")
-		case k.Start != "earliest" && k.Start != "latest":
-			return fail(sp+".start", "%q: want earliest or latest", k.Start)
-		case k.Isolation != "read_committed" && k.Isolation != "read_uncommitted":
-			return fail(sp+".isolation", "%q: want read_committed or read_uncommitted", k.Isolation)
-		}
-		if err := validateSASL(sp+".sasl", k.SASL, fail); err != nil {
+		// SASL goes to the dialer, not to the source's Config.
+		if err := validateSASL(p+".source.kafka.sasl", k.SASL, fail); err != nil {
 			return err
 		}
 	}
 	if n := h.Source.NATS; n != nil {
-		sp := p + ".source.nats"
-		switch {
-		case n.URL == "":
-			return fail(sp+".url", "required, e.g. nats://127.0.0.1:4222")
-		case n.Stream == "":
-			return fail(sp+".stream", "required")
-		case n.MaxAckPending < 0:
-			return fail(sp+".max_ack_pending", "%d: must not be negative (0 means the concurrency)", n.MaxAckPending)
+		// The url is the connection's, not the source's Config.
+		if n.URL == "" {
+			return fail(p+".source.nats.url", "required, e.g. nats://127.0.0.1:4222")
 		}
 		if h.Ordering == "key" {
 			return fail(p+".ordering", "ordering: key is for Kafka sources; NATS runs up to concurrency messages in any order")
@@ -609,19 +576,18 @@ func (h *Handler) validate(p string, fail failFunc) error {
 			return fail(fmt.Sprintf("%s.key[%d]", p, i), "kafka-key needs a kafka source")
 		}
 	}
+	if err := libraryError(idempotency.ValidateOptions(h.DedupOptions()...), p, handlerOptionFields, lines); err != nil {
+		return err
+	}
+	// After the lease: the NATS ack_wait defaults to it.
+	if h.Source.Kafka != nil {
+		if err := libraryError(h.KafkaConfig().Validate(), p, kafkaFields, lines); err != nil {
+			return err
+		}
+	} else if err := libraryError(h.NATSConfig().Validate(), p, natsFields, lines); err != nil {
+		return err
+	}
 	switch {
-	case h.MissingKey != "reject" && h.MissingKey != "passthrough":
-		return fail(p+".missing_key", "%q: want reject or passthrough", h.MissingKey)
-	case h.Mismatch != "reject" && h.Mismatch != "ignore":
-		return fail(p+".mismatch", "%q: want reject or ignore", h.Mismatch)
-	case h.Lease.D() < 100*time.Millisecond:
-		return fail(p+".lease", "%s: must be at least 100ms", h.Lease)
-	case h.Retention.D() < time.Second:
-		return fail(p+".retention", "%s: must be at least 1s", h.Retention)
-	case h.MaxAttempts < 1:
-		return fail(p+".max_attempts", "%d: must be at least 1", h.MaxAttempts)
-	case h.Backoff.Max < h.Backoff.Initial:
-		return fail(p+".backoff.max", "%s is below backoff.initial %s", h.Backoff.Max, h.Backoff.Initial)
 	case h.Concurrency < 1 || h.Concurrency > 10000:
 		return fail(p+".concurrency", "%d: want 1 to 10000", h.Concurrency)
 	case h.Ordering != "partition" && h.Ordering != "key":

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/idemkit/dedupworker/consumer"
 )
 
 // Start positions for a group that has no committed offset on a partition.
@@ -133,6 +136,20 @@ type Config struct {
 	NetworkTimeout time.Duration
 }
 
+// defaultHeartbeat is HeartbeatInterval's default for a session timeout.
+func defaultHeartbeat(session time.Duration) time.Duration {
+	return max(session/10, 50*time.Millisecond)
+}
+
+// defaultMaxUnfinished is MaxUnfinished's default for a batch size and an
+// ordering.
+func defaultMaxUnfinished(batch int, ordering string) int {
+	if ordering == OrderingKey {
+		return 4 * batch
+	}
+	return batch
+}
+
 func (c *Config) withDefaults() {
 	if c.Start == "" {
 		c.Start = StartEarliest
@@ -141,7 +158,7 @@ func (c *Config) withDefaults() {
 		c.SessionTimeout = 10 * time.Second
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = max(c.SessionTimeout/10, 50*time.Millisecond)
+		c.HeartbeatInterval = defaultHeartbeat(c.SessionTimeout)
 	}
 	if c.RebalanceTimeout == 0 {
 		c.RebalanceTimeout = 30 * time.Second
@@ -165,10 +182,7 @@ func (c *Config) withDefaults() {
 		c.BatchSize = 100
 	}
 	if c.MaxUnfinished == 0 {
-		c.MaxUnfinished = c.BatchSize
-		if c.Ordering == OrderingKey {
-			c.MaxUnfinished = 4 * c.BatchSize
-		}
+		c.MaxUnfinished = defaultMaxUnfinished(c.BatchSize, c.Ordering)
 	}
 	if c.FetchMaxBytes == 0 {
 		c.FetchMaxBytes = 1 << 20
@@ -181,19 +195,32 @@ func (c *Config) withDefaults() {
 	}
 }
 
-// validate checks a config whose defaults are filled in. Every error names
-// the field.
+// ErrInvalidConfig is wrapped by every error New returns for a bad Config.
+// New reports every bad field at once: its error joins one
+// *consumer.ConfigError per field (errors.As finds the first), each with
+// the Config field's Go path ("Start", "Brokers[1]", "SASL.Mechanism").
+var ErrInvalidConfig = errors.New("dedup: kafka: invalid config")
+
+// Validate checks c as New does, with its defaults filled in: nil, or the
+// joined *consumer.ConfigError of every bad field.
+func (c Config) Validate() error {
+	c.withDefaults()
+	return c.validate()
+}
+
+// validate checks a config whose defaults are filled in. Every error is a
+// ConfigError naming the field.
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("kafka: Config.%s: %s", field, fmt.Sprintf(format, args...)))
+		errs = append(errs, &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...), Err: ErrInvalidConfig})
 	}
 	if len(c.Brokers) == 0 {
-		bad("Brokers", "at least one broker address is required")
+		bad("Brokers", "at least one broker address (host:port) is required")
 	}
 	for i, b := range c.Brokers {
 		if strings.TrimSpace(b) == "" {
-			bad(fmt.Sprintf("Brokers[%d]", i), "empty address")
+			bad(fmt.Sprintf("Brokers[%d]", i), "empty address: want host:port")
 		}
 	}
 	if c.Topic == "" {
@@ -203,23 +230,16 @@ func (c *Config) validate() error {
 		bad("GroupID", "required")
 	}
 	if c.DeadLetterTopic != "" && c.DeadLetterTopic == c.Topic {
-		bad("DeadLetterTopic", "must differ from Topic %q", c.Topic)
+		bad("DeadLetterTopic", "%q is Topic: it must differ, or dead letters are consumed again", c.DeadLetterTopic)
 	}
-	switch c.Start {
-	case StartEarliest, StartLatest:
-	default:
-		bad("Start", "%q: use %q or %q", c.Start, StartEarliest, StartLatest)
+	oneOf := func(field, v string, valid ...string) {
+		if !slices.Contains(valid, v) {
+			bad(field, "%q: want %s", v, strings.Join(valid, " or "))
+		}
 	}
-	switch c.Ordering {
-	case OrderingPartition, OrderingKey:
-	default:
-		bad("Ordering", "%q: use %q or %q", c.Ordering, OrderingPartition, OrderingKey)
-	}
-	switch c.Isolation {
-	case IsolationReadCommitted, IsolationReadUncommitted:
-	default:
-		bad("Isolation", "%q: use %q or %q", c.Isolation, IsolationReadCommitted, IsolationReadUncommitted)
-	}
+	oneOf("Start", c.Start, StartEarliest, StartLatest)
+	oneOf("Ordering", c.Ordering, OrderingPartition, OrderingKey)
+	oneOf("Isolation", c.Isolation, IsolationReadCommitted, IsolationReadUncommitted)
 	positive := func(field string, d time.Duration) {
 		if d <= 0 {
 			bad(field, "%v: must be positive", d)
@@ -233,20 +253,29 @@ func (c *Config) validate() error {
 	positive("CommitInterval", c.CommitInterval)
 	positive("NetworkTimeout", c.NetworkTimeout)
 	if c.HeartbeatInterval > 0 && c.SessionTimeout > 0 && c.HeartbeatInterval*3 > c.SessionTimeout {
-		bad("HeartbeatInterval", "%v: must be at most a third of SessionTimeout (%v)", c.HeartbeatInterval, c.SessionTimeout)
+		if c.HeartbeatInterval == defaultHeartbeat(c.SessionTimeout) {
+			// The heartbeat is SessionTimeout's default: the field to
+			// change is the one the caller set.
+			bad("SessionTimeout", "%v: too short for the default HeartbeatInterval %v (a tenth of it, at least 50ms), which must fit in it three times: use at least 150ms", c.SessionTimeout, c.HeartbeatInterval)
+		} else {
+			bad("HeartbeatInterval", "%v: must be at most a third of SessionTimeout (%v)", c.HeartbeatInterval, c.SessionTimeout)
+		}
 	}
 	if c.RevokeTimeout > 0 && c.RebalanceTimeout > 0 && c.RevokeTimeout >= c.RebalanceTimeout {
 		bad("RevokeTimeout", "%v: must be shorter than RebalanceTimeout (%v), or the member is evicted while it drains", c.RevokeTimeout, c.RebalanceTimeout)
 	}
-	if c.BatchSize < 1 {
-		bad("BatchSize", "%d: must be at least 1", c.BatchSize)
+	atLeastOne := func(field string, n int) {
+		if n < 1 {
+			bad(field, "%d: must be at least 1", n)
+		}
 	}
-	if c.MaxUnfinished < 1 {
-		bad("MaxUnfinished", "%d: must be at least 1", c.MaxUnfinished)
+	atLeastOne("BatchSize", c.BatchSize)
+	if c.BatchSize >= 1 || c.MaxUnfinished != defaultMaxUnfinished(c.BatchSize, c.Ordering) {
+		// A MaxUnfinished derived from a bad BatchSize is that
+		// field's error, reported above.
+		atLeastOne("MaxUnfinished", c.MaxUnfinished)
 	}
-	if c.FetchMaxBytes < 1 {
-		bad("FetchMaxBytes", "%d: must be at least 1", c.FetchMaxBytes)
-	}
+	atLeastOne("FetchMaxBytes", c.FetchMaxBytes)
 	if c.SASL != nil {
 		if c.SASL.Username == "" {
 			bad("SASL.Username", "required")
@@ -267,7 +296,7 @@ func (s *SASL) mechanism() (sasl.Mechanism, error) {
 	case SASLScramSHA512:
 		return scram.Mechanism(scram.SHA512, s.Username, s.Password)
 	default:
-		return nil, fmt.Errorf("%q: use %s, %s or %s", s.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
+		return nil, fmt.Errorf("%q: want %s, %s or %s", s.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
 	}
 }
 

@@ -1,12 +1,38 @@
 package kafka_test
 
 import (
-	"strings"
+	"errors"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
+
+// configFields lists the Field of every *consumer.ConfigError that err
+// joins, in order.
+func configFields(err error) []string {
+	var fields []string
+	var walk func(error)
+	walk = func(err error) {
+		var ce *consumer.ConfigError
+		switch e := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, inner := range e.Unwrap() {
+				walk(inner)
+			}
+		default:
+			if errors.As(err, &ce) {
+				fields = append(fields, ce.Field)
+			}
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return fields
+}
 
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
@@ -18,30 +44,48 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		field string
 		mod   func(*kafka.Config)
 	}{
-		{"Config.Brokers", func(c *kafka.Config) { c.Brokers = nil }},
-		{"Config.Brokers[0]", func(c *kafka.Config) { c.Brokers = []string{" "} }},
-		{"Config.Topic", func(c *kafka.Config) { c.Topic = "" }},
-		{"Config.GroupID", func(c *kafka.Config) { c.GroupID = "" }},
-		{"Config.Start", func(c *kafka.Config) { c.Start = "middle" }},
-		{"Config.Ordering", func(c *kafka.Config) { c.Ordering = "random" }},
-		{"Config.Isolation", func(c *kafka.Config) { c.Isolation = "read_some" }},
-		{"Config.SessionTimeout", func(c *kafka.Config) { c.SessionTimeout = -time.Second }},
-		{"Config.HeartbeatInterval", func(c *kafka.Config) { c.HeartbeatInterval = 5 * time.Second }},
-		{"Config.RevokeTimeout", func(c *kafka.Config) { c.RevokeTimeout = time.Minute }},
-		{"Config.MaxWait", func(c *kafka.Config) { c.MaxWait = -1 }},
-		{"Config.CommitInterval", func(c *kafka.Config) { c.CommitInterval = -1 }},
-		{"Config.BatchSize", func(c *kafka.Config) { c.BatchSize = -1 }},
-		{"Config.DeadLetterTopic", func(c *kafka.Config) { c.DeadLetterTopic = "t" }},
-		{"Config.SASL.Mechanism", func(c *kafka.Config) { c.SASL = &kafka.SASL{Mechanism: "GSSAPI", Username: "u"} }},
-		{"Config.SASL.Username", func(c *kafka.Config) { c.SASL = &kafka.SASL{Mechanism: "PLAIN"} }},
+		{"Brokers", func(c *kafka.Config) { c.Brokers = nil }},
+		{"Brokers[0]", func(c *kafka.Config) { c.Brokers = []string{" "} }},
+		{"Topic", func(c *kafka.Config) { c.Topic = "" }},
+		{"GroupID", func(c *kafka.Config) { c.GroupID = "" }},
+		{"Start", func(c *kafka.Config) { c.Start = "middle" }},
+		{"Ordering", func(c *kafka.Config) { c.Ordering = "random" }},
+		{"Isolation", func(c *kafka.Config) { c.Isolation = "read_some" }},
+		{"SessionTimeout", func(c *kafka.Config) { c.SessionTimeout = -time.Second }},
+		{"HeartbeatInterval", func(c *kafka.Config) { c.HeartbeatInterval = 5 * time.Second }},
+		{"RevokeTimeout", func(c *kafka.Config) { c.RevokeTimeout = time.Minute }},
+		{"MaxWait", func(c *kafka.Config) { c.MaxWait = -1 }},
+		{"CommitInterval", func(c *kafka.Config) { c.CommitInterval = -1 }},
+		{"BatchSize", func(c *kafka.Config) { c.BatchSize = -1 }},
+		{"MaxUnfinished", func(c *kafka.Config) { c.MaxUnfinished = -1 }},
+		{"FetchMaxBytes", func(c *kafka.Config) { c.FetchMaxBytes = -1 }},
+		{"NetworkTimeout", func(c *kafka.Config) { c.NetworkTimeout = -time.Second }},
+		{"DeadLetterTopic", func(c *kafka.Config) { c.DeadLetterTopic = "t" }},
+		{"SASL.Mechanism", func(c *kafka.Config) { c.SASL = &kafka.SASL{Mechanism: "GSSAPI", Username: "u"} }},
+		{"SASL.Username", func(c *kafka.Config) { c.SASL = &kafka.SASL{Mechanism: "PLAIN"} }},
 	}
 	for _, tc := range cases {
 		c := ok
 		tc.mod(&c)
 		_, err := kafka.New(c)
-		if err == nil || !strings.Contains(err.Error(), tc.field+":") {
-			t.Errorf("%s: New = %v, want an error naming the field", tc.field, err)
+		if got := configFields(err); !slices.Equal(got, []string{tc.field}) || !errors.Is(err, kafka.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v (fields %q), want one ConfigError for %s wrapping ErrInvalidConfig", tc.field, err, got, tc.field)
 		}
+		if verr := c.Validate(); verr == nil || verr.Error() != err.Error() {
+			t.Errorf("%s: Validate = %v, New = %v; want the same error", tc.field, verr, err)
+		}
+	}
+	// Every bad field is reported, each as its own ConfigError.
+	_, err := kafka.New(kafka.Config{Brokers: []string{"b:1", ""}, Start: "middle"})
+	if got, want := configFields(err), []string{"Brokers[1]", "Topic", "GroupID", "Start"}; !slices.Equal(got, want) {
+		t.Errorf("New with four bad fields = %v (fields %q), want %q", err, got, want)
+	}
+	// A session timeout too short for its default heartbeat is the session
+	// timeout's error: that is the field the caller set.
+	c := ok
+	c.SessionTimeout = 100 * time.Millisecond
+	if _, err := kafka.New(c); !slices.Equal(configFields(err), []string{"SessionTimeout"}) {
+		t.Errorf("SessionTimeout 100ms: %v, want a ConfigError for SessionTimeout", err)
 	}
 	for _, iso := range []string{kafka.IsolationReadCommitted, kafka.IsolationReadUncommitted} {
 		c := ok

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
 )
 
 // Config configures a Source. Stream and Consumer are required; every other
@@ -97,12 +99,20 @@ func (c *Config) withDefaults() {
 	}
 }
 
-// ErrInvalidConfig is wrapped by every error New returns for a bad Config.
+// ErrInvalidConfig is wrapped by every error New returns for a bad Config:
+// a *consumer.ConfigError whose Field is the Config field ("AckWait").
 var ErrInvalidConfig = errors.New("dedup: nats: invalid config")
+
+// Validate checks c as New does, with its defaults filled in: nil, or the
+// first bad field's *consumer.ConfigError.
+func (c Config) Validate() error {
+	c.withDefaults()
+	return c.validate()
+}
 
 func (c *Config) validate() error {
 	bad := func(field, format string, args ...any) error {
-		return fmt.Errorf("%w: %s: %s", ErrInvalidConfig, field, fmt.Sprintf(format, args...))
+		return &consumer.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...), Err: ErrInvalidConfig}
 	}
 	switch {
 	case c.Stream == "":
@@ -118,7 +128,7 @@ func (c *Config) validate() error {
 	case c.AckWait < time.Second:
 		return bad("AckWait", "%s: must be at least 1s", c.AckWait)
 	case c.MaxAckPending < 0:
-		return bad("MaxAckPending", "%d: must not be negative", c.MaxAckPending)
+		return bad("MaxAckPending", "%d: must not be negative (0 means the handler's concurrency)", c.MaxAckPending)
 	case c.Batch < 0:
 		return bad("Batch", "%d: must not be negative", c.Batch)
 	case c.FetchMaxWait < 10*time.Millisecond:

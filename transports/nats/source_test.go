@@ -69,8 +69,12 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		cfg := ok
 		tc.mod(&cfg)
 		_, err := natstr.New(js, cfg)
-		if !errors.Is(err, natstr.ErrInvalidConfig) || !strings.Contains(err.Error(), tc.field+":") {
-			t.Errorf("%s: got %v, want an ErrInvalidConfig naming %s", tc.field, err, tc.field)
+		var ce *consumer.ConfigError
+		if !errors.Is(err, natstr.ErrInvalidConfig) || !errors.As(err, &ce) || ce.Field != tc.field || ce.Reason == "" {
+			t.Errorf("%s: got %v, want a ConfigError for %s wrapping ErrInvalidConfig", tc.field, err, tc.field)
+		}
+		if verr := cfg.Validate(); verr == nil || verr.Error() != err.Error() {
+			t.Errorf("%s: Validate = %v, New = %v; want the same error", tc.field, verr, err)
 		}
 	}
 	src, err := natstr.New(js, ok)
