@@ -52,16 +52,11 @@ local setget = true
 -- Number to text conversions are a large part of a script's cost.
 local fpv_arg, fpv, fpv_s
 local lease_arg, keep_arg, lease, until_s, px_s
--- A fresh claim is FRESH_HEAD .. fp .. mid .. token .. tail: mid holds
--- the fingerprint version, tail the fence, the times and attempts 1, each
--- the same for every new key of the call while the version and the lease
--- are (fresh_parts builds them when either changes).
-local FRESH_HEAD = '{"v":1,"state":"CLAIMED","fp":"'
+-- A fresh claim is '{"v":1,"state":"CLAIMED","fp":"' .. fp .. mid .. token
+-- .. tail: mid holds the fingerprint version, tail the fence, the times and
+-- attempts 1, each the same for every new key of the call while the version
+-- and the lease are (built again when either changes).
 local mid, tail
-local function fresh_parts()
-  mid = '","fpv":' .. fpv_s .. ',"token":"'
-  tail = '","fence":' .. fresh_fence .. ',"claimed_at_ms":' .. now_s .. ',"lease_until_ms":' .. until_s .. ',"attempts":1}'
-end
 
 for i, key in ipairs(KEYS) do
   local a = first + (i - 1) * stride
@@ -92,8 +87,11 @@ for i, key in ipairs(KEYS) do
   -- template is claim_json's.
   local efp, etoken, fresh
   if uniform then
-    if changed then fresh_parts() end
-    fresh = FRESH_HEAD .. fp .. mid .. token .. tail
+    if changed then
+      mid = '","fpv":' .. fpv_s .. ',"token":"'
+      tail = '","fence":' .. fresh_fence .. ',"claimed_at_ms":' .. now_s .. ',"lease_until_ms":' .. until_s .. ',"attempts":1}'
+    end
+    fresh = '{"v":1,"state":"CLAIMED","fp":"' .. fp .. mid .. token .. tail
   else
     efp, etoken = cjson.encode(fp), cjson.encode(token)
     fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')

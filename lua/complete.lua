@@ -7,8 +7,9 @@
 --          or, when every key of the call shares outcome and retention and
 --          has no meta (nearly always): ARGV[2] '=', ARGV[3] the outcome,
 --          ARGV[4] the retention, then 2 per key from ARGV[5]: token,
---          result. Each argument costs the server a string: fewer per key
---          is less work per key.
+--          result, every result standard base64 or '' (the caller encodes
+--          them, so they are not checked again here). Each argument costs
+--          the server a string: fewer per key is less work per key.
 -- Returns an array of integers in KEYS order: 1 completed; 2 already
 -- COMPLETED by this same token (a retry whose first reply was lost: nothing
 -- changes); 0 not owned (gone, completed by another token, released, another
@@ -35,6 +36,10 @@ local published = {}
 local CLAIMED_HEAD = '{"v":1,"state":"CLAIMED"'
 local CLAIMED_START = CLAIMED_HEAD .. ',"fp":"'
 local DONE_HEAD = '{"v":1,"state":"COMPLETED"'
+-- done_mid is the completion's fields up to the result's text,
+-- ',"completed_at_ms":' now ',"outcome":"' outcome '","result":"', built
+-- once a call in the uniform form (one outcome), else once a key.
+local done_mid
 
 for i, key in ipairs(KEYS) do
   local a = first + (i - 1) * stride
@@ -51,15 +56,17 @@ for i, key in ipairs(KEYS) do
   -- ',"token":"<token>","fence":' finds that field holding this token.
   if type(raw) == 'string' and string.sub(raw, 1, #CLAIMED_START) == CLAIMED_START
     and string.find(raw, ',"token":"' .. token .. '","fence":', #CLAIMED_START, true)
-    and meta == '' and plain_ok and (result == '' or b64(result)) then
+    and meta == '' and plain_ok and (uniform or result == '' or b64(result)) then
     -- The claim as the claim script wrote it, completed from a template:
     -- no JSON decoding or encoding, no pattern matching of the record.
     if now_s == nil then
       now = now or now_ms() -- one TIME a call: every key completed at the same instant
       now_s = string.format('%d', now)
     end
-    redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. ',"completed_at_ms":' .. now_s
-      .. ',"outcome":"' .. outcome .. '","result":"' .. result .. '"}', 'PX', keep)
+    if done_mid == nil or not uniform then
+      done_mid = ',"completed_at_ms":' .. now_s .. ',"outcome":"' .. outcome .. '","result":"'
+    end
+    redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
     published[#published + 1] = key
     out[i] = 1
   else
