@@ -54,7 +54,9 @@ for i, key in ipairs(KEYS) do
   -- The template's fp is JSON text in which every '"' is escaped (cjson),
   -- so ',"' first occurs after it, at the token field: finding
   -- ',"token":"<token>","fence":' finds that field holding this token.
-  if type(raw) == 'string' and string.sub(raw, 1, #CLAIMED_START) == CLAIMED_START
+  -- A plain find that matches at 1 compares in place; string.sub would
+  -- copy the start of every record into a new Lua string first.
+  if type(raw) == 'string' and string.find(raw, CLAIMED_START, 1, true) == 1
     and string.find(raw, ',"token":"' .. token .. '","fence":', #CLAIMED_START, true)
     and meta == '' and plain_ok and (uniform or result == '' or b64(result)) then
     -- The claim as the claim script wrote it, completed from a template:
