@@ -129,8 +129,8 @@ for i, key in ipairs(KEYS) do
       mine = ptoken == token
     end
   elseif raw then
-    rec = decode(raw)
-    if rec == nil or not valid(rec) then
+    rec = slow().decode(raw)
+    if rec == nil or not slow().valid(rec) then
       outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
     elseif rec.fpv == fpv and rec.fp ~= fp then
       outcome = 'MISMATCH'
@@ -169,8 +169,8 @@ for i, key in ipairs(KEYS) do
     if rec ~= nil then
       -- A recovered value keeps a numeric fence when it still has one, so
       -- fences never go backwards for a downstream system that saw them.
-      fence = new_fence(rec.fence, now_us)
-      if num(rec.attempts) then attempts = rec.attempts + 1 end
+      fence = slow().new_fence(rec.fence, now_us)
+      if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
       if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
     end
     if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
@@ -178,7 +178,7 @@ for i, key in ipairs(KEYS) do
     if steps == nil then
       claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
     else
-      claimed = encode({
+      claimed = slow().encode({
         v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
         claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
       })

@@ -58,7 +58,7 @@ for i, key in ipairs(KEYS) do
   -- copy the start of every record into a new Lua string first.
   if type(raw) == 'string' and string.find(raw, CLAIMED_START, 1, true) == 1
     and string.find(raw, ',"token":"' .. token .. '","fence":', #CLAIMED_START, true)
-    and meta == '' and plain_ok and (uniform or result == '' or b64(result)) then
+    and meta == '' and plain_ok and (uniform or result == '' or slow().b64(result)) then
     -- The claim as the claim script wrote it, completed from a template:
     -- no JSON decoding or encoding, no pattern matching of the record.
     if now_s == nil then
@@ -72,12 +72,12 @@ for i, key in ipairs(KEYS) do
     published[#published + 1] = key
     out[i] = 1
   else
-    local rec = decode(raw)
+    local rec = slow().decode(raw)
     if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
       rec = nil
     end
     if rec == nil then
-      local done = record(raw)
+      local done = slow().record(raw)
       if done ~= nil and done.state == 'COMPLETED' and done.token == token then
         -- A retry of a completion whose reply was lost, maybe on another
         -- connection: written back unchanged, so a WAIT that follows on
@@ -94,7 +94,7 @@ for i, key in ipairs(KEYS) do
       rec.outcome = outcome
       if result == '' then rec.result = nil else rec.result = result end
       if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
-      redis.call('SET', key, encode(rec), 'PX', tonumber(keep))
+      redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
       published[#published + 1] = key
       out[i] = 1
     end
