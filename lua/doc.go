@@ -147,8 +147,12 @@
 // completion of a claim in template form is GET and SET, the completed
 // record being the claim's text with its state changed and the completion's
 // fields appended (no pattern match), and one PUBLISH per call for all its
-// keys. Instructions per key, measured with callgrind on the Redis server,
-// are in docs/PERFORMANCE.md (BenchmarkRedisCPU).
+// keys. The helpers of lib.lua that only records outside the templates and
+// rare paths need (decode, valid, encode, owned, record, new_fence, …) are
+// made by slow() at their first use in a call: every local function of a
+// script is a closure made at each call. Instructions per key and per call,
+// measured with callgrind on the Redis server, are in docs/PERFORMANCE.md
+// (BenchmarkRedisCPU).
 package lua
 
 import _ "embed" // the scripts
