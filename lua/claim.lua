@@ -5,18 +5,36 @@
 -- ARGV, 5 per key from ARGV[2]: token, fingerprint, fingerprint version,
 --          lease in ms, retention in ms; then, optionally, '1' (durable): a
 --          WAIT follows this call on its connection (see below, DUPLICATE).
+--          Or, when every key of the call shares fingerprint version, lease
+--          and retention (nearly always), and every token and fingerprint
+--          is a JSON string's text as it stands (printable ASCII other
+--          than '"' and backslash: the caller checks): ARGV[2] '=', ARGV[3] the
+--          fingerprint version, ARGV[4] the lease, ARGV[5] the retention,
+--          ARGV[6] '1' (durable) or '0', then 2 per key from ARGV[7]: token,
+--          fingerprint. Each argument costs the server a string: fewer per
+--          key is less work per key.
 -- A claim's key lives lease + max(grace, retention): an expired claim
 -- nobody completed or released (its worker died) is found and RECLAIMED,
 -- its attempt counted, for as long as the key's completion would be
 -- remembered, so a key that kills its worker on every run reaches
 -- max_attempts however slowly the worker restarts (SPEC §11.3).
--- Returns a flat array, 2 entries per key in KEYS order: the outcome
--- (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH), then a record
--- as JSON: the claim just written for NEW/RECLAIMED/RECOVERED, the stored
--- value untouched for the others.
+-- Returns a flat array, 2 entries per key in KEYS order, then the call's
+-- TIME in microseconds. Per key: the outcome (NEW, RECLAIMED, RECOVERED,
+-- DUPLICATE, IN_FLIGHT, MISMATCH), then a record as JSON: the claim just
+-- written for NEW/RECLAIMED/RECOVERED, the stored value untouched for the
+-- others; or '' for a NEW key that had no value, whose claim is the
+-- template claim_json writes from the request (its token, fingerprint,
+-- version, lease) and the call's TIME: fence the TIME in microseconds,
+-- claimed_at_ms the TIME in milliseconds, lease_until_ms that plus the
+-- lease, attempts 1. That reply costs the server one short string a key
+-- instead of the record.
 
 local grace = tonumber(ARGV[1])
-local durable = ARGV[2 + 5 * #KEYS] == '1'
+local uniform = ARGV[2] == '=' -- no token is '=' (tokens are hex)
+local first, stride = 2, 5
+if uniform then first, stride = 7, 2 end
+local durable
+if uniform then durable = ARGV[6] == '1' else durable = ARGV[2 + 5 * #KEYS] == '1' end
 local now, now_us = clock()
 local now_s = string.format('%d', now)
 -- The fence of a key without a record: new_fence(nil, now_us), the server
@@ -34,26 +52,50 @@ local setget = true
 -- Number to text conversions are a large part of a script's cost.
 local fpv_arg, fpv, fpv_s
 local lease_arg, keep_arg, lease, until_s, px_s
+-- A fresh claim is '{"v":1,"state":"CLAIMED","fp":"' .. fp .. mid .. token
+-- .. tail: mid holds the fingerprint version, tail the fence, the times and
+-- attempts 1, each the same for every new key of the call while the version
+-- and the lease are (built again when either changes).
+local mid, tail
 
 for i, key in ipairs(KEYS) do
-  local a = 2 + (i - 1) * 5
-  local token, fp = ARGV[a], ARGV[a + 1]
-  if ARGV[a + 2] ~= fpv_arg then
-    fpv_arg = ARGV[a + 2]
+  local a = first + (i - 1) * stride
+  local token, fp, fpv_a, lease_a, keep_a
+  if uniform then
+    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[5]
+  else
+    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  end
+  local changed = false
+  if fpv_a ~= fpv_arg then
+    fpv_arg = fpv_a
     fpv = tonumber(fpv_arg)
     if fpv == nil then error('claim: fingerprint version ' .. fpv_arg .. ' is not a number') end
     fpv_s = tostring(fpv)
+    changed = true
   end
-  if ARGV[a + 3] ~= lease_arg or ARGV[a + 4] ~= keep_arg then
-    lease_arg, keep_arg = ARGV[a + 3], ARGV[a + 4]
+  if lease_a ~= lease_arg or keep_a ~= keep_arg then
+    lease_arg, keep_arg = lease_a, keep_a
     lease = tonumber(lease_arg)
     until_s = string.format('%d', now + lease)
     px_s = string.format('%d', lease + math.max(grace, tonumber(keep_arg) or 0))
+    changed = true
   end
   -- The claim a new key gets (fence now_us, attempts 1, no steps), written
-  -- only when the key does not exist.
-  local efp, etoken = cjson.encode(fp), cjson.encode(token)
-  local fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')
+  -- only when the key does not exist. In the uniform form fp and token
+  -- stand in it as they are; else they are JSON-encoded (cjson), and the
+  -- template is claim_json's.
+  local efp, etoken, fresh
+  if uniform then
+    if changed then
+      mid = '","fpv":' .. fpv_s .. ',"token":"'
+      tail = '","fence":' .. fresh_fence .. ',"claimed_at_ms":' .. now_s .. ',"lease_until_ms":' .. until_s .. ',"attempts":1}'
+    end
+    fresh = '{"v":1,"state":"CLAIMED","fp":"' .. fp .. mid .. token .. tail
+  else
+    efp, etoken = cjson.encode(fp), cjson.encode(token)
+    fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')
+  end
   local raw
   if setget then
     raw = redis.pcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
@@ -87,8 +129,8 @@ for i, key in ipairs(KEYS) do
       mine = ptoken == token
     end
   elseif raw then
-    rec = decode(raw)
-    if rec == nil or not valid(rec) then
+    rec = slow().decode(raw)
+    if rec == nil or not slow().valid(rec) then
       outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
     elseif rec.fpv == fpv and rec.fp ~= fp then
       outcome = 'MISMATCH'
@@ -104,7 +146,11 @@ for i, key in ipairs(KEYS) do
     end
   end
 
-  if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
+  if outcome == 'NEW' and not raw then
+    -- fresh was written by SET NX: the reply leaves it out (see above).
+    out[#out + 1] = 'NEW'
+    out[#out + 1] = ''
+  elseif outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
     -- WAIT (Options.Durability) counts only its own connection's writes.
     -- Two records the caller acts on may have been written on another
     -- connection: a live claim under this call's own token (the call ran
@@ -123,26 +169,24 @@ for i, key in ipairs(KEYS) do
     if rec ~= nil then
       -- A recovered value keeps a numeric fence when it still has one, so
       -- fences never go backwards for a downstream system that saw them.
-      fence = new_fence(rec.fence, now_us)
-      if num(rec.attempts) then attempts = rec.attempts + 1 end
+      fence = slow().new_fence(rec.fence, now_us)
+      if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
       if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
     end
+    if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
     local claimed
-    if not raw then
-      claimed = fresh -- already written by SET NX
-    elseif steps == nil then
+    if steps == nil then
       claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
     else
-      claimed = encode({
+      claimed = slow().encode({
         v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
         claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
       })
     end
-    if raw then
-      redis.call('SET', key, claimed, 'PX', px_s)
-    end
+    redis.call('SET', key, claimed, 'PX', px_s)
     out[#out + 1] = outcome
     out[#out + 1] = claimed
   end
 end
+out[#out + 1] = now_us
 return out

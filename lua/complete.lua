@@ -7,8 +7,9 @@
 --          or, when every key of the call shares outcome and retention and
 --          has no meta (nearly always): ARGV[2] '=', ARGV[3] the outcome,
 --          ARGV[4] the retention, then 2 per key from ARGV[5]: token,
---          result. Each argument costs the server a string: fewer per key
---          is less work per key.
+--          result, every result standard base64 or '' (the caller encodes
+--          them, so they are not checked again here). Each argument costs
+--          the server a string: fewer per key is less work per key.
 -- Returns an array of integers in KEYS order: 1 completed; 2 already
 -- COMPLETED by this same token (a retry whose first reply was lost: nothing
 -- changes); 0 not owned (gone, completed by another token, released, another
@@ -35,6 +36,10 @@ local published = {}
 local CLAIMED_HEAD = '{"v":1,"state":"CLAIMED"'
 local CLAIMED_START = CLAIMED_HEAD .. ',"fp":"'
 local DONE_HEAD = '{"v":1,"state":"COMPLETED"'
+-- done_mid is the completion's fields up to the result's text,
+-- ',"completed_at_ms":' now ',"outcome":"' outcome '","result":"', built
+-- once a call in the uniform form (one outcome), else once a key.
+local done_mid
 
 for i, key in ipairs(KEYS) do
   local a = first + (i - 1) * stride
@@ -49,26 +54,30 @@ for i, key in ipairs(KEYS) do
   -- The template's fp is JSON text in which every '"' is escaped (cjson),
   -- so ',"' first occurs after it, at the token field: finding
   -- ',"token":"<token>","fence":' finds that field holding this token.
-  if type(raw) == 'string' and string.sub(raw, 1, #CLAIMED_START) == CLAIMED_START
+  -- A plain find that matches at 1 compares in place; string.sub would
+  -- copy the start of every record into a new Lua string first.
+  if type(raw) == 'string' and string.find(raw, CLAIMED_START, 1, true) == 1
     and string.find(raw, ',"token":"' .. token .. '","fence":', #CLAIMED_START, true)
-    and meta == '' and plain_ok and (result == '' or b64(result)) then
+    and meta == '' and plain_ok and (uniform or result == '' or slow().b64(result)) then
     -- The claim as the claim script wrote it, completed from a template:
     -- no JSON decoding or encoding, no pattern matching of the record.
     if now_s == nil then
       now = now or now_ms() -- one TIME a call: every key completed at the same instant
       now_s = string.format('%d', now)
     end
-    redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. ',"completed_at_ms":' .. now_s
-      .. ',"outcome":"' .. outcome .. '","result":"' .. result .. '"}', 'PX', keep)
+    if done_mid == nil or not uniform then
+      done_mid = ',"completed_at_ms":' .. now_s .. ',"outcome":"' .. outcome .. '","result":"'
+    end
+    redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
     published[#published + 1] = key
     out[i] = 1
   else
-    local rec = decode(raw)
+    local rec = slow().decode(raw)
     if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
       rec = nil
     end
     if rec == nil then
-      local done = record(raw)
+      local done = slow().record(raw)
       if done ~= nil and done.state == 'COMPLETED' and done.token == token then
         -- A retry of a completion whose reply was lost, maybe on another
         -- connection: written back unchanged, so a WAIT that follows on
@@ -85,7 +94,7 @@ for i, key in ipairs(KEYS) do
       rec.outcome = outcome
       if result == '' then rec.result = nil else rec.result = result end
       if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
-      redis.call('SET', key, encode(rec), 'PX', tonumber(keep))
+      redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
       published[#published + 1] = key
       out[i] = 1
     end

@@ -34,15 +34,24 @@
 //   - Claim: KEYS the batch; ARGV grace_ms, then per key token, fp, fpv,
 //     lease_ms, retention_ms, then optionally '1' (durable: a WAIT
 //     follows, and a DUPLICATE's record is written back unchanged so that
-//     it covers it). Reply: a flat array, two entries per key: the outcome
-//     name (NEW, RECLAIMED, RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH) and
-//     a record as JSON — the claim just written for owned outcomes, the
-//     stored value for the others. TTL of a claim: lease + max(grace,
-//     retention) (see Attempts).
+//     it covers it); or, when all keys share fpv, lease and retention and
+//     every token and fp is printable ASCII without '"' or backslash (so
+//     it stands in JSON as it is), grace_ms, '=', fpv, lease_ms,
+//     retention_ms, '1' or '0' (durable), then per key token, fp. Reply: a
+//     flat array, two entries per key: the outcome name (NEW, RECLAIMED,
+//     RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH) and a record as JSON — the
+//     claim just written for owned outcomes, the stored value for the
+//     others, or the empty string for a NEW key that had no value — then
+//     the call's TIME in microseconds. That claim is the claim_json
+//     template of the request with fence = that time, claimed_at_ms = the
+//     time in ms, lease_until_ms = claimed_at_ms + lease_ms, attempts 1:
+//     the caller builds it from what it sent. TTL of a claim: lease +
+//     max(grace, retention) (see Attempts).
 //   - Complete: KEYS the batch; ARGV channel, then per key token, outcome,
 //     result (base64 or ""), meta (JSON object or ""), retention_ms; or,
 //     when all keys share outcome and retention and none has meta, channel,
-//     '=', outcome, retention_ms, then per key token, result. Reply:
+//     '=', outcome, retention_ms, then per key token, result (base64 the
+//     caller encoded, not checked again). Reply:
 //     an array of 1 (completed), 2 (already completed under this token: a
 //     retry) or 0 (not owned), then the completed_at_ms of the keys it
 //     completed (0 for none). The keys completed are published on channel
@@ -124,9 +133,12 @@
 //
 // # Cost
 //
-// Per key a claim of a new key is one SET NX PX GET; a claim, a renewed
-// claim and a completion without meta are written by string concatenation
-// (claim_json, done_json in lib.lua) and read back by anchored patterns
+// Per key a claim of a new key is two arguments and one SET NX PX GET of a
+// template whose per-call parts (version, fence, times) are built once a
+// call; its reply is the empty string and the call's TIME, not the record.
+// A claim, a renewed claim and a completion without meta are written by
+// string concatenation (claim_json, done_json in lib.lua) and read back by
+// anchored patterns
 // (parse), so the common path never runs cjson and never turns a number into
 // text: numbers that repeat across a batch (now, the lease, the fingerprint
 // version) are converted once per script. Any other value (steps, meta,
@@ -135,8 +147,12 @@
 // completion of a claim in template form is GET and SET, the completed
 // record being the claim's text with its state changed and the completion's
 // fields appended (no pattern match), and one PUBLISH per call for all its
-// keys. Instructions per key, measured with callgrind on the Redis server,
-// are in docs/PERFORMANCE.md (BenchmarkRedisCPU).
+// keys. The helpers of lib.lua that only records outside the templates and
+// rare paths need (decode, valid, encode, owned, record, new_fence, …) are
+// made by slow() at their first use in a call: every local function of a
+// script is a closure made at each call. Instructions per key and per call,
+// measured with callgrind on the Redis server, are in docs/PERFORMANCE.md
+// (BenchmarkRedisCPU).
 package lua
 
 import _ "embed" // the scripts

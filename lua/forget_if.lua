@@ -18,8 +18,8 @@ local deleted = false
 local now = now_ms()
 local out = {}
 for i, key in ipairs(KEYS) do
-  local rec = decode(get(key))
-  if rec == nil or not valid(rec) then
+  local rec = slow().decode(get(key))
+  if rec == nil or not slow().valid(rec) then
     out[i] = 0
   else
     local c, at
@@ -30,7 +30,7 @@ for i, key in ipairs(KEYS) do
       c, at = 'claimed', rec.claimed_at_ms
       if rec.released == true then c = 'released' end
     end
-    if (class == 'all' or class == c) and (older == 0 or (num(at) and now - at > older)) then
+    if (class == 'all' or class == c) and (older == 0 or (slow().num(at) and now - at > older)) then
       redis.call('DEL', key)
       deleted = true
       out[i] = 1

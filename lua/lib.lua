@@ -33,28 +33,6 @@ local function int_s(n)
   return string.format('%.17g', n)
 end
 
--- new_fence is the fence of a new owner of a key whose record held fence
--- old (nil when there was none): max(old + 1, now_us). Taking the server's
--- clock as the floor keeps fences growing when the record is lost (expired,
--- deleted, evicted, a wiped or failed-over Redis), as long as the clock did
--- not go back by more than the time since the last claim (SPEC §11.3).
-local function new_fence(old, now_us)
-  if type(old) == 'number' and old > -1e308 and old < 1e308 then
-    return math.max(math.floor(old) + 1, now_us)
-  end
-  return now_us
-end
-
--- decode returns the JSON object stored in raw, or nil when raw is not a
--- string (absent key, or a value of another Redis type) or not a JSON object
--- or array.
-local function decode(raw)
-  if type(raw) ~= 'string' then return nil end
-  local ok, rec = pcall(cjson.decode, raw)
-  if ok and type(rec) == 'table' then return rec end
-  return nil
-end
-
 -- get reads key with GET. A value of another Redis type comes back as its
 -- WRONGTYPE error, which decode reads as "not a record"; any other error (a
 -- permission the ACL user lacks, say) is raised, so the call fails instead
@@ -67,82 +45,6 @@ local function get(key)
   return raw
 end
 
--- owned returns the record at key when it is a live claim held by token:
--- CLAIMED, not released, same token. Anything else (gone, COMPLETED, released,
--- another owner, not a record) yields nil, and the caller changes nothing.
-local function owned(key, token)
-  local rec = decode(get(key))
-  if rec == nil or rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true then
-    return nil
-  end
-  return rec
-end
-
--- Record validation, shared by claim (RECOVERED) and complete (a retried
--- completion is recognised only on a valid record).
-local NULL = cjson.null
-
-local function absent(x)
-  return x == nil or x == NULL
-end
-
-local function opt(x, kind)
-  return absent(x) or type(x) == kind
-end
-
--- Standard base64 with padding, what Go's base64.StdEncoding accepts.
-local function b64(s)
-  return type(s) == 'string' and #s % 4 == 0 and string.find(s, '^[A-Za-z0-9+/]*=?=?$') ~= nil
-end
-
-local function is_string(s) return type(s) == 'string' end
-
--- A finite number in float64's range: cjson reads 1e400 as inf where Go's
--- decoder refuses it, and the two must agree on what is a record.
-local function num(x)
-  return type(x) == 'number' and x > -1e308 and x < 1e308
-end
-
--- strmap: absent, null, or an object whose keys are strings and whose values
--- pass check. An empty JSON array decodes to the same empty table as {}.
-local function strmap(m, check)
-  if absent(m) then return true end
-  if type(m) ~= 'table' then return false end
-  for k, v in pairs(m) do
-    if type(k) ~= 'string' or not check(v) then return false end
-  end
-  return true
-end
-
--- valid mirrors the Go decoder in redisbackend: what it rejects is not a
--- record (SPEC §4.8) and is replaced by the next claim.
-local function valid(r)
-  local s = r.state
-  return (s == 'CLAIMED' or s == 'COMPLETED')
-    and type(r.token) == 'string' and type(r.fp) == 'string'
-    and num(r.fpv) and num(r.fence) and num(r.attempts)
-    and num(r.claimed_at_ms) and num(r.lease_until_ms)
-    and (absent(r.completed_at_ms) or num(r.completed_at_ms))
-    and (absent(r.v) or num(r.v))
-    and opt(r.outcome, 'string') and opt(r.released, 'boolean')
-    and (absent(r.result) or b64(r.result))
-    and strmap(r.meta, is_string) and strmap(r.steps, b64)
-end
-
--- encode writes a record table as JSON: cjson.encode for everything but the
--- fence, which cjson would round to 14 significant digits, written in full
--- by int_s in front of the other fields (field order is not significant to
--- any reader; the templates' fast paths never match cjson's output anyway).
-local function encode(rec)
-  local fence = rec.fence
-  if type(fence) ~= 'number' then return cjson.encode(rec) end
-  rec.fence = nil
-  local rest = cjson.encode(rec)
-  rec.fence = fence
-  if rest == '{}' then return '{"fence":' .. int_s(fence) .. '}' end
-  return '{"fence":' .. int_s(fence) .. ',' .. string.sub(rest, 2)
-end
-
 -- A claim without steps (nearly every claim) is written by claim_json and
 -- its completion, when it has no meta, by done_json: string concatenation,
 -- which costs a fraction of cjson.encode of a table or of string.format
@@ -153,13 +55,6 @@ local function claim_json(fp, fpv, token, fence, claimed, lease_until, attempts)
   return '{"v":1,"state":"CLAIMED","fp":' .. fp .. ',"fpv":' .. fpv .. ',"token":' .. token
     .. ',"fence":' .. fence .. ',"claimed_at_ms":' .. claimed .. ',"lease_until_ms":' .. lease_until
     .. ',"attempts":' .. attempts .. '}'
-end
-
-local function done_json(fp, fpv, token, fence, claimed, lease_until, attempts, completed, outcome, result)
-  return '{"v":1,"state":"COMPLETED","fp":' .. fp .. ',"fpv":' .. fpv .. ',"token":' .. token
-    .. ',"fence":' .. fence .. ',"claimed_at_ms":' .. claimed .. ',"lease_until_ms":' .. lease_until
-    .. ',"attempts":' .. attempts .. ',"completed_at_ms":' .. completed .. ',"outcome":' .. outcome
-    .. ',"result":' .. result .. '}'
 end
 
 -- Patterns reading back exactly what claim_json (with plain strings) and
@@ -202,17 +97,141 @@ local function parse(raw)
   return nil
 end
 
--- record returns raw as a table: by parse when it can, else decoded and
--- checked by valid; nil when raw is not a record.
-local function record(raw)
-  local state, fp, fpv, token, fence, claimed, lease, attempts = parse(raw)
-  if state ~= nil then
-    return {
-      state = state, fp = fp, fpv = tonumber(fpv), token = token, fence = tonumber(fence),
-      claimed_at_ms = tonumber(claimed), lease_until_ms = tonumber(lease), attempts = tonumber(attempts),
-    }
+-- slow returns the helpers of the paths that read records outside the
+-- templates (steps, meta, released, written by hand or by another
+-- version), or rewrite them: new_fence, decode, owned, valid and its
+-- checks (absent, opt, b64, num, strmap), encode, done_json, record. It
+-- makes them at its first call in a script run, and the scripts call them
+-- as slow().name: each local function is a closure made at every call of
+-- a script, and a call on the templates' paths, nearly every call, needs
+-- none of these (docs/PERFORMANCE.md has what they cost).
+local S
+local function slow()
+  if S ~= nil then return S end
+  -- new_fence is the fence of a new owner of a key whose record held fence
+  -- old (nil when there was none): max(old + 1, now_us). Taking the server's
+  -- clock as the floor keeps fences growing when the record is lost (expired,
+  -- deleted, evicted, a wiped or failed-over Redis), as long as the clock did
+  -- not go back by more than the time since the last claim (SPEC §11.3).
+  local function new_fence(old, now_us)
+    if type(old) == 'number' and old > -1e308 and old < 1e308 then
+      return math.max(math.floor(old) + 1, now_us)
+    end
+    return now_us
   end
-  local rec = decode(raw)
-  if rec ~= nil and valid(rec) then return rec end
-  return nil
+
+  -- decode returns the JSON object stored in raw, or nil when raw is not a
+  -- string (absent key, or a value of another Redis type) or not a JSON object
+  -- or array.
+  local function decode(raw)
+    if type(raw) ~= 'string' then return nil end
+    local ok, rec = pcall(cjson.decode, raw)
+    if ok and type(rec) == 'table' then return rec end
+    return nil
+  end
+
+  -- owned returns the record at key when it is a live claim held by token:
+  -- CLAIMED, not released, same token. Anything else (gone, COMPLETED, released,
+  -- another owner, not a record) yields nil, and the caller changes nothing.
+  local function owned(key, token)
+    local rec = decode(get(key))
+    if rec == nil or rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true then
+      return nil
+    end
+    return rec
+  end
+
+  -- Record validation, shared by claim (RECOVERED) and complete (a retried
+  -- completion is recognised only on a valid record).
+  local NULL = cjson.null
+
+  local function absent(x)
+    return x == nil or x == NULL
+  end
+
+  local function opt(x, kind)
+    return absent(x) or type(x) == kind
+  end
+
+  -- Standard base64 with padding, what Go's base64.StdEncoding accepts.
+  local function b64(s)
+    return type(s) == 'string' and #s % 4 == 0 and string.find(s, '^[A-Za-z0-9+/]*=?=?$') ~= nil
+  end
+
+  local function is_string(s) return type(s) == 'string' end
+
+  -- A finite number in float64's range: cjson reads 1e400 as inf where Go's
+  -- decoder refuses it, and the two must agree on what is a record.
+  local function num(x)
+    return type(x) == 'number' and x > -1e308 and x < 1e308
+  end
+
+  -- strmap: absent, null, or an object whose keys are strings and whose values
+  -- pass check. An empty JSON array decodes to the same empty table as {}.
+  local function strmap(m, check)
+    if absent(m) then return true end
+    if type(m) ~= 'table' then return false end
+    for k, v in pairs(m) do
+      if type(k) ~= 'string' or not check(v) then return false end
+    end
+    return true
+  end
+
+  -- valid mirrors the Go decoder in redisbackend: what it rejects is not a
+  -- record (SPEC §4.8) and is replaced by the next claim.
+  local function valid(r)
+    local s = r.state
+    return (s == 'CLAIMED' or s == 'COMPLETED')
+      and type(r.token) == 'string' and type(r.fp) == 'string'
+      and num(r.fpv) and num(r.fence) and num(r.attempts)
+      and num(r.claimed_at_ms) and num(r.lease_until_ms)
+      and (absent(r.completed_at_ms) or num(r.completed_at_ms))
+      and (absent(r.v) or num(r.v))
+      and opt(r.outcome, 'string') and opt(r.released, 'boolean')
+      and (absent(r.result) or b64(r.result))
+      and strmap(r.meta, is_string) and strmap(r.steps, b64)
+  end
+
+  -- encode writes a record table as JSON: cjson.encode for everything but the
+  -- fence, which cjson would round to 14 significant digits, written in full
+  -- by int_s in front of the other fields (field order is not significant to
+  -- any reader; the templates' fast paths never match cjson's output anyway).
+  local function encode(rec)
+    local fence = rec.fence
+    if type(fence) ~= 'number' then return cjson.encode(rec) end
+    rec.fence = nil
+    local rest = cjson.encode(rec)
+    rec.fence = fence
+    if rest == '{}' then return '{"fence":' .. int_s(fence) .. '}' end
+    return '{"fence":' .. int_s(fence) .. ',' .. string.sub(rest, 2)
+  end
+
+  local function done_json(fp, fpv, token, fence, claimed, lease_until, attempts, completed, outcome, result)
+    return '{"v":1,"state":"COMPLETED","fp":' .. fp .. ',"fpv":' .. fpv .. ',"token":' .. token
+      .. ',"fence":' .. fence .. ',"claimed_at_ms":' .. claimed .. ',"lease_until_ms":' .. lease_until
+      .. ',"attempts":' .. attempts .. ',"completed_at_ms":' .. completed .. ',"outcome":' .. outcome
+      .. ',"result":' .. result .. '}'
+  end
+
+  -- record returns raw as a table: by parse when it can, else decoded and
+  -- checked by valid; nil when raw is not a record.
+  local function record(raw)
+    local state, fp, fpv, token, fence, claimed, lease, attempts = parse(raw)
+    if state ~= nil then
+      return {
+        state = state, fp = fp, fpv = tonumber(fpv), token = token, fence = tonumber(fence),
+        claimed_at_ms = tonumber(claimed), lease_until_ms = tonumber(lease), attempts = tonumber(attempts),
+      }
+    end
+    local rec = decode(raw)
+    if rec ~= nil and valid(rec) then return rec end
+    return nil
+  end
+
+  S = {
+    new_fence = new_fence, decode = decode, owned = owned, NULL = NULL, absent = absent, opt = opt,
+    b64 = b64, num = num, strmap = strmap, valid = valid, encode = encode, done_json = done_json,
+    record = record,
+  }
+  return S
 end

@@ -9,13 +9,13 @@
 --          attempt it counted is taken back as well.
 -- Returns 1 released (and the key published), 0 not owned (nothing changed).
 
-local rec = owned(KEYS[1], ARGV[1])
+local rec = slow().owned(KEYS[1], ARGV[1])
 if rec == nil then return 0 end
 rec.released = true
 rec.lease_until_ms = now_ms()
-if ARGV[4] == '1' and num(rec.attempts) and rec.attempts >= 1 then
+if ARGV[4] == '1' and slow().num(rec.attempts) and rec.attempts >= 1 then
   rec.attempts = rec.attempts - 1
 end
-redis.call('SET', KEYS[1], encode(rec), 'PX', tonumber(ARGV[2]))
+redis.call('SET', KEYS[1], slow().encode(rec), 'PX', tonumber(ARGV[2]))
 redis.call('PUBLISH', ARGV[3], KEYS[1])
 return 1

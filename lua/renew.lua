@@ -35,10 +35,10 @@ if state == 'CLAIMED' and owner == token then
     'PX', ttl(now, tonumber(old_until)))
   return until_ms
 end
-local rec = decode(raw)
+local rec = slow().decode(raw)
 if rec == nil or rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true then return 0 end
 local now = now_ms()
 local px = ttl(now, rec.lease_until_ms)
 rec.lease_until_ms = now + lease
-redis.call('SET', KEYS[1], encode(rec), 'PX', px)
+redis.call('SET', KEYS[1], slow().encode(rec), 'PX', px)
 return rec.lease_until_ms

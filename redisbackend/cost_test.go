@@ -54,7 +54,7 @@ func BenchmarkRedisCPU(b *testing.B) {
 		cache     bool
 	}
 	var vs []variant
-	for _, size := range []int{2, 5, 100} {
+	for _, size := range []int{1, 10, 100} {
 		vs = append(vs,
 			variant{name: fmt.Sprintf("claim-only/batch=%d", size), size: size, claimOnly: true},
 			variant{name: fmt.Sprintf("claim+complete/batch=%d", size), size: size},

@@ -156,12 +156,12 @@ func (s *Store) checkWait(b *nodeBatch) error {
 func (s *Store) undoClaims(ctx context.Context, reqs []idempotency.ClaimRequest, tokens []string, groups []group, calls []*call) {
 	var undo []*call
 	for gi, g := range groups {
-		vals, err := calls[gi].cmd.Slice()
-		if err != nil || len(vals) != 2*len(g.idx) {
+		vals, nowUs, err := claimReply(calls[gi].cmd, len(g.idx))
+		if err != nil {
 			continue
 		}
 		for j, i := range g.idx {
-			res, _, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
+			res, _, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1])
 			if err != nil || !res.Outcome.Owned() {
 				continue
 			}

@@ -55,11 +55,12 @@ func TestRetriedWriteIsWrittenAgain(t *testing.T) {
 		if err := s.exec(ctx, "claim", []*call{c}); err != nil {
 			t.Fatal(err)
 		}
-		vals, err := c.cmd.Slice()
-		if err != nil || len(vals) != 2 {
-			t.Fatalf("claim reply %v, %v", vals, err)
+		vals, nowUs, err := claimReply(c.cmd, 1)
+		if err != nil {
+			t.Fatalf("claim reply %v, %v", c.cmd.Val(), err)
 		}
-		res, _, err := claimResult(key, token, vals[0], vals[1])
+		r := idempotency.ClaimRequest{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}
+		res, _, err := claimResult(&r, token, nowUs, vals[0], vals[1])
 		if err != nil {
 			t.Fatal(err)
 		}

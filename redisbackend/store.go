@@ -241,6 +241,21 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	groups := s.groups(len(reqs), func(i int) string { return reqs[i].Key })
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {
+		if uniformClaims(reqs, g.idx) {
+			// The short form of claim.lua: version, lease and retention once.
+			r0 := &reqs[g.idx[0]]
+			durable := 0
+			if s.replicas > 0 {
+				durable = 1 // duplicates are written back for the WAIT
+			}
+			args := make([]any, 0, 6+2*len(g.idx))
+			args = append(args, s.graceMs, "=", r0.FingerprintVersion, durMs(r0.Lease), durMs(r0.Retention), durable)
+			for _, i := range g.idx {
+				args = append(args, &tokens[i], &reqs[i].Fingerprint)
+			}
+			calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
+			continue
+		}
 		args := make([]any, 0, 2+5*len(g.idx))
 		args = append(args, s.graceMs)
 		var lease, retention msBox
@@ -266,15 +281,12 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	var pending []pendingClaim // the owned claims, for the local cache
 	var pendingTokens []string
 	for gi, g := range groups {
-		vals, err := calls[gi].cmd.Slice()
+		vals, nowUs, err := claimReply(calls[gi].cmd, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
 		}
-		if len(vals) != 2*len(g.idx) {
-			return nil, storeErr(op, fmt.Errorf("script returned %d values for %d keys", len(vals), len(g.idx)))
-		}
 		for j, i := range g.idx {
-			res, claimedAt, err := claimResult(reqs[i].Key, tokens[i], vals[2*j], vals[2*j+1])
+			res, claimedAt, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1])
 			if err != nil {
 				return nil, storeErr(op, err)
 			}
@@ -297,13 +309,67 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	return results, nil
 }
 
-// claimResult turns one (outcome, record JSON) pair of the claim script into
-// a ClaimResult, and the record's claimed_at.
-func claimResult(key, token string, outcome, raw any) (idempotency.ClaimResult, time.Time, error) {
+// uniformClaims reports whether the requests idx of reqs share fingerprint
+// version, lease and retention, and have fingerprints that stand in a JSON
+// string as they are, so that claim.lua takes them in its short form.
+func uniformClaims(reqs []idempotency.ClaimRequest, idx []int) bool {
+	r0 := &reqs[idx[0]]
+	lease, retention := durMs(r0.Lease), durMs(r0.Retention)
+	for _, i := range idx {
+		r := &reqs[i]
+		if r.FingerprintVersion != r0.FingerprintVersion || durMs(r.Lease) != lease || durMs(r.Retention) != retention ||
+			!jsonPlain(r.Fingerprint) {
+			return false
+		}
+	}
+	return true
+}
+
+// jsonPlain reports whether s is the text of a JSON string as it stands:
+// printable ASCII other than '"' and backslash, which need no escape.
+func jsonPlain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// claimReply checks the claim script's reply for n keys: two values a key,
+// then the call's TIME in microseconds.
+func claimReply(cmd *redis.Cmd, n int) (vals []any, nowUs int64, err error) {
+	vals, err = cmd.Slice()
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(vals) != 2*n+1 {
+		return nil, 0, fmt.Errorf("script returned %d values for %d keys, want %d", len(vals), n, 2*n+1)
+	}
+	nowUs, ok := vals[2*n].(int64)
+	if !ok || nowUs <= 0 {
+		return nil, 0, fmt.Errorf("script returned %v as its time, want microseconds", vals[2*n])
+	}
+	return vals[:2*n], nowUs, nil
+}
+
+// claimResult turns one (outcome, record JSON) pair of the claim script
+// into the ClaimResult of r, and the record's claimed_at. nowUs is the
+// call's TIME: with it, a NEW claim the script left out of its reply (”)
+// is the template it wrote from r, token and that time.
+func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, outcome, raw any) (idempotency.ClaimResult, time.Time, error) {
+	key := r.Key
 	o, _ := outcome.(string)
 	js, _ := raw.(string)
-	// Nearly every reply is in the scripts' template: read it in place,
-	// into a record on the stack (an owned claim keeps only a Claim).
+	if js == "" && o == string(idempotency.ClaimNew) {
+		nowMs := nowUs / 1000
+		claimedAt := time.UnixMilli(nowMs)
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimNew, Claim: &idempotency.Claim{
+			Key: key, Token: token, Fence: nowUs, LeaseUntil: time.UnixMilli(nowMs + durMs(r.Lease)), Attempts: 1,
+		}}, claimedAt, nil
+	}
+	// Nearly every other reply is in the scripts' template: read it in
+	// place, into a record on the stack (an owned claim keeps only a Claim).
 	var fresh idempotency.Record
 	rec := &fresh
 	if !decodeFreshInto(rec, key, js) {

@@ -75,3 +75,66 @@ func TestScriptsWriteTemplates(t *testing.T) {
 		t.Fatalf("claim with another fingerprint: %v %+v", err, res)
 	}
 }
+
+// Both argument forms of claim.lua write a fresh claim as the same
+// template, which Claim rebuilds from its request and the call's time (the
+// reply leaves it out): the stored bytes are exactly claim_json's. One
+// batch shares version, lease and retention (the short form); the other
+// mixes leases (five arguments a key); a fingerprint that needs a JSON
+// escape takes the long form too, and reads back unchanged.
+func TestClaimFormsWriteOneTemplate(t *testing.T) {
+	client := testenv.RedisClient(t)
+	ns := fmt.Sprintf("forms%d", time.Now().UnixNano())
+	s, err := New(client, Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := func(key, fp string, lease time.Duration) idempotency.ClaimRequest {
+		return idempotency.ClaimRequest{Key: key, Fingerprint: fp, FingerprintVersion: 1, Lease: lease, Retention: time.Hour}
+	}
+	uniform := []idempotency.ClaimRequest{req("u:1", "1:aa", time.Minute), req("u:2", "1:bb", time.Minute)}
+	mixed := []idempotency.ClaimRequest{req("m:1", "1:aa", time.Minute), req("m:2", "1:bb", 2*time.Minute)}
+	defer client.Del(context.Background(), s.RedisKey("u:1"), s.RedisKey("u:2"), s.RedisKey("m:1"), s.RedisKey("m:2"), s.RedisKey("e:1"))
+	if !uniformClaims(uniform, []int{0, 1}) || uniformClaims(mixed, []int{0, 1}) {
+		t.Fatal("uniformClaims does not tell the two batches apart")
+	}
+	for _, batch := range [][]idempotency.ClaimRequest{uniform, mixed} {
+		res, err := s.Claim(ctx, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, r := range res {
+			c := r.Claim
+			if r.Outcome != idempotency.ClaimNew || c == nil {
+				t.Fatalf("%s: %s, want NEW", batch[i].Key, r.Outcome)
+			}
+			got, err := client.Get(ctx, s.RedisKey(batch[i].Key)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			claimed := c.LeaseUntil.UnixMilli() - batch[i].Lease.Milliseconds()
+			want := fmt.Sprintf(`{"v":1,"state":"CLAIMED","fp":"%s","fpv":1,"token":"%s","fence":%d,"claimed_at_ms":%d,"lease_until_ms":%d,"attempts":1}`,
+				batch[i].Fingerprint, c.Token, c.Fence, claimed, c.LeaseUntil.UnixMilli())
+			if got != want {
+				t.Errorf("%s: stored\n%s\nwant the template of the claim Claim returned\n%s", batch[i].Key, got, want)
+			}
+			if claimed != c.Fence/1000 {
+				t.Errorf("%s: claimed_at_ms %d is not the fence's time %dµs in ms", batch[i].Key, claimed, c.Fence)
+			}
+		}
+	}
+	escaped := []idempotency.ClaimRequest{req("e:1", `1:a"b\c`, time.Minute)}
+	if uniformClaims(escaped, []int{0}) {
+		t.Fatal(`uniformClaims takes a fingerprint with '"' and '\'`)
+	}
+	res, err := s.Claim(ctx, escaped)
+	if err != nil || res[0].Outcome != idempotency.ClaimNew {
+		t.Fatalf("claim with an escaped fingerprint: %v %+v", err, res)
+	}
+	if rec, err := s.Get(ctx, "e:1"); err != nil || rec == nil || rec.Fingerprint != `1:a"b\c` || rec.Fence != res[0].Claim.Fence {
+		t.Fatalf("record of the escaped fingerprint: %+v, %v", rec, err)
+	}
+}
