@@ -16,9 +16,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/actions"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/internal/tracing"
 	"github.com/idemkit/dedupworker/redisbackend"
@@ -73,10 +73,10 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 		t.Fatal("the traced processor must keep the engine's batch claims")
 	}
 
-	d := fakedelivery.New("order-1", `{"id":1}`)
-	d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
+	d := consumertest.NewDelivery(consumertest.NewMessage("order-1", `{"id":1}`), 1)
+	d.Message().Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
 	proc.Process(context.Background(), d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 
 	spans := exp.GetSpans()
 	if len(spans) != 1 {
@@ -106,7 +106,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	}
 
 	// A duplicate gets its own span, with the duplicate outcome.
-	d2 := fakedelivery.New("order-1", `{"id":1}`)
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("order-1", `{"id":1}`), 1)
 	proc.Process(context.Background(), d2)
 	if spans := exp.GetSpans(); len(spans) != 2 {
 		t.Fatalf("%d spans after a duplicate, want a second span", len(spans))
@@ -158,8 +158,8 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 	keys := []string{"order-a", "order-b", "order-a"} // the third is a duplicate of the first
 	var ds []consumer.Delivery
 	for i, k := range keys {
-		d := fakedelivery.New(k, `{"key":"`+k+`"}`)
-		d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parents[i]+"-01")
+		d := consumertest.NewDelivery(consumertest.NewMessage(k, `{"key":"`+k+`"}`), 1)
+		d.Message().Header.Set("traceparent", "00-"+traceID+"-"+parents[i]+"-01")
 		ds = append(ds, d)
 	}
 	proc.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds[:2])
@@ -167,7 +167,7 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 	proc.(consumer.BatchPreparer).PrepareBatch(context.Background(), ds[2:])
 	bp.ProcessBatch(context.Background(), ds[2:])
 	for _, d := range ds {
-		d.(*fakedelivery.Delivery).ExpectAck(t)
+		d.(*consumertest.Delivery).ExpectAcked(t)
 	}
 
 	spans := exp.GetSpans()
