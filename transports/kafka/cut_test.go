@@ -64,7 +64,7 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 	})
 	var gaveUp atomic.Int64
 	cfg := func(c *kafka.Config) {
-		c.Logger = slog.New(joinTimeouts{Handler: testLogger(t).Handler(), n: &gaveUp})
+		c.Logger = slog.New(joinTimeouts{Handler: testenv.Logger(t).Handler(), n: &gaveUp})
 		c.SessionTimeout = 2 * time.Second
 		c.HeartbeatInterval = 100 * time.Millisecond
 		c.RebalanceTimeout = 4 * time.Second
@@ -90,7 +90,7 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 	produce(0, batch)
 
 	members := []*running{start(), start(), start()}
-	eventually(t, 30*time.Second, "the group consumes", func() bool { return handled() > 0 })
+	testenv.Eventually(t, 30*time.Second, "the group consumes", func() bool { return handled() > 0 })
 
 	// Faults, paced by a ticker: connection cuts, a member killed while
 	// its JoinGroup is held (a ghost), members leaving and joining.

@@ -3,8 +3,6 @@ package kafka_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -68,13 +66,6 @@ func sanitize(s string) string {
 	return string(b)
 }
 
-func testLogger(t *testing.T) *slog.Logger {
-	if os.Getenv("KAFKA_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-}
-
 // config returns a Source config tuned for fast tests.
 func (e *env) config() kafka.Config {
 	return kafka.Config{
@@ -87,7 +78,7 @@ func (e *env) config() kafka.Config {
 		RevokeTimeout:     2 * time.Second,
 		MaxWait:           100 * time.Millisecond,
 		CommitInterval:    100 * time.Millisecond,
-		Logger:            testLogger(e.t),
+		Logger:            testenv.Logger(e.t),
 	}
 }
 
@@ -208,18 +199,6 @@ func (e *env) readAll(topic string, partitions int) []kafkago.Message {
 	return out
 }
 
-// eventually polls cond every 20ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // running is a Worker running in the background.
 type running struct {
 	cancel context.CancelFunc
@@ -258,7 +237,7 @@ func (r *running) stop(t *testing.T) error {
 
 func worker(t *testing.T, name string, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *consumer.Worker {
 	t.Helper()
-	w := consumer.NewWorker(consumer.Config{Logger: testLogger(t), ShutdownTimeout: 10 * time.Second})
+	w := consumer.NewWorker(consumer.Config{Logger: testenv.Logger(t), ShutdownTimeout: 10 * time.Second})
 	if err := w.Handle(name, src, h, opts...); err != nil {
 		t.Fatal(err)
 	}

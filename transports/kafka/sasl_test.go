@@ -40,7 +40,7 @@ func TestSASL(t *testing.T) {
 	}
 	for _, c := range mechs {
 		src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group + "-" + c.Username, SASL: &c,
-			SessionTimeout: time.Second, MaxWait: 100 * time.Millisecond, Logger: testLogger(t)})
+			SessionTimeout: time.Second, MaxWait: 100 * time.Millisecond, Logger: testenv.Logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -47,7 +47,7 @@ func TestTLS(t *testing.T) {
 	w.Close()
 
 	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group, TLS: clientTLS, SASL: auth,
-		SessionTimeout: time.Second, Logger: testLogger(t)})
+		SessionTimeout: time.Second, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
