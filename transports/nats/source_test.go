@@ -28,7 +28,7 @@ func newSource(t *testing.T, e *env, cfg natstr.Config) *natstr.Source {
 		cfg.Consumer = "c"
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
+		cfg.Logger = testenv.Logger(t)
 	}
 	if cfg.FetchMaxWait == 0 {
 		cfg.FetchMaxWait = 200 * time.Millisecond
@@ -111,7 +111,12 @@ func TestFetchAck(t *testing.T) {
 		})
 		src := newSource(t, e, natstr.Config{AckWait: 7 * time.Second})
 		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(7))
-		eventually(t, 20*time.Second, func() bool { return s.count() >= n }, func() string { return fmt.Sprintf("%d of %d handled", s.count(), n) })
+		testenv.EventuallyNil(t, 20*time.Second, "every message handled", func() error {
+			if c := s.count(); c < n {
+				return fmt.Errorf("%d of %d handled", c, n)
+			}
+			return nil
+		})
 		e.drained(t, "c", 10*time.Second)
 		if s.count() != n {
 			t.Errorf("handled %d times, want %d", s.count(), n)
@@ -224,7 +229,12 @@ func TestConcurrencyCap(t *testing.T) {
 			return nil, nil
 		})
 		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), h, consumer.WithConcurrency(limit))
-		eventually(t, 20*time.Second, func() bool { return done.Load() == n }, func() string { return fmt.Sprintf("%d of %d done", done.Load(), n) })
+		testenv.EventuallyNil(t, 20*time.Second, "every message done", func() error {
+			if d := done.Load(); d != n {
+				return fmt.Errorf("%d of %d done", d, n)
+			}
+			return nil
+		})
 		if p := peak.Load(); p != limit {
 			t.Errorf("peak concurrency %d, want exactly %d", p, limit)
 		}
@@ -562,7 +572,7 @@ func TestGoneIsAnError(t *testing.T) {
 					return nil, nil
 				})
 				r := run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), h)
-				eventually(t, 10*time.Second, func() bool { return s.count() == 3 }, func() string { return "messages not handled" })
+				testenv.Eventually(t, 10*time.Second, "the 3 messages handled", func() bool { return s.count() == 3 })
 				ctx := ctxT(t, 5*time.Second)
 				var err error
 				target := jetstream.ErrConsumerNotFound
@@ -635,11 +645,10 @@ func TestSecondConsumeRefused(t *testing.T) {
 		src := newSource(t, e, natstr.Config{})
 		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
 		run(t, consumer.Config{}, src, idle)
-		eventually(t, 10*time.Second, func() bool {
-			ctx := ctxT(t, 5*time.Second)
-			_, err := e.js.Consumer(ctx, e.stream, "c")
-			return err == nil
-		}, func() string { return "consumer not created" })
+		testenv.EventuallyNil(t, 10*time.Second, "the consumer created", func() error {
+			_, err := e.js.Consumer(ctxT(t, 5*time.Second), e.stream, "c")
+			return err
+		})
 		err := run(t, consumer.Config{}, src, idle).wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "already consuming") {
 			t.Errorf("second Run = %v", err)
