@@ -30,6 +30,10 @@ type RedisServer struct {
 // RedisServerConfig is how NewRedisServer runs redis-server. The zero value
 // is a plain server without persistence.
 type RedisServerConfig struct {
+	// ConfigFile, when set, is the configuration file redis-server reads
+	// before its arguments; with "--sentinel" in Args it runs a Sentinel,
+	// which rewrites the file, so it must be writable.
+	ConfigFile string
 	// Args are more redis-server arguments, given after the defaults
 	// (--port, --bind 127.0.0.1, --dir, --save "", --appendonly no), which
 	// they override: "--appendonly", "yes" turns persistence on.
@@ -126,7 +130,11 @@ func (s *RedisServer) Start() {
 		args = append(args, "--port", "0", "--tls-port", port, "--tls-cert-file", ca.CertFile, "--tls-key-file", ca.KeyFile,
 			"--tls-ca-cert-file", ca.CAFile, "--tls-auth-clients", "no")
 	}
-	cmd := exec.Command(s.bin, append(args, s.cfg.Args...)...)
+	args = append(args, s.cfg.Args...)
+	if s.cfg.ConfigFile != "" {
+		args = append([]string{s.cfg.ConfigFile}, args...)
+	}
+	cmd := exec.Command(s.bin, args...)
 	cmd.Stdout, cmd.Stderr = &s.out, &s.out
 	if len(s.cfg.Env) > 0 {
 		cmd.Env = append(os.Environ(), s.cfg.Env...)
