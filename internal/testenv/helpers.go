@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -69,6 +70,12 @@ func RandID() string {
 func FreePort(t testing.TB) int {
 	t.Helper()
 	return FreePorts(t, 1)[0]
+}
+
+// FreeAddr is FreePort as a host:port on 127.0.0.1.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
 }
 
 // FreePorts returns n distinct free loopback TCP ports (see FreePort).

@@ -3,9 +3,11 @@ package testenv
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -179,4 +181,33 @@ func (s *RedisServer) Stop() {
 	_ = s.cmd.Process.Kill()
 	_ = s.cmd.Wait()
 	s.cmd = nil
+}
+
+// StartReplicatedRedis runs a private primary that the store health checks
+// find nothing wrong with (append-only file on, noeviction) and a replica
+// connected to it, both stopped at the end of the test. It returns once the
+// primary counts the replica as connected.
+func StartReplicatedRedis(t testing.TB) (primary, replica *RedisServer) {
+	t.Helper()
+	primary = StartRedisServer(t, "--appendonly", "yes", "--maxmemory-policy", "noeviction")
+	replica = StartRedisServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	pc, rc := primary.Client(t), replica.Client(t)
+	if err := rc.ReplicaOf(ctx, "127.0.0.1", strconv.Itoa(primary.port)).Err(); err != nil {
+		t.Fatalf("testenv: REPLICAOF: %v", err)
+	}
+	EventuallyNil(t, 20*time.Second, "the replica connected to the primary", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		info, err := pc.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(info, "connected_slaves:1") {
+			return errors.New("connected_slaves is not 1")
+		}
+		return nil
+	})
+	return primary, replica
 }
