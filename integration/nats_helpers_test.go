@@ -8,9 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"log/slog"
 	mrand "math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -190,19 +188,16 @@ func (h *natsHarness) consumerInfo(t testing.TB, name string) (*jetstream.Consum
 // stream: nothing pending, nothing awaiting an ack, ack floor at n.
 func (h *natsHarness) drained(t testing.TB, name string, n uint64, timeout time.Duration) {
 	t.Helper()
-	var (
-		info    *jetstream.ConsumerInfo
-		lastErr error
-	)
-	natsEventually(t, timeout, func() bool {
-		info, lastErr = h.consumerInfo(t, name)
-		return lastErr == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.AckFloor.Stream == n
-	}, func() string {
-		if lastErr != nil {
-			return lastErr.Error()
+	testenv.EventuallyNil(t, timeout, "consumer "+name+" drained", func() error {
+		info, err := h.consumerInfo(t, name)
+		if err != nil {
+			return err
 		}
-		return fmt.Sprintf("consumer %s: pending %d, ack pending %d, redelivered %d, ack floor %d of %d",
-			name, info.NumPending, info.NumAckPending, info.NumRedelivered, info.AckFloor.Stream, n)
+		if info.NumPending != 0 || info.NumAckPending != 0 || info.AckFloor.Stream != n {
+			return fmt.Errorf("pending %d, ack pending %d, redelivered %d, ack floor %d of %d",
+				info.NumPending, info.NumAckPending, info.NumRedelivered, info.AckFloor.Stream, n)
+		}
+		return nil
 	})
 }
 
@@ -210,25 +205,6 @@ func natsCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// natsEventually polls cond every 20ms until it holds or timeout passes.
-func natsEventually(t testing.TB, timeout time.Duration, cond func() bool, msg func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, msg())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func natsLogger(t testing.TB) *slog.Logger {
-	if os.Getenv("NATS_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
 }
 
 // natsLedger records what handlers did, per key.
@@ -346,7 +322,7 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 	if spec.concurrency == 0 {
 		spec.concurrency = 8
 	}
-	log := natsLogger(t)
+	log := testenv.Logger(t)
 	store, err := redisbackend.New(spec.redis, redisbackend.Options{Namespace: h.ns, Logger: log})
 	if err != nil {
 		t.Fatal(err)

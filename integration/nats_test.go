@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
 	"github.com/nats-io/nats.go"
 )
@@ -321,8 +322,11 @@ func TestNATSRedisDown(t *testing.T) {
 		h.publish(t, second)
 		// While Redis is down: the messages are delivered and refused again
 		// and again (store errors), never run, never acked.
-		natsEventually(t, 20*time.Second, func() bool { return outs.get(consumer.OutcomeStoreError) >= 60 }, func() string {
-			return fmt.Sprintf("outcomes %s: the worker does not see the store down", outs)
+		testenv.EventuallyNil(t, 20*time.Second, "the worker to see the store down", func() error {
+			if outs.get(consumer.OutcomeStoreError) >= 60 {
+				return nil
+			}
+			return fmt.Errorf("outcomes %s", outs)
 		})
 		if starts, _ := l.totals(); starts != 20 {
 			t.Errorf("%d handler runs while Redis was down", starts-20)
