@@ -2,8 +2,6 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"runtime"
@@ -42,17 +40,9 @@ func (s *storeCalls) OnStoreCall(op string, _ time.Duration, _ error) {
 	}
 }
 
-func randomName(t *testing.T) string {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return "enginetest-" + hex.EncodeToString(b[:])
-}
-
 func newFixture(t *testing.T, client redis.UniversalClient) *fixture {
 	t.Helper()
-	store, err := redisbackend.New(client, redisbackend.Options{Namespace: randomName(t), Grace: 2 * time.Second})
+	store, err := redisbackend.New(client, redisbackend.Options{Namespace: "enginetest-" + testenv.RandID(), Grace: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -618,7 +608,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 func TestDurabilityShortfallRunsNothing(t *testing.T) {
 	t.Parallel()
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{
-		Namespace:  randomName(t),
+		Namespace:  "enginetest-" + testenv.RandID(),
 		Durability: redisbackend.Durability{Replicas: 1, Timeout: 50 * time.Millisecond},
 	})
 	if err != nil {

@@ -2,8 +2,6 @@ package tracing_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,9 +44,7 @@ const (
 func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	// A new key's fence is the Redis clock in µs (SPEC §11.3).
 	floor := time.Now().Add(-time.Minute).UnixMicro()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + hex.EncodeToString(b[:])})
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + testenv.RandID()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,9 +122,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 // and each delivery its own span, continuing its own traceparent, with its
 // own outcome; each forwarded message continues its delivery's span.
 func TestBatchKeepsASpanPerDelivery(t *testing.T) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + hex.EncodeToString(b[:])})
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + testenv.RandID()})
 	if err != nil {
 		t.Fatal(err)
 	}
