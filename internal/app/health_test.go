@@ -47,7 +47,7 @@ func TestStoreHealthRisks(t *testing.T) {
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
 	configSet(t, admin, "maxmemory", "2mb", "maxmemory-policy", "allkeys-lru")
-	rc := testRedis(srv.URL(), uniqueNS("risk"))
+	rc := testRedis(srv.URL(), "risk-"+testenv.RandID())
 	h, err := CheckStoreHealth(testCtx(t), &rc)
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestStoreHealthSafe(t *testing.T) {
 	t.Parallel()
 	srv, _ := testenv.StartReplicatedRedis(t)
 	primary := srv.Client(t)
-	rc := testRedis(srv.URL(), uniqueNS("safe"))
+	rc := testRedis(srv.URL(), "safe-"+testenv.RandID())
 	h, err := CheckStoreHealth(testCtx(t), &rc)
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +156,7 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 	t.Run("sentinel", func(t *testing.T) {
 		t.Parallel()
 		sen := testenv.RedisSentinel(t)
-		rc := testRedis("", uniqueNS("hsen"))
+		rc := testRedis("", "hsen-"+testenv.RandID())
 		rc.Sentinel = &config.Sentinel{Master: sen.Master, Addrs: sen.Addrs}
 		rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(time.Second)}
 		h, err := CheckStoreHealth(testCtx(t), &rc)
@@ -175,7 +175,7 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
 		addrs := testenv.RedisCluster(t)
-		rc := testRedis("", uniqueNS("hcl"))
+		rc := testRedis("", "hcl-"+testenv.RandID())
 		rc.Addrs = addrs
 		c, err := RedisClient(testCtx(t), &rc)
 		if err != nil {
@@ -223,7 +223,7 @@ func startApp(t *testing.T, redisYAML string, tweak func(*App)) *appFixture {
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	id := uniqueNS("h")
+	id := "h-" + testenv.RandID()
 	stream := strings.ReplaceAll("HEALTH_"+id, "-", "_")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -367,7 +367,7 @@ func TestRunDurability(t *testing.T) {
 		t.Parallel()
 		sen := testenv.RedisSentinel(t)
 		f := startApp(t, fmt.Sprintf("{sentinel: {master: %s, addrs: [%s]}, namespace: %s, durability: {replicas: 1, timeout: 1s}}",
-			sen.Master, strings.Join(sen.Addrs, ", "), uniqueNS("dur")), nil)
+			sen.Master, strings.Join(sen.Addrs, ", "), "dur-"+testenv.RandID()), nil)
 		f.publish(t, "a", "b", "c", "a")
 		testenv.EventuallyNil(t, 30*time.Second, "3 processed and 1 duplicate on /metrics", func() error {
 			if f.metric(t, `dedup_messages_total{handler="h",outcome="processed",transport="nats"}`) == 3 &&
@@ -385,7 +385,7 @@ func TestRunDurability(t *testing.T) {
 	})
 	t.Run("no replica", func(t *testing.T) {
 		t.Parallel()
-		f := startApp(t, fmt.Sprintf("{url: %q, namespace: %s, durability: {replicas: 1, timeout: 20ms}}", testenv.Redis(t), uniqueNS("dur0")), nil)
+		f := startApp(t, fmt.Sprintf("{url: %q, namespace: %s, durability: {replicas: 1, timeout: 20ms}}", testenv.Redis(t), "dur0-"+testenv.RandID()), nil)
 		f.publish(t, "x")
 		testenv.Eventually(t, 20*time.Second, "no durability shortfall on /metrics", func() bool {
 			return f.metric(t, `dedup_durability_shortfalls_total{op="claim"}`) > 0
@@ -403,7 +403,7 @@ func TestRunDurability(t *testing.T) {
 // before WAIT answers: refused, naming the field.
 func TestOpenStoreDurabilityTimeoutUnderReadTimeout(t *testing.T) {
 	t.Parallel()
-	rc := testRedis(testenv.Redis(t), uniqueNS("durto"))
+	rc := testRedis(testenv.Redis(t), "durto-"+testenv.RandID())
 	rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(3 * time.Second)}
 	_, _, err := OpenStore(testCtx(t), &rc, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "redis.durability.timeout 3s: must be shorter than the Redis read timeout 3s") {
