@@ -124,3 +124,27 @@ func TestRedisServerRestartAndTLS(t *testing.T) {
 		t.Fatal("a TLS-only server answered PING in plain text")
 	}
 }
+
+// Go's call sees its context cancelled by Stop, and Stop and Wait return
+// its result; Wait without a cancel times out, failing the test.
+func TestGo(t *testing.T) {
+	errStopped := errors.New("stopped")
+	r := testenv.Go(t, func(ctx context.Context) error {
+		<-ctx.Done()
+		return errStopped
+	})
+	if msg := failure(t, func(tb testing.TB) { _ = r.Wait(tb, 20*time.Millisecond) }); !strings.Contains(msg, "did not return") {
+		t.Fatalf("Wait on a call that blocks: failure %q", msg)
+	}
+	select {
+	case <-r.Done():
+		t.Fatal("Done closed before Stop")
+	default:
+	}
+	if err := r.Stop(t, 5*time.Second); !errors.Is(err, errStopped) {
+		t.Fatalf("Stop = %v, want the call's result", err)
+	}
+	if err := r.Wait(t, time.Second); !errors.Is(err, errStopped) {
+		t.Fatalf("Wait after Stop = %v", err)
+	}
+}

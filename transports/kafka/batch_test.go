@@ -122,7 +122,7 @@ func TestBatchRunsKeepPartitionOrder(t *testing.T) {
 	r := run(t, w)
 	ends := e.ends(e.topic, parts)
 	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
@@ -188,7 +188,7 @@ func TestBatchRunsKeepKeyOrder(t *testing.T) {
 	r := run(t, worker(t, "batchkey", src, h, consumer.WithConcurrency(8)))
 	ends := e.ends(e.topic, parts)
 	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	chk.mu.Lock()

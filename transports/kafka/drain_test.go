@@ -104,8 +104,8 @@ func TestDrainHeartbeats(t *testing.T) {
 			break
 		}
 	}
-	for _, r := range []*running{a, b} {
-		if err := r.stop(t); err != nil {
+	for _, r := range []*testenv.Running{a, b} {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Errorf("Run returned %v, want nil", err)
 		}
 	}

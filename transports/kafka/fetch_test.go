@@ -53,7 +53,7 @@ func TestFetchUsesResolver(t *testing.T) {
 	r := run(t, worker(t, "resolver", src, h))
 	ends := e.ends(e.topic, 1)
 	testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	if seen.Load() != 2 || res.lookups.Load() == 0 {

@@ -44,7 +44,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	kafka.SimulateCrash(s1)
 	r1 := run(t, worker(t, "crash", s1, h1))
 	testenv.Eventually(t, 30*time.Second, "first member handled everything", func() bool { return rec1.distinct() == total })
-	if err := r1.stop(t); err != nil {
+	if err := r1.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for p, c := range e.committed() {
@@ -62,7 +62,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	r2 := run(t, worker(t, "crash", e.source(nil), h2))
 	ends := e.ends(e.topic, e.parts)
 	testenv.Eventually(t, 30*time.Second, "second member committed the ends", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r2.stop(t); err != nil {
+	if err := r2.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if got := rec2.distinct(); got != total {
@@ -124,12 +124,12 @@ func TestRebalance(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "member A made progress", func() bool { return rec.distinct() >= 40 })
 	b := run(t, worker(t, "rb", e.source(nil), handler(true), consumer.WithConcurrency(4)))
 	testenv.Eventually(t, 30*time.Second, "member B took partitions", func() bool { return byB.Load() >= 10 })
-	if err := a.stop(t); err != nil {
+	if err := a.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("member A: Run returned %v, want nil", err)
 	}
 	ends := e.ends(e.topic, e.parts)
 	testenv.Eventually(t, 30*time.Second, "committed offsets at the ends", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := b.stop(t); err != nil {
+	if err := b.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("member B: Run returned %v, want nil", err)
 	}
 	stopWatch()
@@ -181,8 +181,8 @@ func TestRevokeCancelsAfterTimeout(t *testing.T) {
 		t.Fatal("the stuck handler was not cancelled after the rebalance")
 	}
 	testenv.Eventually(t, 30*time.Second, "both messages committed", func() bool { return e.committed()[0] == 2 })
-	for _, r := range []*running{a, b} {
-		if err := r.stop(t); err != nil {
+	for _, r := range []*testenv.Running{a, b} {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -219,14 +219,14 @@ func TestShutdown(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery")
 	}
-	r.cancel()
+	r.Cancel()
 	select {
-	case err := <-r.done:
-		t.Fatalf("Run returned %v while a handler was still running", err)
+	case <-r.Done():
+		t.Fatalf("Run returned %v while a handler was still running", r.Wait(t, time.Second))
 	case <-time.After(300 * time.Millisecond):
 	}
 	close(release)
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	if got := e.committed()[0]; got != 1 {
@@ -271,10 +271,10 @@ func TestCommitOnRevoke(t *testing.T) {
 	b := run(t, worker(t, "cr", e.source(noInterval), hB))
 	ends := e.ends(e.topic, e.parts)
 	testenv.Eventually(t, 30*time.Second, "commits at the ends after the rebalance", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := b.stop(t); err != nil {
+	if err := b.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.stop(t); err != nil {
+	if err := a.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if n := byB.Load(); n != 0 {

@@ -199,40 +199,10 @@ func (e *env) readAll(topic string, partitions int) []kafkago.Message {
 	return out
 }
 
-// running is a Worker running in the background.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func run(t *testing.T, w *consumer.Worker) *running {
+// run runs w until the test stops it (Stop) or ends.
+func run(t *testing.T, w *consumer.Worker) *testenv.Running {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(30 * time.Second):
-			t.Errorf("worker did not stop within 30s")
-		}
-	})
-	return r
-}
-
-// stop cancels the worker and returns Run's result.
-func (r *running) stop(t *testing.T) error {
-	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err // for the cleanup
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("worker did not stop within 30s")
-		return nil
-	}
+	return testenv.Go(t, w.Run)
 }
 
 func worker(t *testing.T, name string, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *consumer.Worker {

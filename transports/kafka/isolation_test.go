@@ -54,7 +54,7 @@ func TestIsolation(t *testing.T) {
 				ends := map[int]int64{0: 32}
 				testenv.Eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
 				testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-				if err := r.stop(t); err != nil {
+				if err := r.Stop(t, 30*time.Second); err != nil {
 					t.Fatalf("Run returned %v, want nil", err)
 				}
 
@@ -184,7 +184,7 @@ func TestOpenTransaction(t *testing.T) {
 			ends := map[int]int64{0: 7}
 			testenv.Eventually(t, 30*time.Second, "the commit marker at offset 6", func() bool { return e.ends(e.topic, 1)[0] == 7 })
 			testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-			if err := r.stop(t); err != nil {
+			if err := r.Stop(t, 30*time.Second); err != nil {
 				t.Fatalf("Run returned %v, want nil", err)
 			}
 			mu.Lock()
@@ -235,7 +235,7 @@ func TestStartLatestOpenTransaction(t *testing.T) {
 			ends := map[int]int64{0: 4}
 			testenv.Eventually(t, 30*time.Second, "the commit marker at offset 3", func() bool { return e.ends(e.topic, 1)[0] == 4 })
 			testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-			if err := r.stop(t); err != nil {
+			if err := r.Stop(t, 30*time.Second); err != nil {
 				t.Fatalf("Run returned %v, want nil", err)
 			}
 			mu.Lock()

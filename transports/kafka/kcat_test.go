@@ -60,7 +60,7 @@ func TestKcatEndToEnd(t *testing.T) {
 	r := run(t, worker(t, "kcat", e.source(nil), h))
 	ends := e.ends(e.topic, e.parts)
 	testenv.Eventually(t, 30*time.Second, "all input committed", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 

@@ -51,7 +51,7 @@ func TestLeaderMove(t *testing.T) {
 	})
 	e.produce(e.topic, batch(50))
 	testenv.Eventually(t, 60*time.Second, "the commit at offset 100", func() bool { return e.committed()[0] == 100 })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if rec.distinct() != 100 || rec.runs() != 100 {

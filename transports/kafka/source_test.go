@@ -70,7 +70,7 @@ func TestPartitionOrder(t *testing.T) {
 
 	ends := e.ends(e.topic, parts)
 	testenv.Eventually(t, 30*time.Second, "committed offsets at the partition ends", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	if got := maxInflight.Load(); got > concurrency {
@@ -152,7 +152,7 @@ func TestKeyOrdering(t *testing.T) {
 	}
 	close(release)
 	testenv.Eventually(t, 10*time.Second, "commit at the partition end", func() bool { return e.committed()[0] == total })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	for k := range keys {
@@ -251,7 +251,7 @@ func TestRetryInPlaceThenDeadLetter(t *testing.T) {
 	w := worker(t, "dl", src, h, consumer.WithMiddleware(deadLetterAfter3("bad", &calls)))
 	r := run(t, w)
 	testenv.Eventually(t, 30*time.Second, "commit at the end of partition 1", func() bool { return e.committed()[1] == 4 })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 
@@ -332,7 +332,7 @@ func TestNoDeadLetterTopic(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery")
 	}
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -67,7 +67,7 @@ func TestTLS(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("nothing consumed over TLS")
 	}
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
