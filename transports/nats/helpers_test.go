@@ -146,15 +146,9 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// running is a Worker.Run in progress.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
 // run starts a worker with one handler on src and returns a handle; the
 // test's cleanup stops it if the test did not.
-func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *running {
+func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *testenv.Running {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.Logger(t)
@@ -163,31 +157,7 @@ func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Hand
 	if err := w.Handle("h", src, h, opts...); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(60 * time.Second):
-			t.Error("worker did not stop")
-		}
-	})
-	return r
-}
-
-// wait returns Run's result, failing the test after timeout.
-func (r *running) wait(t *testing.T, timeout time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-r.done:
-		r.done <- err // keep it for the cleanup
-		return err
-	case <-time.After(timeout):
-		t.Fatalf("Run did not return within %s", timeout)
-		return nil
-	}
+	return testenv.Go(t, w.Run)
 }
 
 // seen records handler runs by payload.

@@ -93,7 +93,7 @@ func TestClosedConnection(t *testing.T) {
 		r := run(t, consumer.Config{}, newSource(t, &own, natstr.Config{}), idle)
 		e.drained(t, "c", 10*time.Second) // bound and idle
 		nc.Close()
-		err = r.wait(t, 10*time.Second)
+		err = r.Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "connection closed") || !strings.Contains(err.Error(), e.stream) {
 			t.Errorf("Run = %v, want a closed-connection error naming the stream", err)
 		}

@@ -507,7 +507,7 @@ func TestDeadLetterLoopRefused(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		src := newSource(t, e, natstr.Config{DeadLetterSubject: e.subj + ".dlq"})
 		r := run(t, consumer.Config{}, src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }))
-		err := r.wait(t, 10*time.Second)
+		err := r.Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "consumed again") {
 			t.Errorf("Run = %v, want the dead-letter loop refused", err)
 		}
@@ -550,7 +550,7 @@ func TestGoneIsAnError(t *testing.T) {
 	t.Run("missing stream", func(t *testing.T) {
 		forEachServer(t, func(t *testing.T, e *env) {
 			src := newSource(t, e, natstr.Config{Stream: e.stream + "_NONE"})
-			err := run(t, consumer.Config{}, src, idle).wait(t, 10*time.Second)
+			err := run(t, consumer.Config{}, src, idle).Wait(t, 10*time.Second)
 			if !errors.Is(err, jetstream.ErrStreamNotFound) || !strings.Contains(err.Error(), e.stream+"_NONE") {
 				t.Errorf("Run = %v", err)
 			}
@@ -558,7 +558,7 @@ func TestGoneIsAnError(t *testing.T) {
 	})
 	t.Run("bind only", func(t *testing.T) {
 		forEachServer(t, func(t *testing.T, e *env) {
-			err := run(t, consumer.Config{}, newSource(t, e, natstr.Config{BindOnly: true}), idle).wait(t, 10*time.Second)
+			err := run(t, consumer.Config{}, newSource(t, e, natstr.Config{BindOnly: true}), idle).Wait(t, 10*time.Second)
 			check(t, err, e, jetstream.ErrConsumerNotFound)
 		})
 	})
@@ -585,7 +585,7 @@ func TestGoneIsAnError(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				err = r.wait(t, 15*time.Second)
+				err = r.Wait(t, 15*time.Second)
 				check(t, err, e, target)
 			})
 		})
@@ -619,9 +619,9 @@ func TestShutdownInFlight(t *testing.T) {
 				t.Fatal("handlers did not start")
 			}
 		}
-		r.cancel()
+		r.Cancel()
 		close(release)
-		if err := r.wait(t, 10*time.Second); err != nil {
+		if err := r.Wait(t, 10*time.Second); err != nil {
 			t.Fatalf("Run = %v, want nil", err)
 		}
 		// The second worker sees exactly m2 and m3 (nakked by the cancelled
@@ -649,7 +649,7 @@ func TestSecondConsumeRefused(t *testing.T) {
 			_, err := e.js.Consumer(ctxT(t, 5*time.Second), e.stream, "c")
 			return err
 		})
-		err := run(t, consumer.Config{}, src, idle).wait(t, 10*time.Second)
+		err := run(t, consumer.Config{}, src, idle).Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "already consuming") {
 			t.Errorf("second Run = %v", err)
 		}

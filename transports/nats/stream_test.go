@@ -166,9 +166,9 @@ func TestStopNaksBuffered(t *testing.T) {
 			}
 			return nil
 		})
-		r.cancel()
+		r.Cancel()
 		releaseAll()
-		if err := r.wait(t, 10*time.Second); err != nil {
+		if err := r.Wait(t, 10*time.Second); err != nil {
 			t.Fatalf("Run = %v, want nil", err)
 		}
 		if got := len(started); got != 0 {
