@@ -111,7 +111,7 @@ func TestFenceExactThroughEveryScript(t *testing.T) {
 	client := testenv.RedisClient(t)
 	s := newStore(t, client, redisbackend.Options{})
 	ctx := ctxFor(t, 10*time.Second)
-	key := "orders:" + uniqueNamespace("exact")
+	key := "orders:" + "exact-" + testenv.RandID()
 	req := []idempotency.ClaimRequest{{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}}
 	stored := func(step string, want int64) {
 		t.Helper()

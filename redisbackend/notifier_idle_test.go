@@ -125,7 +125,7 @@ func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 // run goroutine.
 func TestNotifierIdleChurnLosesNoWakeup(t *testing.T) {
 	client := testenv.RedisClient(t)
-	channel := randName("dedup-churn") + ":dedup:done"
+	channel := "dedup-churn-" + testenv.RandID() + ":dedup:done"
 	var stops atomic.Int64
 	n := newNotifier(client, channel, slog.New(countingHandler{t: t, stops: &stops}))
 	n.idle = time.Millisecond

@@ -2,8 +2,6 @@ package redisbackend
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
@@ -15,12 +13,6 @@ import (
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
-func randName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "-" + hex.EncodeToString(b)
-}
-
 // namedStore returns a store on its own client whose connections carry a
 // unique client name, so the test can find its Pub/Sub connection.
 func namedStore(t *testing.T) (*Store, string) {
@@ -29,7 +21,7 @@ func namedStore(t *testing.T) (*Store, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := randName("dedup-notifier")
+	name := "dedup-notifier-" + testenv.RandID()
 	opt.ClientName = name
 	client := redis.NewClient(opt)
 	t.Cleanup(func() { _ = client.Close() })
