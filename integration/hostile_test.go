@@ -44,7 +44,7 @@ func (f *hostileFix) OnCorruptRecord(string) { f.corrupt.Add(1) }
 func newHostileFix(t *testing.T) *hostileFix {
 	t.Helper()
 	rc := testenv.RedisClient(t)
-	ns := "hostile-" + natsRandID()
+	ns := "hostile-" + testenv.RandID()
 	t.Cleanup(func() { natsDeleteNamespace(rc, ns) })
 	store, err := redisbackend.New(rc, redisbackend.Options{Namespace: ns, Grace: 2 * time.Second})
 	if err != nil {
@@ -420,8 +420,8 @@ func TestHostileNATSWorkerSurvives(t *testing.T) {
 	}
 	h.drained(t, "c", n, 30*time.Second)
 	select {
-	case err := <-r.done:
-		t.Fatalf("the worker stopped: %v", err)
+	case <-r.Done():
+		t.Fatalf("the worker stopped: %v", r.Wait(t, time.Second))
 	default:
 	}
 	for _, k := range []string{"\xff\xfe\x00bin", strings.Repeat("L", 60<<10), "bin-hdr", "from-json", "ok-1", "ok-2"} {

@@ -5,8 +5,6 @@ package integration_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	mrand "math/rand/v2"
 	"strings"
@@ -49,12 +47,6 @@ type natsHarness struct {
 	redis    redis.UniversalClient
 }
 
-func natsRandID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 func newNATSHarness(t testing.TB, url string) *natsHarness {
 	t.Helper()
 	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t)}
@@ -70,9 +62,9 @@ func newNATSHarness(t testing.TB, url string) *natsHarness {
 	if len(name) > 40 {
 		name = name[len(name)-40:]
 	}
-	h.stream = "IT_" + name + "_" + natsRandID()
+	h.stream = "IT_" + name + "_" + testenv.RandID()
 	h.subj = strings.ToLower(h.stream)
-	h.ns = "it-" + natsRandID()
+	h.ns = "it-" + testenv.RandID()
 	h.createStream(t, h.stream, h.subj+".>")
 	t.Cleanup(func() { natsDeleteNamespace(h.redis, h.ns) })
 	return h
@@ -302,9 +294,8 @@ type natsWorkerSpec struct {
 
 // natsRunning is a Worker.Run in progress.
 type natsRunning struct {
-	cancel context.CancelFunc
-	done   chan error
-	src    *natstr.Source
+	*testenv.Running
+	src *natstr.Source
 }
 
 // start runs a deduplicating worker with one handler named "orders".
@@ -347,32 +338,7 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithMiddleware(mw)); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &natsRunning{cancel: cancel, done: make(chan error, 1), src: src}
-	go func() { r.done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(60 * time.Second):
-			t.Error("worker did not stop")
-		}
-	})
-	return r
-}
-
-// stop cancels the worker and returns Run's result.
-func (r *natsRunning) stop(t testing.TB, timeout time.Duration) error {
-	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err
-		return err
-	case <-time.After(timeout):
-		t.Fatalf("Run did not return within %s", timeout)
-		return nil
-	}
+	return &natsRunning{Running: testenv.Go(t, w.Run), src: src}
 }
 
 // proxiedRedis returns a client to Redis through a new proxy.

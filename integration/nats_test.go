@@ -131,7 +131,7 @@ func TestNATSCrash(t *testing.T) {
 		mu.Unlock()
 		proxyA.Block()
 		ncA.Close()
-		if err := a.stop(t, 20*time.Second); err != nil {
+		if err := a.Stop(t, 20*time.Second); err != nil {
 			t.Logf("worker A: %v", err)
 		}
 
@@ -382,7 +382,7 @@ func TestNATSShutdownInFlight(t *testing.T) {
 				t.Fatal("handlers did not start")
 			}
 		}
-		if err := a.stop(t, 20*time.Second); err != nil {
+		if err := a.Stop(t, 20*time.Second); err != nil {
 			t.Fatalf("Run = %v, want nil", err)
 		}
 		store := natsStore(t, h)

@@ -156,7 +156,7 @@ handlers:
 func TestRedriveKafkaEndToEnd(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.RealKafka(t)
-	id := kafkaRandID()
+	id := testenv.RandID()
 	topic, dlq, group, ns := "rd-"+id, "rd-"+id+"-dlq", "rd-"+id+"-g", "rd-"+id
 	testenv.CreateKafkaTopic(t, brokers, topic, 3)
 	testenv.CreateKafkaTopic(t, brokers, dlq, 2)

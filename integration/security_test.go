@@ -235,7 +235,7 @@ func secRoundAs(t *testing.T, admin *redis.Client, addr, ns, missing string, ope
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return secStoreRound(ctx, s, "s:"+user+natsRandID())
+	return secStoreRound(ctx, s, "s:"+user+testenv.RandID())
 }
 
 // secStoreRound runs what a worker runs for one key: claim, renew,
@@ -544,7 +544,7 @@ func TestSecurityBinaryKafkaSCRAM(t *testing.T) {
 	sec := testenv.RealKafkaSecurity(t)
 	user, pw := sec.Users["SCRAM-SHA-256"][0], sec.Users["SCRAM-SHA-256"][1]
 	brokers := sec.SASL
-	topic := "sec-in-" + natsRandID()
+	topic := "sec-in-" + testenv.RandID()
 	testenv.CreateKafkaTopic(t, testenv.RealKafka(t), topic, 2)
 	mech, err := scram.Mechanism(scram.SHA256, user, pw)
 	if err != nil {
@@ -575,7 +575,7 @@ handlers:
       kafka: {brokers: [%s], topic: %s, session_timeout: 2s, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}}
     action:
       exec: {command: [/bin/sh, -c, 'cat >/dev/null; echo "$DEDUP_KEY" >> %s']}
-`, testenv.Redis(t), natsRandID(), strings.Join(brokers, ", "), topic, user, ledger), 0o600); err != nil {
+`, testenv.Redis(t), testenv.RandID(), strings.Join(brokers, ", "), topic, user, ledger), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
@@ -775,7 +775,7 @@ func TestSecurityValidateOnlineKafkaSCRAMOverTLS(t *testing.T) {
 	user, pw := sec.Users["SCRAM-SHA-256"][0], sec.Users["SCRAM-SHA-256"][1]
 	otherCA := testenv.NewTestCA(t)
 	brokers := sec.SASLTLS
-	topic := "secv-in-" + natsRandID()
+	topic := "secv-in-" + testenv.RandID()
 	testenv.CreateKafkaTopic(t, testenv.RealKafka(t), topic, 1)
 	dir := t.TempDir()
 	redisURL := testenv.Redis(t)
@@ -790,7 +790,7 @@ handlers:
     retention: 1h
     action:
       exec: {command: [/bin/true]}
-`, redisURL, natsRandID(), strings.Join(brokers, ", "), topic, user, caFile), 0o600); err != nil {
+`, redisURL, testenv.RandID(), strings.Join(brokers, ", "), topic, user, caFile), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
