@@ -65,6 +65,24 @@ func RandID() string {
 	return hex.EncodeToString(b)
 }
 
+// UniqueName returns prefix_<test>_<RandID()>, where <test> is the last 40
+// characters of t's name with every character but letters, digits, '_' and
+// '-' turned into '_': a name that tells which test made a NATS stream, a
+// Kafka topic or a Redis namespace, unique to this run, and valid as each
+// (nats-server 2.9 loses the acks of a stream whose name holds a '%').
+func UniqueName(t testing.TB, prefix string) string {
+	name := strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+			return r
+		}
+		return '_'
+	}, t.Name())
+	if len(name) > 40 {
+		name = name[len(name)-40:]
+	}
+	return prefix + "_" + name + "_" + RandID()
+}
+
 // FreePort returns a loopback TCP port that nothing listened on a moment
 // ago, for a server the test starts.
 func FreePort(t testing.TB) int {

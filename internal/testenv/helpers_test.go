@@ -71,6 +71,14 @@ func TestRandIDAndFreePorts(t *testing.T) {
 	if len(a) != 8 || a == b {
 		t.Fatalf("RandID gave %q and %q: want two different 8-digit ids", a, b)
 	}
+	if n := testenv.UniqueName(t, "T"); !strings.HasPrefix(n, "T_TestRandIDAndFreePorts_") || len(n) != len("T_TestRandIDAndFreePorts_")+8 {
+		t.Fatalf("UniqueName = %q", n)
+	}
+	t.Run("a%b/c d", func(t *testing.T) {
+		if n := testenv.UniqueName(t, "T"); strings.ContainsAny(n, "%/ ") || n == testenv.UniqueName(t, "T") {
+			t.Fatalf("UniqueName = %q: want only letters, digits, _ and -, and a new name each call", n)
+		}
+	})
 	ports := testenv.FreePorts(t, 3)
 	if ports[0] == ports[1] || ports[1] == ports[2] || ports[0] == ports[2] || testenv.FreePort(t) <= 0 {
 		t.Fatalf("FreePorts gave %v", ports)

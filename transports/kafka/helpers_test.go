@@ -2,7 +2,6 @@ package kafka_test
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -41,29 +40,15 @@ func newRealEnv(t *testing.T, partitions int) *env {
 // envOn makes a topic of its own, and names a group, on brokers.
 func envOn(t *testing.T, brokers []string, partitions int) *env {
 	t.Helper()
-	n := topicSeq.Add(1)
 	e := &env{
 		t:       t,
 		brokers: brokers,
-		topic:   fmt.Sprintf("t-%s-%d-%d", sanitize(t.Name()), time.Now().UnixNano()%1e6, n),
+		topic:   testenv.UniqueName(t, "t"),
 		parts:   partitions,
 	}
 	e.group = e.topic + "-g"
 	testenv.CreateKafkaTopic(t, brokers, e.topic, partitions)
 	return e
-}
-
-func sanitize(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > 40 {
-		b = b[:40]
-	}
-	return string(b)
 }
 
 // config returns a Source config tuned for fast tests.

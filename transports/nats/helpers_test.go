@@ -47,18 +47,7 @@ func newEnv(t *testing.T, url string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Only letters, digits, '_' and '-': nats-server 2.9 loses the acks of a
-	// stream whose name holds a '%' (it formats the ack subject with it).
-	name := strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, t.Name())
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	e := &env{url: url, nc: nc, js: js, stream: "T_" + name + "_" + testenv.RandID()}
+	e := &env{url: url, nc: nc, js: js, stream: testenv.UniqueName(t, "T")}
 	e.subj = strings.ToLower(e.stream)
 	e.createStream(t, e.stream, e.subj+".>")
 	return e
