@@ -51,18 +51,7 @@ func newNATSHarness(t testing.TB, url string) *natsHarness {
 	t.Helper()
 	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t)}
 	h.nc, h.js = natsConnect(t, url)
-	// Only letters, digits, '_' and '-': nats-server 2.9 loses the acks of a
-	// stream whose name holds a '%' (it formats the ack subject with it).
-	name := strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, t.Name())
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	h.stream = "IT_" + name + "_" + testenv.RandID()
+	h.stream = testenv.UniqueName(t, "IT")
 	h.subj = strings.ToLower(h.stream)
 	h.ns = "it-" + testenv.RandID()
 	h.createStream(t, h.stream, h.subj+".>")
