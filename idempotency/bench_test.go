@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 )
 
 // stubStore answers every claim NEW and every completion owned, at once. It
@@ -77,7 +77,7 @@ func BenchmarkEngine(b *testing.B) {
 	ctx := context.Background()
 	const batch = 100
 	ds := make([]consumer.Delivery, batch)
-	fds := make([]*fakedelivery.Delivery, batch)
+	fds := make([]*consumertest.Delivery, batch)
 	// Long-lived goroutines, as the sources' pools: a goroutine started
 	// per delivery would be measured too.
 	work := make(chan consumer.Delivery)
@@ -100,7 +100,7 @@ func BenchmarkEngine(b *testing.B) {
 	for n < b.N {
 		b.StopTimer()
 		for i := range ds {
-			fds[i] = fakedelivery.New("k"+strconv.Itoa(n+i), `{"order":42}`)
+			fds[i] = consumertest.NewDelivery(consumertest.NewMessage("k"+strconv.Itoa(n+i), `{"order":42}`), 1)
 			ds[i] = fds[i]
 		}
 		b.StartTimer()
@@ -114,8 +114,6 @@ func BenchmarkEngine(b *testing.B) {
 	}
 	b.StopTimer()
 	for _, d := range fds {
-		if acks, _, _ := d.State(); acks != 1 {
-			b.Fatalf("a delivery was acked %d times, want 1", acks)
-		}
+		d.ExpectAcked(b)
 	}
 }

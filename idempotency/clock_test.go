@@ -22,7 +22,7 @@ func (r renewalResults) OnLeaseRenewal(_, result string) { r <- result }
 // they are due (a third of the lease, ±10 %), not before, and none once the
 // handler returned. The renewals themselves go to real Redis.
 func TestEngineRenewsOnItsClock(t *testing.T) {
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: randomName(t)})
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: testenv.RandID()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestEngineRenewsOnItsClock(t *testing.T) {
 		}
 		return nil, ctx.Err()
 	}))
-	d := consumertest.NewDelivery(consumertest.NewMessage("k-"+randomName(t), "pay"), 1)
+	d := consumertest.NewDelivery(consumertest.NewMessage("k-"+testenv.RandID(), "pay"), 1)
 	processed := make(chan struct{})
 	go func() {
 		defer close(processed)

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 )
 
 // A key whose max_attempts runs all died with their worker (each claimed,
@@ -24,7 +24,7 @@ func TestClaimPastMaxAttemptsDeadLettersWithoutRunning(t *testing.T) {
 	p := f.processor(t, h, idempotency.WithMaxAttempts(3), idempotency.WithLease(lease))
 	ctx := context.Background()
 	key := idempotency.EffectiveKey("orders", "crasher")
-	fp := idempotency.Fingerprint(fakedelivery.New("crasher", "x").Message(), nil)
+	fp := idempotency.Fingerprint(consumertest.NewDelivery(consumertest.NewMessage("crasher", "x"), 1).Message(), nil)
 
 	// Three runs whose worker died: claims nobody settles, each found
 	// after its lease ran out. The wait is the dead worker's downtime.
@@ -39,15 +39,14 @@ func TestClaimPastMaxAttemptsDeadLettersWithoutRunning(t *testing.T) {
 		<-timer.C
 	}
 
-	d := fakedelivery.New("crasher", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("crasher", "x"), 1)
 	p.Process(ctx, d)
-	d.ExpectAck(t)
+	dl := d.ExpectDeadLettered(t)
 	if n := h.runs.Load(); n != 0 {
 		t.Fatalf("handler ran %d times on a key past max_attempts, want 0", n)
 	}
-	_, _, dead := d.State()
-	if len(dead) != 1 || dead[0].Reason != "max_attempts" || dead[0].Attempts != 3 || !strings.Contains(dead[0].Err, "without an outcome") {
-		t.Fatalf("dead letters %+v: want one, reason max_attempts, 3 attempts, saying the runs ended without an outcome", dead)
+	if dl.Reason != "max_attempts" || dl.Attempts != 3 || !strings.Contains(dl.Err, "without an outcome") {
+		t.Fatalf("dead letter %+v: want reason max_attempts, 3 attempts, saying the runs ended without an outcome", dl)
 	}
 	rec, err := f.store.Get(ctx, key)
 	if err != nil || rec == nil || rec.State != idempotency.StateCompleted || rec.Outcome != idempotency.RecordOutcomeDeadLettered {

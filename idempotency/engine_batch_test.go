@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 )
 
 // completeCounter is a Store that records the keys of every Complete call.
@@ -86,12 +86,12 @@ func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
 	t.Cleanup(func() { eng.Close() })
 	ctx := context.Background()
 
-	deliveries := map[string]*fakedelivery.Delivery{}
+	deliveries := map[string]*consumertest.Delivery{}
 	order := []string{"k1", "dup", "k3", "busy", "k5", "flaky", "poison"}
 	ds := make([]consumer.Delivery, len(order))
 	for i, k := range order {
-		d := fakedelivery.New(k, "payload-"+k)
-		d.Msg.Origin.Offset = int64(i)
+		d := consumertest.NewDelivery(consumertest.NewMessage(k, "payload-"+k), 1)
+		d.Message().Origin.Offset = int64(i)
 		deliveries[k] = d
 		ds[i] = d
 	}
@@ -144,20 +144,16 @@ func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
 	if got := cc.get(); !slices.EqualFunc(got, wantCompletes, slices.Equal[[]string]) {
 		t.Fatalf("Complete calls %v, want %v", got, wantCompletes)
 	}
+	// ExpectAcked also holds that none of them was dead-lettered: only the
+	// failing message may be.
 	for _, k := range []string{"k1", "dup", "k3", "busy", "k5"} {
-		deliveries[k].ExpectAck(t)
+		deliveries[k].ExpectAcked(t)
 	}
-	if delay := deliveries["flaky"].ExpectNak(t); delay <= 0 {
+	if delay := deliveries["flaky"].ExpectNakked(t); delay <= 0 {
 		t.Fatalf("flaky nakked with delay %s, want the backoff", delay)
 	}
-	deliveries["poison"].ExpectAck(t)
-	if _, _, dead := deliveries["poison"].State(); len(dead) != 1 || dead[0].Reason != "permanent_error" {
-		t.Fatalf("poison dead letters %+v, want one permanent_error", dead)
-	}
-	for _, k := range []string{"k1", "k5", "flaky"} {
-		if _, _, dead := deliveries[k].State(); len(dead) != 0 {
-			t.Fatalf("%s dead-lettered %+v: only the failing message may be", k, dead)
-		}
+	if dl := deliveries["poison"].ExpectDeadLettered(t); dl.Reason != "permanent_error" {
+		t.Fatalf("poison dead letter %+v, want permanent_error", dl)
 	}
 	if r, err := f.store.Get(ctx, idempotency.EffectiveKey("orders", "k3")); err != nil || r == nil || string(r.Result) != "done-k3" {
 		t.Fatalf("k3 record %+v %v: want its own result stored", r, err)
@@ -165,10 +161,9 @@ func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
 
 	// The failed message alone runs again, and completes.
 	delete(rec.fail, "flaky")
-	retry := fakedelivery.New("flaky", "payload-flaky")
-	retry.AttemptN = 2
+	retry := consumertest.NewDelivery(consumertest.NewMessage("flaky", "payload-flaky"), 2)
 	p.ProcessBatch(ctx, []consumer.Delivery{retry})
-	retry.ExpectAck(t)
+	retry.ExpectAcked(t)
 	if got := rec.calls[len(rec.calls)-1]; !slices.Equal(got, []string{"flaky"}) || len(rec.calls) != 4 {
 		t.Fatalf("handler calls %v: the retry must run flaky alone", rec.calls)
 	}
@@ -185,11 +180,11 @@ func TestProcessBatchPanicFailsEveryMessageOfTheCall(t *testing.T) {
 		panic("boom")
 	})
 	p := f.processor(t, h)
-	ds := []consumer.Delivery{fakedelivery.New("a", "1"), fakedelivery.New("b", "2")}
+	ds := []consumer.Delivery{consumertest.NewDelivery(consumertest.NewMessage("a", "1"), 1), consumertest.NewDelivery(consumertest.NewMessage("b", "2"), 1)}
 	p.Prepare(context.Background(), ds)
 	p.ProcessBatch(context.Background(), ds)
 	for _, d := range ds {
-		d.(*fakedelivery.Delivery).ExpectNak(t)
+		d.(*consumertest.Delivery).ExpectNakked(t)
 	}
 	for _, k := range []string{"a", "b"} {
 		r, err := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", k))
@@ -242,11 +237,11 @@ func TestProcessBatchLeaseRenewedForEveryClaim(t *testing.T) {
 	p := f.processor(t, h, idempotency.WithLease(lease))
 	ds := make([]consumer.Delivery, len(keys))
 	for i, k := range keys {
-		ds[i] = fakedelivery.New(k, k)
+		ds[i] = consumertest.NewDelivery(consumertest.NewMessage(k, k), 1)
 	}
 	p.Prepare(context.Background(), ds)
 	p.ProcessBatch(context.Background(), ds)
 	for _, d := range ds {
-		d.(*fakedelivery.Delivery).ExpectAck(t)
+		d.(*consumertest.Delivery).ExpectAcked(t)
 	}
 }

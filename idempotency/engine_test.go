@@ -2,8 +2,6 @@ package idempotency_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"runtime"
@@ -17,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -42,17 +40,9 @@ func (s *storeCalls) OnStoreCall(op string, _ time.Duration, _ error) {
 	}
 }
 
-func randomName(t *testing.T) string {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	return "enginetest-" + hex.EncodeToString(b[:])
-}
-
 func newFixture(t *testing.T, client redis.UniversalClient) *fixture {
 	t.Helper()
-	store, err := redisbackend.New(client, redisbackend.Options{Namespace: randomName(t), Grace: 2 * time.Second})
+	store, err := redisbackend.New(client, redisbackend.Options{Namespace: "enginetest-" + testenv.RandID(), Grace: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,12 +80,12 @@ func TestDuplicateAckedWithoutRunningHandler(t *testing.T) {
 	}))
 	ctx := context.Background()
 
-	d1 := fakedelivery.New("k1", "payload")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("k1", "payload"), 1)
 	p.Process(ctx, d1)
-	d1.ExpectAck(t)
-	d2 := fakedelivery.New("k1", "payload")
+	d1.ExpectAcked(t)
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("k1", "payload"), 1)
 	p.Process(ctx, d2)
-	d2.ExpectAck(t)
+	d2.ExpectAcked(t)
 
 	if n := h.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
@@ -129,9 +119,9 @@ func TestHandlerErrorReleasesAndNaksWithBackoff(t *testing.T) {
 	p := f.processor(t, h, idempotency.WithBackoff(time.Second, time.Minute))
 	ctx := context.Background()
 
-	d1 := fakedelivery.New("k", "x")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(ctx, d1)
-	delay := d1.ExpectNak(t)
+	delay := d1.ExpectNakked(t)
 	if delay < 800*time.Millisecond || delay > 1200*time.Millisecond {
 		t.Fatalf("nak delay %s, want the first backoff step 1s ±20%%", delay)
 	}
@@ -142,10 +132,9 @@ func TestHandlerErrorReleasesAndNaksWithBackoff(t *testing.T) {
 
 	// The redelivery claims at once (no waiting for the lease) and runs again.
 	fail.Store(false)
-	d2 := fakedelivery.New("k", "x")
-	d2.AttemptN = 2
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 2)
 	p.Process(ctx, d2)
-	d2.ExpectAck(t)
+	d2.ExpectAcked(t)
 	if h.runs.Load() != 2 {
 		t.Fatalf("handler ran %d times, want 2", h.runs.Load())
 	}
@@ -160,9 +149,9 @@ func TestRetryAfterOverridesBackoff(t *testing.T) {
 	p := f.processor(t, &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
 		return nil, consumer.RetryAfter(7 * time.Second)
 	}})
-	d := fakedelivery.New("k", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d)
-	if got := d.ExpectNak(t); got != 7*time.Second {
+	if got := d.ExpectNakked(t); got != 7*time.Second {
 		t.Fatalf("nak delay %s, want the handler's 7s", got)
 	}
 }
@@ -175,20 +164,13 @@ func TestMaxAttemptsDeadLettersAndCompletes(t *testing.T) {
 	ctx := context.Background()
 
 	for attempt := 1; attempt <= 2; attempt++ {
-		d := fakedelivery.New("poison", "x")
-		d.AttemptN = attempt
+		d := consumertest.NewDelivery(consumertest.NewMessage("poison", "x"), attempt)
 		p.Process(ctx, d)
-		d.ExpectNak(t)
+		d.ExpectNakked(t)
 	}
-	d3 := fakedelivery.New("poison", "x")
-	d3.AttemptN = 3
+	d3 := consumertest.NewDelivery(consumertest.NewMessage("poison", "x"), 3)
 	p.Process(ctx, d3)
-	d3.ExpectAck(t)
-	_, _, dead := d3.State()
-	if len(dead) != 1 {
-		t.Fatalf("want one dead letter, got %d", len(dead))
-	}
-	dl := dead[0]
+	dl := d3.ExpectDeadLettered(t)
 	if dl.Reason != "max_attempts" || dl.Attempts != 3 || dl.Key != "poison" || dl.Handler != "orders" || dl.Err != errBoom.Error() {
 		t.Fatalf("dead letter %+v: want reason max_attempts, 3 attempts, key, handler and error", dl)
 	}
@@ -197,9 +179,9 @@ func TestMaxAttemptsDeadLettersAndCompletes(t *testing.T) {
 		t.Fatalf("record %+v, %v: want COMPLETED dead_lettered", rec, err)
 	}
 	// A later redelivery is acked without running.
-	d4 := fakedelivery.New("poison", "x")
+	d4 := consumertest.NewDelivery(consumertest.NewMessage("poison", "x"), 1)
 	p.Process(ctx, d4)
-	d4.ExpectAck(t)
+	d4.ExpectAcked(t)
 	if h.runs.Load() != 3 {
 		t.Fatalf("handler ran %d times, want 3", h.runs.Load())
 	}
@@ -215,14 +197,13 @@ func TestAttemptsCountedPerKeyAcrossDeliveries(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, errBoom }}
 	p := f.processor(t, h, idempotency.WithMaxAttempts(2), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
-	d1 := fakedelivery.New("k", "x")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d1)
-	d1.ExpectNak(t)
-	d2 := fakedelivery.New("k", "x")
+	d1.ExpectNakked(t)
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d2)
-	d2.ExpectAck(t)
-	if _, _, dead := d2.State(); len(dead) != 1 || dead[0].Attempts != 2 {
-		t.Fatalf("dead letters %+v, want one after 2 attempts", dead)
+	if dl := d2.ExpectDeadLettered(t); dl.Attempts != 2 {
+		t.Fatalf("dead letter %+v, want one after 2 attempts", dl)
 	}
 }
 
@@ -233,11 +214,10 @@ func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
 		return nil, consumer.Permanent(errors.New("bad order"))
 	}}
 	p := f.processor(t, h)
-	d := fakedelivery.New("k", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d)
-	d.ExpectAck(t)
-	if _, _, dead := d.State(); len(dead) != 1 || dead[0].Reason != "permanent_error" {
-		t.Fatalf("dead letters %+v, want one with reason permanent_error", dead)
+	if dl := d.ExpectDeadLettered(t); dl.Reason != "permanent_error" {
+		t.Fatalf("dead letter %+v, want reason permanent_error", dl)
 	}
 }
 
@@ -246,10 +226,10 @@ func TestDeadLetterPublishFailureIsRetriedNotAcked(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
 	p := f.processor(t, h)
-	d := fakedelivery.New("k", "x")
-	d.DeadLetterErr = errors.New("broker down")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
+	d.FailWith(consumertest.Errors{DeadLetter: errors.New("broker down")})
 	p.Process(context.Background(), d)
-	d.ExpectNak(t)
+	d.ExpectNakked(t)
 	rec, err := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
 	if err != nil || rec == nil || rec.State != idempotency.StateClaimed || !rec.Released {
 		t.Fatalf("record %+v, %v: an unpublished dead letter must leave the key released, not completed", rec, err)
@@ -261,10 +241,10 @@ func TestNoDeadLetterDestinationStillCompletes(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
 	p := f.processor(t, h)
-	d := fakedelivery.New("k", "x")
-	d.DeadLetterErr = consumer.ErrNoDeadLetter
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
+	d.FailWith(consumertest.Errors{DeadLetter: consumer.ErrNoDeadLetter})
 	p.Process(context.Background(), d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 	rec, _ := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
 	if rec == nil || rec.Outcome != idempotency.RecordOutcomeDeadLettered {
 		t.Fatalf("record %+v: want dead_lettered even without a destination", rec)
@@ -287,22 +267,22 @@ func TestLongHandlerIsRenewedHeartbeatsAndRunsOnce(t *testing.T) {
 	}}
 	p := f.processor(t, h, idempotency.WithLease(lease), idempotency.WithInFlightWait(10*lease))
 	ctx := context.Background()
-	d1 := fakedelivery.New("long", "x")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("long", "x"), 1)
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(ctx, d1) }()
 	<-started
 
 	// A redelivery of the same key meanwhile waits for the first and is
 	// acked as a duplicate.
-	d2 := fakedelivery.New("long", "x")
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("long", "x"), 1)
 	p.Process(ctx, d2)
 	<-done
-	d1.ExpectAck(t)
-	d2.ExpectAck(t)
+	d1.ExpectAcked(t)
+	d2.ExpectAcked(t)
 	if n := h.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want 1", n)
 	}
-	if hb := d1.Heartbeats.Load(); hb < 2 {
+	if hb := d1.Heartbeats(); hb < 2 {
 		t.Fatalf("%d heartbeats during 3 leases, want at least 2 (one per renewal)", hb)
 	}
 	if f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 {
@@ -320,18 +300,18 @@ func TestInFlightKeyIsNakkedAfterTheWait(t *testing.T) {
 		return nil, nil
 	}}
 	p := f.processor(t, h, idempotency.WithInFlightWait(100*time.Millisecond))
-	d1 := fakedelivery.New("busy", "x")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("busy", "x"), 1)
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d1) }()
 	<-started
-	d2 := fakedelivery.New("busy", "x")
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("busy", "x"), 1)
 	p.Process(context.Background(), d2)
-	if delay := d2.ExpectNak(t); delay <= 0 {
+	if delay := d2.ExpectNakked(t); delay <= 0 {
 		t.Fatalf("an in-flight key must be redelivered later, got delay %s", delay)
 	}
 	close(finish)
 	<-done
-	d1.ExpectAck(t)
+	d1.ExpectAcked(t)
 	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeInFlight) != 1 {
 		t.Fatalf("runs %d outcomes %v: want one run and one in_flight", h.runs.Load(), f.oc.m)
 	}
@@ -355,7 +335,7 @@ func TestStolenLeaseCancelsHandlerWithErrLeaseLost(t *testing.T) {
 		}
 	}}
 	p := f.processor(t, h, idempotency.WithLease(lease))
-	d := fakedelivery.New("stolen", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("stolen", "x"), 1)
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d) }()
 	<-started
@@ -371,7 +351,7 @@ func TestStolenLeaseCancelsHandlerWithErrLeaseLost(t *testing.T) {
 	if err := <-cause; !errors.Is(err, idempotency.ErrLeaseLost) {
 		t.Fatalf("handler context cause = %v, want ErrLeaseLost", err)
 	}
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 	if f.oc.get(consumer.OutcomeLeaseLost) != 1 {
 		t.Fatalf("outcomes %v, want lease_lost", f.oc.m)
 	}
@@ -382,9 +362,9 @@ func TestPanicIsRecoveredAsFailure(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { panic("kaboom") }}
 	p := f.processor(t, h)
-	d := fakedelivery.New("k", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d)
-	d.ExpectNak(t)
+	d.ExpectNakked(t)
 	if f.oc.get(consumer.OutcomeFailed) != 1 {
 		t.Fatalf("outcomes %v, want failed", f.oc.m)
 	}
@@ -413,14 +393,14 @@ func TestStepsSkipFinishedStepsOnRetry(t *testing.T) {
 		return receipt, err
 	}}
 	p := f.processor(t, h, idempotency.WithBackoff(time.Millisecond, time.Millisecond))
-	d1 := fakedelivery.New("order-1", "x")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("order-1", "x"), 1)
 	p.Process(context.Background(), d1)
-	d1.ExpectNak(t)
+	d1.ExpectNakked(t)
 
 	failEmail.Store(false)
-	d2 := fakedelivery.New("order-1", "x")
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("order-1", "x"), 1)
 	p.Process(context.Background(), d2)
-	d2.ExpectAck(t)
+	d2.ExpectAcked(t)
 	if charges.Load() != 1 || emails.Load() != 2 {
 		t.Fatalf("charge ran %d times (want 1), email %d (want 2)", charges.Load(), emails.Load())
 	}
@@ -436,20 +416,19 @@ func TestMissingKeyPolicies(t *testing.T) {
 	t.Run("reject", func(t *testing.T) {
 		h := &countingHandler{}
 		p := f.processor(t, h)
-		d := fakedelivery.New("", "x")
+		d := consumertest.NewDelivery(consumertest.NewMessage("", "x"), 1)
 		p.Process(context.Background(), d)
-		d.ExpectAck(t)
-		if _, _, dead := d.State(); len(dead) != 1 || dead[0].Reason != "missing_key" || h.runs.Load() != 0 {
-			t.Fatalf("dead %+v runs %d: want missing_key dead letter and no run", dead, h.runs.Load())
+		if dl := d.ExpectDeadLettered(t); dl.Reason != "missing_key" || h.runs.Load() != 0 {
+			t.Fatalf("dead letter %+v runs %d: want missing_key and no run", dl, h.runs.Load())
 		}
 	})
 	t.Run("passthrough", func(t *testing.T) {
 		h := &countingHandler{}
 		p := f.processor(t, h, idempotency.WithMissingKey(idempotency.MissingKeyPassthrough))
 		for range 2 {
-			d := fakedelivery.New("", "x")
+			d := consumertest.NewDelivery(consumertest.NewMessage("", "x"), 1)
 			p.Process(context.Background(), d)
-			d.ExpectAck(t)
+			d.ExpectAcked(t)
 		}
 		if h.runs.Load() != 2 || f.oc.get(consumer.OutcomePassthrough) != 2 {
 			t.Fatalf("runs %d outcomes %v: want 2 passthrough runs", h.runs.Load(), f.oc.m)
@@ -458,11 +437,10 @@ func TestMissingKeyPolicies(t *testing.T) {
 	t.Run("json-not-json", func(t *testing.T) {
 		h := &countingHandler{}
 		p := f.processor(t, h, idempotency.WithKeySources(idempotency.JSONKey("id")))
-		d := fakedelivery.New("", "not json {")
+		d := consumertest.NewDelivery(consumertest.NewMessage("", "not json {"), 1)
 		p.Process(context.Background(), d)
-		d.ExpectAck(t)
-		if _, _, dead := d.State(); len(dead) != 1 || dead[0].Reason != "missing_key" {
-			t.Fatalf("a non-JSON payload with a json: source is a missing key, got %+v", dead)
+		if dl := d.ExpectDeadLettered(t); dl.Reason != "missing_key" {
+			t.Fatalf("a non-JSON payload with a json: source is a missing key, got %+v", dl)
 		}
 	})
 }
@@ -473,14 +451,13 @@ func TestFingerprintMismatch(t *testing.T) {
 	h := &countingHandler{}
 	p := f.processor(t, h)
 	ctx := context.Background()
-	d1 := fakedelivery.New("k", "original")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("k", "original"), 1)
 	p.Process(ctx, d1)
-	d1.ExpectAck(t)
-	d2 := fakedelivery.New("k", "different content")
+	d1.ExpectAcked(t)
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("k", "different content"), 1)
 	p.Process(ctx, d2)
-	d2.ExpectAck(t)
-	if _, _, dead := d2.State(); len(dead) != 1 || dead[0].Reason != "fingerprint_mismatch" {
-		t.Fatalf("want a fingerprint_mismatch dead letter, got %+v", dead)
+	if dl := d2.ExpectDeadLettered(t); dl.Reason != "fingerprint_mismatch" {
+		t.Fatalf("want a fingerprint_mismatch dead letter, got %+v", dl)
 	}
 	if h.runs.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1", h.runs.Load())
@@ -491,10 +468,10 @@ func TestFingerprintMismatch(t *testing.T) {
 	}
 
 	ig := f.processor(t, h, idempotency.WithMismatch(idempotency.MismatchIgnore))
-	d3 := fakedelivery.New("k", "different content")
+	d3 := consumertest.NewDelivery(consumertest.NewMessage("k", "different content"), 1)
 	ig.Process(ctx, d3)
-	d3.ExpectAck(t)
-	if _, _, dead := d3.State(); len(dead) != 0 || h.runs.Load() != 1 {
+	d3.ExpectAcked(t)
+	if h.runs.Load() != 1 {
 		t.Fatalf("mismatch: ignore must ack as a duplicate")
 	}
 }
@@ -505,9 +482,9 @@ func TestShadowModeRunsButCountsWouldSkip(t *testing.T) {
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithShadow())
 	for range 3 {
-		d := fakedelivery.New("k", "x")
+		d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 		p.Process(context.Background(), d)
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 	}
 	if h.runs.Load() != 3 {
 		t.Fatalf("shadow mode ran the handler %d times, want 3", h.runs.Load())
@@ -524,7 +501,7 @@ func TestPrepareClaimsInOneCall(t *testing.T) {
 	p := f.processor(t, h)
 	var batch []consumer.Delivery
 	for i := range 20 {
-		batch = append(batch, fakedelivery.New(fmt.Sprintf("k%d", i%12), "x")) // 8 duplicates
+		batch = append(batch, consumertest.NewDelivery(consumertest.NewMessage(fmt.Sprintf("k%d", i%12), "x"), 1)) // 8 duplicates
 	}
 	p.Prepare(context.Background(), batch)
 	if n := f.calls.claim.Load(); n != 1 {
@@ -532,7 +509,7 @@ func TestPrepareClaimsInOneCall(t *testing.T) {
 	}
 	for _, d := range batch {
 		p.Process(context.Background(), d)
-		d.(*fakedelivery.Delivery).ExpectAck(t)
+		d.(*consumertest.Delivery).ExpectAcked(t)
 	}
 	if h.runs.Load() != 12 {
 		t.Fatalf("handler ran %d times for 12 unique keys", h.runs.Load())
@@ -544,12 +521,12 @@ func TestCancelledBeforeRunReleasesAndNaks(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{}
 	p := f.processor(t, h)
-	d := fakedelivery.New("k", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Prepare(context.Background(), []consumer.Delivery{d})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	p.Process(ctx, d)
-	if delay := d.ExpectNak(t); delay != 0 {
+	if delay := d.ExpectNakked(t); delay != 0 {
 		t.Fatalf("a cancelled delivery must be nakked for immediate redelivery, got delay %s", delay)
 	}
 	rec, _ := f.store.Get(context.Background(), idempotency.EffectiveKey("orders", "k"))
@@ -566,7 +543,7 @@ func TestClaimInfoInContext(t *testing.T) {
 		got, _ = idempotency.FromContext(ctx)
 		return nil, nil
 	}})
-	p.Process(context.Background(), fakedelivery.New("k", "x"))
+	p.Process(context.Background(), consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	rec, err := f.store.Get(ctx, "orders:k")
@@ -599,19 +576,19 @@ func TestStoreDownFailsClosed(t *testing.T) {
 
 	// Redis dies while a handler runs: the completion cannot be stored, so
 	// the delivery must not be acked.
-	d1 := fakedelivery.New("k1", "mid-run")
+	d1 := consumertest.NewDelivery(consumertest.NewMessage("k1", "mid-run"), 1)
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d1) }()
 	<-started
 	srv.Stop()
 	close(release)
 	<-done
-	d1.ExpectNak(t)
+	d1.ExpectNakked(t)
 
 	// With Redis down, a new delivery runs nothing and acks nothing.
-	d2 := fakedelivery.New("k2", "x")
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("k2", "x"), 1)
 	p.Process(context.Background(), d2)
-	d2.ExpectNak(t)
+	d2.ExpectNakked(t)
 	if n := h.runs.Load(); n != 1 {
 		t.Fatalf("handler ran %d times with the store down, want only the one already running", n)
 	}
@@ -627,7 +604,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 func TestDurabilityShortfallRunsNothing(t *testing.T) {
 	t.Parallel()
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{
-		Namespace:  randomName(t),
+		Namespace:  "enginetest-" + testenv.RandID(),
 		Durability: redisbackend.Durability{Replicas: 1, Timeout: 50 * time.Millisecond},
 	})
 	if err != nil {
@@ -641,9 +618,9 @@ func TestDurabilityShortfallRunsNothing(t *testing.T) {
 	}
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithStoreRetry(100*time.Millisecond, time.Second))
-	d := fakedelivery.New("k", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d)
-	d.ExpectNak(t)
+	d.ExpectNakked(t)
 	if n := h.runs.Load(); n != 0 {
 		t.Fatalf("handler ran %d times on claims no replica acknowledged", n)
 	}
@@ -661,9 +638,9 @@ func TestFailOpenBypassesStore(t *testing.T) {
 	srv.Stop()
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithFailOpen())
-	d := fakedelivery.New("k", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeStoreBypassed) != 1 {
 		t.Fatalf("fail_open: runs %d outcomes %v", h.runs.Load(), f.oc.m)
 	}
@@ -701,14 +678,14 @@ func TestDuplicateInBatchAdoptsTheHeldClaim(t *testing.T) {
 	f := setup(t)
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithInFlightWait(200*time.Millisecond))
-	first, second := fakedelivery.New("k", "x"), fakedelivery.New("k", "x")
+	first, second := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1), consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Prepare(context.Background(), []consumer.Delivery{first, second})
 	// The later copy runs first (another Kafka partition, another lane): it
 	// must take over the claim made for the first, not wait for it.
 	p.Process(context.Background(), second)
-	second.ExpectAck(t)
+	second.ExpectAcked(t)
 	p.Process(context.Background(), first)
-	first.ExpectAck(t)
+	first.ExpectAcked(t)
 	if h.runs.Load() != 1 || f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 {
 		t.Fatalf("runs %d outcomes %v: want one run, one duplicate", h.runs.Load(), f.oc.m)
 	}
@@ -719,7 +696,7 @@ func TestCrashedOwnerIsReclaimedWhenItsLeaseEnds(t *testing.T) {
 	f := setup(t)
 	// A worker claimed the key and died: nobody renews its 300ms lease.
 	key := idempotency.EffectiveKey("orders", "k")
-	d := fakedelivery.New("k", "x")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	res, err := f.store.Claim(context.Background(), []idempotency.ClaimRequest{{
 		Key: key, Fingerprint: idempotency.Fingerprint(d.Message(), nil), FingerprintVersion: idempotency.FingerprintVersion, Lease: 300 * time.Millisecond,
 	}})
@@ -730,7 +707,7 @@ func TestCrashedOwnerIsReclaimedWhenItsLeaseEnds(t *testing.T) {
 	p := f.processor(t, h, idempotency.WithInFlightWait(time.Minute))
 	start := time.Now()
 	p.Process(context.Background(), d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 	if took := time.Since(start); took > 30*time.Second {
 		t.Fatalf("took %s: the expired lease must be reclaimed when it ends, not after the whole in-flight wait", took)
 	}
@@ -750,7 +727,7 @@ func TestConcurrentCompletionsAreBatched(t *testing.T) {
 	p := f.processor(t, h)
 	var batch []consumer.Delivery
 	for i := range 64 {
-		batch = append(batch, fakedelivery.New(fmt.Sprintf("k%d", i), "x"))
+		batch = append(batch, consumertest.NewDelivery(consumertest.NewMessage(fmt.Sprintf("k%d", i), "x"), 1))
 	}
 	p.Prepare(context.Background(), batch)
 	done := make(chan struct{})
@@ -765,7 +742,7 @@ func TestConcurrentCompletionsAreBatched(t *testing.T) {
 		<-done
 	}
 	for _, d := range batch {
-		d.(*fakedelivery.Delivery).ExpectAck(t)
+		d.(*consumertest.Delivery).ExpectAcked(t)
 	}
 	// Completions are coalesced: far fewer store calls than messages.
 	if n := f.calls.complete.Load(); n > 16 {
@@ -794,25 +771,25 @@ func TestConcurrentRunsAreEachRenewed(t *testing.T) {
 		}
 	}}
 	p := f.processor(t, h, idempotency.WithLease(lease))
-	var long, short []*fakedelivery.Delivery
+	var long, short []*consumertest.Delivery
 	var wg sync.WaitGroup
 	for i := range 4 {
-		d := fakedelivery.New(fmt.Sprintf("long%d", i), "x")
+		d := consumertest.NewDelivery(consumertest.NewMessage(fmt.Sprintf("long%d", i), "x"), 1)
 		long = append(long, d)
 		wg.Go(func() { p.Process(context.Background(), d) })
 		for j := range 5 {
-			s := fakedelivery.New(fmt.Sprintf("short%d-%d", i, j), "x")
+			s := consumertest.NewDelivery(consumertest.NewMessage(fmt.Sprintf("short%d-%d", i, j), "x"), 1)
 			short = append(short, s)
 			p.Process(context.Background(), s)
 		}
 	}
 	wg.Wait()
 	for _, d := range short {
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 	}
 	for i, d := range long {
-		d.ExpectAck(t)
-		if hb := d.Heartbeats.Load(); hb < 2 {
+		d.ExpectAcked(t)
+		if hb := d.Heartbeats(); hb < 2 {
 			t.Errorf("long%d: %d heartbeats during 3 leases, want at least 2 (one per renewal)", i, hb)
 		}
 	}

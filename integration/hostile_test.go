@@ -24,9 +24,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/actions"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -44,7 +44,7 @@ func (f *hostileFix) OnCorruptRecord(string) { f.corrupt.Add(1) }
 func newHostileFix(t *testing.T) *hostileFix {
 	t.Helper()
 	rc := testenv.RedisClient(t)
-	ns := "hostile-" + natsRandID()
+	ns := "hostile-" + testenv.RandID()
 	t.Cleanup(func() { natsDeleteNamespace(rc, ns) })
 	store, err := redisbackend.New(rc, redisbackend.Options{Namespace: ns, Grace: 2 * time.Second})
 	if err != nil {
@@ -106,10 +106,10 @@ func (f *hostileFix) proc(t *testing.T, h consumer.Handler, opts ...idempotency.
 	return dedup("h", h)
 }
 
-func hostileDelivery(key string, payload []byte) *fakedelivery.Delivery {
-	d := fakedelivery.New("", "")
-	d.Msg.Payload = payload
-	d.Msg.Header.Set("Idempotency-Key", key)
+func hostileDelivery(key string, payload []byte) *consumertest.Delivery {
+	d := consumertest.NewDelivery(consumertest.NewMessage("", ""), 1)
+	d.Message().Payload = payload
+	d.Message().Header.Set("Idempotency-Key", key)
 	return d
 }
 
@@ -122,13 +122,12 @@ func TestHostileEmptyKey(t *testing.T) {
 	h := &hostileCounter{}
 	d := hostileDelivery("", []byte("x"))
 	f.proc(t, h).Process(context.Background(), d)
-	acks, naks, dead := d.State()
-	if acks != 1 || len(naks) != 0 || len(dead) != 1 || dead[0].Reason != "missing_key" || h.total() != 0 {
-		t.Fatalf("empty key (reject): acks %d naks %v dead %+v runs %d; want dead-lettered missing_key, acked, not run", acks, naks, dead, h.total())
+	if dl := d.ExpectDeadLettered(t); dl.Reason != "missing_key" || h.total() != 0 {
+		t.Fatalf("empty key (reject): dead letter %+v runs %d; want dead-lettered missing_key, acked, not run", dl, h.total())
 	}
 	d = hostileDelivery("", []byte("x"))
 	f.proc(t, h, idempotency.WithMissingKey(idempotency.MissingKeyPassthrough)).Process(context.Background(), d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 	if h.total() != 1 || f.oc.get(consumer.OutcomePassthrough) != 1 {
 		t.Fatalf("empty key (passthrough): runs %d outcomes %v", h.total(), f.oc)
 	}
@@ -150,7 +149,7 @@ func TestHostileHugeAndBinaryKeys(t *testing.T) {
 		for _, k := range keys {
 			d := hostileDelivery(k, []byte("payload"))
 			p.Process(ctx, d)
-			d.ExpectAck(t)
+			d.ExpectAcked(t)
 			if n := h.count(k); n != 1 {
 				t.Fatalf("round %d: key %q… ran %d times, want 1", round, k[:min(len(k), 8)], n)
 			}
@@ -190,22 +189,21 @@ func TestHostileNonJSONPayload(t *testing.T) {
 		[]byte("not json"), {0xff, 0x00, 0xfe}, []byte(`{"order":`), []byte(`{"order":{"id":null}}`),
 		[]byte(`{"order":{"id":{"x":1}}}`), []byte(`["order"]`), []byte(strings.Repeat("[", 100000)), nil,
 	} {
-		d := fakedelivery.New("", "")
-		d.Msg.Payload = payload
+		d := consumertest.NewDelivery(consumertest.NewMessage("", ""), 1)
+		d.Message().Payload = payload
 		p.Process(ctx, d)
-		acks, naks, dead := d.State()
-		if acks != 1 || len(naks) != 0 || len(dead) != 1 || dead[0].Reason != "missing_key" {
-			t.Fatalf("payload %q…: acks %d naks %v dead %+v; want dead-lettered missing_key and acked", payload[:min(len(payload), 12)], acks, naks, dead)
+		if dl := d.ExpectDeadLettered(t); dl.Reason != "missing_key" {
+			t.Fatalf("payload %q…: dead letter %+v; want dead-lettered missing_key and acked", payload[:min(len(payload), 12)], dl)
 		}
 	}
 	if h.total() != 0 {
 		t.Fatalf("handler ran %d times for messages without a key", h.total())
 	}
-	d := fakedelivery.New("", "")
-	d.Msg.Payload = []byte("not json")
-	d.Msg.Header.Set("X-Key", "from-header")
+	d := consumertest.NewDelivery(consumertest.NewMessage("", ""), 1)
+	d.Message().Payload = []byte("not json")
+	d.Message().Header.Set("X-Key", "from-header")
 	p.Process(ctx, d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 	if h.count("from-header") != 1 {
 		t.Fatal("a header key before a json: source was not used for a non-JSON payload")
 	}
@@ -241,17 +239,16 @@ func TestHostileTenMiBPayload(t *testing.T) {
 		ctx := context.Background()
 		d := hostileDelivery("big", big)
 		p.Process(ctx, d)
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 		d = hostileDelivery("big", big)
 		p.Process(ctx, d)
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 		other := bytes.Clone(big)
 		other[len(other)-1] = 'X'
 		d = hostileDelivery("big", other)
 		p.Process(ctx, d)
-		acks, _, dead := d.State()
-		if h.count("big") != 1 || acks != 1 || len(dead) != 1 || dead[0].Reason != "fingerprint_mismatch" {
-			t.Fatalf("runs %d, last acks %d dead %+v; want 1 run and a mismatch dead-lettered", h.count("big"), acks, dead)
+		if dl := d.ExpectDeadLettered(t); h.count("big") != 1 || dl.Reason != "fingerprint_mismatch" {
+			t.Fatalf("runs %d, last dead letter %+v; want 1 run and a mismatch dead-lettered", h.count("big"), dl)
 		}
 		if f.oc.get(consumer.OutcomeProcessed) != 1 || f.oc.get(consumer.OutcomeDuplicate) != 1 || f.oc.get(consumer.OutcomeMismatch) != 1 {
 			t.Fatalf("outcomes %v", f.oc)
@@ -271,26 +268,25 @@ func TestHostileBinaryHeaders(t *testing.T) {
 	for i := range 256 {
 		all = append(all, byte(i))
 	}
-	mk := func(bin []byte) *fakedelivery.Delivery {
-		d := fakedelivery.New("", "")
-		d.Msg.Payload = []byte("p")
-		d.Msg.Header.Set("X-Bin", string(bin))
-		d.Msg.Header.Set("X-Bin-Key", string(all[:200]))
+	mk := func(bin []byte) *consumertest.Delivery {
+		d := consumertest.NewDelivery(consumertest.NewMessage("", ""), 1)
+		d.Message().Payload = []byte("p")
+		d.Message().Header.Set("X-Bin", string(bin))
+		d.Message().Header.Set("X-Bin-Key", string(all[:200]))
 		return d
 	}
 	ctx := context.Background()
 	for range 2 {
 		d := mk(all)
 		p.Process(ctx, d)
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 	}
 	other := bytes.Clone(all)
 	other[0] = 1
 	d := mk(other)
 	p.Process(ctx, d)
-	_, _, dead := d.State()
-	if h.total() != 1 || len(dead) != 1 || dead[0].Reason != "fingerprint_mismatch" {
-		t.Fatalf("runs %d, dead %+v; want one run, then a mismatch", h.total(), dead)
+	if dl := d.ExpectDeadLettered(t); h.total() != 1 || dl.Reason != "fingerprint_mismatch" {
+		t.Fatalf("runs %d, dead letter %+v; want one run, then a mismatch", h.total(), dl)
 	}
 }
 
@@ -318,7 +314,7 @@ func TestHostileCorruptRecord(t *testing.T) {
 		key := "corrupt-" + string(rune('a'+i))
 		d := hostileDelivery(key, []byte("p"))
 		p.Process(ctx, d)
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 		if err := rc.Set(ctx, f.store.RedisKey(idempotency.EffectiveKey("h", key)), v, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -327,7 +323,7 @@ func TestHostileCorruptRecord(t *testing.T) {
 		}
 		d = hostileDelivery(key, []byte("p"))
 		p.Process(ctx, d)
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 		if n := h.count(key); n != 2 {
 			t.Fatalf("value %q: handler ran %d times, want 2 (the value could not say the key was done)", v, n)
 		}
@@ -337,7 +333,7 @@ func TestHostileCorruptRecord(t *testing.T) {
 		}
 		d = hostileDelivery(key, []byte("p"))
 		p.Process(ctx, d)
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 		if n := h.count(key); n != 2 {
 			t.Fatalf("value %q: a delivery after recovery ran again (%d runs)", v, n)
 		}
@@ -366,7 +362,7 @@ func TestHostileResultOverCap(t *testing.T) {
 	ctx := context.Background()
 	d := hostileDelivery("big-result", []byte("p"))
 	p.Process(ctx, d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 	rec, err := f.store.Get(ctx, idempotency.EffectiveKey("h", "big-result"))
 	if err != nil || rec == nil || rec.State != idempotency.StateCompleted || len(rec.Result) != 1000 {
 		t.Fatalf("record %v, %v; want COMPLETED with a 1000-byte result", rec != nil, err)
@@ -374,7 +370,7 @@ func TestHostileResultOverCap(t *testing.T) {
 	fail.Store(true)
 	d = hostileDelivery("failing", []byte("p"))
 	p.Process(ctx, d)
-	d.ExpectNak(t)
+	d.ExpectNakked(t)
 	if rec, _ := f.store.Get(ctx, idempotency.EffectiveKey("h", "failing")); rec != nil && rec.State == idempotency.StateCompleted {
 		t.Fatal("a failed http action left a COMPLETED record")
 	}
@@ -424,8 +420,8 @@ func TestHostileNATSWorkerSurvives(t *testing.T) {
 	}
 	h.drained(t, "c", n, 30*time.Second)
 	select {
-	case err := <-r.done:
-		t.Fatalf("the worker stopped: %v", err)
+	case <-r.Done():
+		t.Fatalf("the worker stopped: %v", r.Wait(t, time.Second))
 	default:
 	}
 	for _, k := range []string{"\xff\xfe\x00bin", strings.Repeat("L", 60<<10), "bin-hdr", "from-json", "ok-1", "ok-2"} {
@@ -554,9 +550,10 @@ func TestHostileRecordGoneUnderHandler(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the handler was not cancelled after its claim was lost")
 			}
-			acks, naks, _ := d.State()
-			if tc.wantAck && (acks != 1 || len(naks) != 0) || !tc.wantAck && (acks != 0 || len(naks) != 1) {
-				t.Fatalf("acks %d naks %v; want ack=%v", acks, naks, tc.wantAck)
+			if tc.wantAck {
+				d.ExpectAcked(t)
+			} else {
+				d.ExpectNakked(t)
 			}
 			if f.oc.get(consumer.OutcomeLeaseLost) != 1 {
 				t.Fatalf("outcomes %v, want lease_lost", f.oc)

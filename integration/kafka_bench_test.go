@@ -52,7 +52,7 @@ func BenchmarkKafkaThroughput(b *testing.B) {
 			var elapsed time.Duration
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				h := &kafkaHarness{brokers: brokers, ns: "bench-" + kafkaRandID()}
+				h := &kafkaHarness{brokers: brokers, ns: "bench-" + testenv.RandID()}
 				h.topic = "bench-" + h.ns
 				h.group = h.topic + "-g"
 				h.createTopic(b, h.topic, parts)

@@ -5,12 +5,8 @@ package integration_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"log/slog"
 	mrand "math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -87,7 +83,7 @@ func newKafkaHarness(t *testing.T, brokers []string) *kafkaHarness {
 	if len(name) > 40 {
 		name = name[len(name)-40:]
 	}
-	id := kafkaRandID()
+	id := testenv.RandID()
 	h := &kafkaHarness{brokers: brokers, topic: "it-" + name + "-" + id, ns: "it-kafka-" + id}
 	h.group = h.topic + "-g"
 	h.redis = newKafkaStore(t, h.ns)
@@ -225,16 +221,15 @@ func (h *kafkaHarness) ends(t testing.TB, topic string, partitions int) map[int]
 func (h *kafkaHarness) atEnds(t *testing.T, timeout time.Duration) {
 	t.Helper()
 	ends := h.ends(t, h.topic, h.parts)
-	var last map[int]int64
-	kafkaEventually(t, timeout, func() bool {
-		last = h.committed(t)
+	testenv.EventuallyNil(t, timeout, fmt.Sprintf("commits at the ends %v", ends), func() error {
+		last := h.committed(t)
 		for p, e := range ends {
 			if last[p] != e {
-				return false
+				return fmt.Errorf("committed %v", last)
 			}
 		}
-		return true
-	}, func() string { return fmt.Sprintf("committed %v, want the ends %v", last, ends) })
+		return nil
+	})
 }
 
 // readAll reads every message of a single-partition topic.
@@ -261,13 +256,6 @@ func (h *kafkaHarness) readAll(t *testing.T, topic string) []kafkago.Message {
 	}
 }
 
-func kafkaLogger(t testing.TB) *slog.Logger {
-	if os.Getenv("KAFKA_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-}
-
 // kafkaWorkerSpec configures a worker started by kafkaHarness.start.
 type kafkaWorkerSpec struct {
 	handler     consumer.Handler
@@ -276,12 +264,6 @@ type kafkaWorkerSpec struct {
 	opts        []idempotency.Option
 	source      func(*kafka.Config)
 	spy         *kafkaAckSpy
-}
-
-// kafkaRunning is a worker running in the background.
-type kafkaRunning struct {
-	cancel context.CancelFunc
-	done   chan error
 }
 
 func (h *kafkaHarness) sourceConfig(t testing.TB) kafka.Config {
@@ -295,11 +277,11 @@ func (h *kafkaHarness) sourceConfig(t testing.TB) kafka.Config {
 		RevokeTimeout:     3 * time.Second,
 		MaxWait:           100 * time.Millisecond,
 		CommitInterval:    100 * time.Millisecond,
-		Logger:            kafkaLogger(t),
+		Logger:            testenv.Logger(t),
 	}
 }
 
-func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *kafkaRunning {
+func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *testenv.Running {
 	t.Helper()
 	cfg := h.sourceConfig(t)
 	if spec.source != nil {
@@ -309,7 +291,7 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *kafkaRunning {
 	if err != nil {
 		t.Fatal(err)
 	}
-	engine, err := idempotency.New(h.redis, idempotency.Config{Logger: kafkaLogger(t), Hooks: spec.hooks})
+	engine, err := idempotency.New(h.redis, idempotency.Config{Logger: testenv.Logger(t), Hooks: spec.hooks})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,40 +306,11 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *kafkaRunning {
 	if spec.concurrency == 0 {
 		spec.concurrency = 16
 	}
-	wcfg := consumer.Config{Logger: kafkaLogger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second}
-	if spec.spy != nil {
-		wcfg.Wrap = []consumer.ProcessorWrapper{spec.spy.wrap}
-	}
-	w := consumer.NewWorker(wcfg)
+	w := consumer.NewWorker(consumer.Config{Logger: testenv.Logger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second})
 	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithProcessor(dedup)); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &kafkaRunning{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(30 * time.Second):
-			t.Errorf("worker did not stop within 30s")
-		}
-	})
-	return r
-}
-
-// stop cancels the worker and returns Run's result.
-func (r *kafkaRunning) stop(t testing.TB) error {
-	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("worker did not stop within 30s")
-		return nil
-	}
+	return testenv.Go(t, w.Run)
 }
 
 // kafkaLedger counts handler runs per idempotency key.
@@ -527,24 +480,6 @@ func (h *kafkaHarness) watchCommits(t *testing.T, spy *kafkaAckSpy) (stop func()
 	})
 	var once sync.Once
 	return func() { once.Do(func() { close(done); wg.Wait() }) }
-}
-
-func kafkaRandID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// kafkaEventually polls cond every 20ms until it holds, or fails with msg().
-func kafkaEventually(t testing.TB, timeout time.Duration, cond func() bool, msg func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", timeout, msg())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // kafkaDeleteNamespace deletes a test's Redis keys.

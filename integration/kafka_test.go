@@ -68,7 +68,7 @@ func TestKafkaDuplicates(t *testing.T) {
 		outs := &kafkaOutcomes{}
 		r := h.start(t, kafkaWorkerSpec{handler: l.handler(), concurrency: 16, hooks: consumer.Hooks{outs}})
 		h.atEnds(t, 120*time.Second)
-		if err := r.stop(t); err != nil {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatalf("Run returned %v, want nil", err)
 		}
 		starts, completes := l.totals()
@@ -114,7 +114,7 @@ func kafkaCrashMember(t *testing.T) {
 		// Never commit on the interval: the kill comes first.
 		source: func(c *kafka.Config) { c.CommitInterval = time.Hour },
 	})
-	<-r.done // until killed
+	<-r.Done() // until killed
 }
 
 // TestKafkaCrashBeforeCommit: a member runs the handlers of every message,
@@ -170,7 +170,7 @@ func TestKafkaCrashBeforeCommit(t *testing.T) {
 		r := h.start(t, kafkaWorkerSpec{handler: l.handler(), hooks: consumer.Hooks{outs}})
 		// The killed member holds its partitions until its session times out.
 		h.atEnds(t, 90*time.Second)
-		if err := r.stop(t); err != nil {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		if starts, _ := l.totals(); starts != 0 {
@@ -203,14 +203,14 @@ func TestKafkaRebalance(t *testing.T) {
 			return base.Handle(ctx, m)
 		})
 		a := h.start(t, kafkaWorkerSpec{handler: base, concurrency: 8, spy: spy})
-		kafkaEventually(t, 60*time.Second, func() bool { _, c := l.totals(); return c >= 200 }, func() string { return "member A made no progress" })
+		testenv.Eventually(t, 60*time.Second, "progress of member A", func() bool { _, c := l.totals(); return c >= 200 })
 		b := h.start(t, kafkaWorkerSpec{handler: onB, concurrency: 8, spy: spy})
-		kafkaEventually(t, 60*time.Second, func() bool { return byB.Load() >= 100 }, func() string { return "member B never ran a handler" })
-		if err := a.stop(t); err != nil {
+		testenv.Eventually(t, 60*time.Second, "member B running handlers", func() bool { return byB.Load() >= 100 })
+		if err := a.Stop(t, 30*time.Second); err != nil {
 			t.Fatalf("member A: Run returned %v, want nil", err)
 		}
 		h.atEnds(t, 120*time.Second)
-		if err := b.stop(t); err != nil {
+		if err := b.Stop(t, 30*time.Second); err != nil {
 			t.Fatalf("member B: Run returned %v, want nil", err)
 		}
 		stopWatch()
@@ -271,8 +271,7 @@ func TestKafkaKeyOrdering(t *testing.T) {
 			// MaxUnfinished lets the other keys of partition 0 (200 messages) run past the slow one.
 			source: func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 25; c.MaxUnfinished = 250 }})
 
-		kafkaEventually(t, 60*time.Second, func() bool { _, c := l.totals(); return c == len(plan)-1 },
-			func() string { return "the messages after the slow one did not finish" })
+		testenv.Eventually(t, 60*time.Second, "the messages after the slow one finished", func() bool { _, c := l.totals(); return c == len(plan)-1 })
 		// Several commit intervals pass: partition 0 must stay at offset 0.
 		for range 10 {
 			if c := h.committed(t)[0]; c > 0 {
@@ -282,7 +281,7 @@ func TestKafkaKeyOrdering(t *testing.T) {
 		}
 		close(release)
 		h.atEnds(t, 60*time.Second)
-		if err := r.stop(t); err != nil {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		stopWatch()
@@ -336,7 +335,7 @@ func TestKafkaFailingHandler(t *testing.T) {
 			opts:   []idempotency.Option{idempotency.WithMaxAttempts(3), idempotency.WithBackoff(50*time.Millisecond, time.Second)},
 			source: func(c *kafka.Config) { c.DeadLetterTopic = dlq }})
 		h.atEnds(t, 60*time.Second)
-		if err := r.stop(t); err != nil {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		mu.Lock()
@@ -424,7 +423,7 @@ func TestKafkaKcat(t *testing.T) {
 		})
 		r := h.start(t, kafkaWorkerSpec{handler: forward})
 		h.atEnds(t, 60*time.Second)
-		if err := r.stop(t); err != nil {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

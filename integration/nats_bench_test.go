@@ -130,7 +130,7 @@ func benchWorker(b *testing.B, h *natsHarness, n int) time.Duration {
 		b.Fatalf("worker: %d of %d", settled.Load(), n)
 	}
 	took := time.Since(start)
-	if err := r.stop(b, time.Minute); err != nil {
+	if err := r.Stop(b, time.Minute); err != nil {
 		b.Fatal(err)
 	}
 	return took

@@ -5,12 +5,8 @@ package integration_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"log/slog"
 	mrand "math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -51,30 +47,13 @@ type natsHarness struct {
 	redis    redis.UniversalClient
 }
 
-func natsRandID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 func newNATSHarness(t testing.TB, url string) *natsHarness {
 	t.Helper()
 	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t)}
 	h.nc, h.js = natsConnect(t, url)
-	// Only letters, digits, '_' and '-': nats-server 2.9 loses the acks of a
-	// stream whose name holds a '%' (it formats the ack subject with it).
-	name := strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, t.Name())
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	h.stream = "IT_" + name + "_" + natsRandID()
+	h.stream = testenv.UniqueName(t, "IT")
 	h.subj = strings.ToLower(h.stream)
-	h.ns = "it-" + natsRandID()
+	h.ns = "it-" + testenv.RandID()
 	h.createStream(t, h.stream, h.subj+".>")
 	t.Cleanup(func() { natsDeleteNamespace(h.redis, h.ns) })
 	return h
@@ -190,19 +169,16 @@ func (h *natsHarness) consumerInfo(t testing.TB, name string) (*jetstream.Consum
 // stream: nothing pending, nothing awaiting an ack, ack floor at n.
 func (h *natsHarness) drained(t testing.TB, name string, n uint64, timeout time.Duration) {
 	t.Helper()
-	var (
-		info    *jetstream.ConsumerInfo
-		lastErr error
-	)
-	natsEventually(t, timeout, func() bool {
-		info, lastErr = h.consumerInfo(t, name)
-		return lastErr == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.AckFloor.Stream == n
-	}, func() string {
-		if lastErr != nil {
-			return lastErr.Error()
+	testenv.EventuallyNil(t, timeout, "consumer "+name+" drained", func() error {
+		info, err := h.consumerInfo(t, name)
+		if err != nil {
+			return err
 		}
-		return fmt.Sprintf("consumer %s: pending %d, ack pending %d, redelivered %d, ack floor %d of %d",
-			name, info.NumPending, info.NumAckPending, info.NumRedelivered, info.AckFloor.Stream, n)
+		if info.NumPending != 0 || info.NumAckPending != 0 || info.AckFloor.Stream != n {
+			return fmt.Errorf("pending %d, ack pending %d, redelivered %d, ack floor %d of %d",
+				info.NumPending, info.NumAckPending, info.NumRedelivered, info.AckFloor.Stream, n)
+		}
+		return nil
 	})
 }
 
@@ -210,25 +186,6 @@ func natsCtx(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// natsEventually polls cond every 20ms until it holds or timeout passes.
-func natsEventually(t testing.TB, timeout time.Duration, cond func() bool, msg func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, msg())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func natsLogger(t testing.TB) *slog.Logger {
-	if os.Getenv("NATS_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
 }
 
 // natsLedger records what handlers did, per key.
@@ -326,9 +283,8 @@ type natsWorkerSpec struct {
 
 // natsRunning is a Worker.Run in progress.
 type natsRunning struct {
-	cancel context.CancelFunc
-	done   chan error
-	src    *natstr.Source
+	*testenv.Running
+	src *natstr.Source
 }
 
 // start runs a deduplicating worker with one handler named "orders".
@@ -346,7 +302,7 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 	if spec.concurrency == 0 {
 		spec.concurrency = 8
 	}
-	log := natsLogger(t)
+	log := testenv.Logger(t)
 	store, err := redisbackend.New(spec.redis, redisbackend.Options{Namespace: h.ns, Logger: log})
 	if err != nil {
 		t.Fatal(err)
@@ -371,32 +327,7 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithProcessor(dedup)); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &natsRunning{cancel: cancel, done: make(chan error, 1), src: src}
-	go func() { r.done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(60 * time.Second):
-			t.Error("worker did not stop")
-		}
-	})
-	return r
-}
-
-// stop cancels the worker and returns Run's result.
-func (r *natsRunning) stop(t testing.TB, timeout time.Duration) error {
-	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err
-		return err
-	case <-time.After(timeout):
-		t.Fatalf("Run did not return within %s", timeout)
-		return nil
-	}
+	return &natsRunning{Running: testenv.Go(t, w.Run), src: src}
 }
 
 // proxiedRedis returns a client to Redis through a new proxy.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
 	"github.com/nats-io/nats.go"
 )
@@ -130,7 +131,7 @@ func TestNATSCrash(t *testing.T) {
 		mu.Unlock()
 		proxyA.Block()
 		ncA.Close()
-		if err := a.stop(t, 20*time.Second); err != nil {
+		if err := a.Stop(t, 20*time.Second); err != nil {
 			t.Logf("worker A: %v", err)
 		}
 
@@ -321,8 +322,11 @@ func TestNATSRedisDown(t *testing.T) {
 		h.publish(t, second)
 		// While Redis is down: the messages are delivered and refused again
 		// and again (store errors), never run, never acked.
-		natsEventually(t, 20*time.Second, func() bool { return outs.get(consumer.OutcomeStoreError) >= 60 }, func() string {
-			return fmt.Sprintf("outcomes %s: the worker does not see the store down", outs)
+		testenv.EventuallyNil(t, 20*time.Second, "the worker to see the store down", func() error {
+			if outs.get(consumer.OutcomeStoreError) >= 60 {
+				return nil
+			}
+			return fmt.Errorf("outcomes %s", outs)
 		})
 		if starts, _ := l.totals(); starts != 20 {
 			t.Errorf("%d handler runs while Redis was down", starts-20)
@@ -378,7 +382,7 @@ func TestNATSShutdownInFlight(t *testing.T) {
 				t.Fatal("handlers did not start")
 			}
 		}
-		if err := a.stop(t, 20*time.Second); err != nil {
+		if err := a.Stop(t, 20*time.Second); err != nil {
 			t.Fatalf("Run = %v, want nil", err)
 		}
 		store := natsStore(t, h)

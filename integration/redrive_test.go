@@ -156,7 +156,7 @@ handlers:
 func TestRedriveKafkaEndToEnd(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.RealKafka(t)
-	id := kafkaRandID()
+	id := testenv.RandID()
 	topic, dlq, group, ns := "rd-"+id, "rd-"+id+"-dlq", "rd-"+id+"-g", "rd-"+id
 	testenv.CreateKafkaTopic(t, brokers, topic, 3)
 	testenv.CreateKafkaTopic(t, brokers, dlq, 2)
@@ -278,11 +278,12 @@ func redriveE2E(t *testing.T, c redriveCase) {
 	startRedriveWorker(t, cfg)
 	c.publish(t, keys)
 	var listed []string
-	redriveEventually(t, 90*time.Second, func() bool {
+	testenv.EventuallyNil(t, 90*time.Second, fmt.Sprintf("%d records dead_lettered and %d dead letters", len(keys), len(keys)), func() error {
 		listed = deadLetteredKeys(t, cfg)
-		return len(listed) == len(keys) && c.deadLetters(t) == len(keys)
-	}, func() string {
-		return fmt.Sprintf("%d records dead_lettered and %d dead letters, want %d of each", len(listed), c.deadLetters(t), len(keys))
+		if n := c.deadLetters(t); len(listed) != len(keys) || n != len(keys) {
+			return fmt.Errorf("%d records dead_lettered and %d dead letters", len(listed), n)
+		}
+		return nil
 	})
 	if !slices.Equal(listed, keys) {
 		t.Fatalf("records --state dead_lettered lists %v, want %v", listed, keys)
@@ -319,11 +320,12 @@ func redriveE2E(t *testing.T, c redriveCase) {
 		t.Fatalf("redrive: %+v, want %d read and republished", first, len(keys))
 	}
 	var lines []string
-	redriveEventually(t, 60*time.Second, func() bool {
+	testenv.EventuallyNil(t, 60*time.Second, fmt.Sprintf("%d keys processed and completed", len(keys)), func() error {
 		lines = processedLines(t, log)
-		return len(lines) >= len(keys) && len(recordsIn(t, cfg, "completed")) == len(keys)
-	}, func() string {
-		return fmt.Sprintf("%d keys processed, want %d", len(lines), len(keys))
+		if n := len(recordsIn(t, cfg, "completed")); len(lines) < len(keys) || n != len(keys) {
+			return fmt.Errorf("%d keys processed, %d records completed", len(lines), n)
+		}
+		return nil
 	})
 	counts := map[string]int{}
 	for _, l := range lines {
@@ -442,17 +444,6 @@ func processedLines(t *testing.T, path string) []string {
 		t.Fatal(err)
 	}
 	return strings.Fields(string(b))
-}
-
-func redriveEventually(t *testing.T, within time.Duration, cond func() bool, msg func() string) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, msg())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func natsStreamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {

@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,45 +73,13 @@ func secUserStore(t *testing.T, addr string, ca *testenv.TestCA, ns, pw string) 
 	return s
 }
 
-func secFreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // secTLSRedis starts a private redis-server that speaks only TLS, with a
 // certificate of ca, and returns its address and an admin client (the
 // default user) over TLS.
 func secTLSRedis(t *testing.T, ca *testenv.TestCA) (string, *redis.Client) {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server binary", err.Error())
-	}
-	port := secFreePort(t)
-	cmd := exec.Command(bin, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--tls-cert-file", ca.CertFile, "--tls-key-file", ca.KeyFile, "--tls-ca-cert-file", ca.CAFile,
-		"--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	admin := redis.NewClient(&redis.Options{Addr: addr, TLSConfig: &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"},
-		DialTimeout: 500 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = admin.Close() })
-	natsEventually(t, 10*time.Second, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		return admin.Ping(ctx).Err() == nil
-	}, func() string { return "TLS redis-server did not answer: " + out.String() })
-	return addr, admin
+	srv := testenv.NewRedisServer(t, testenv.RedisServerConfig{TLS: ca})
+	return srv.Addr(), srv.Client(t)
 }
 
 func secACLUser(t *testing.T, admin *redis.Client, user, pw, ns string, extra ...string) {
@@ -268,7 +235,7 @@ func secRoundAs(t *testing.T, admin *redis.Client, addr, ns, missing string, ope
 	defer s.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return secStoreRound(ctx, s, "s:"+user+natsRandID())
+	return secStoreRound(ctx, s, "s:"+user+testenv.RandID())
 }
 
 // secStoreRound runs what a worker runs for one key: claim, renew,
@@ -356,13 +323,13 @@ func secStart(t *testing.T, env []string, args ...string) *secProc {
 func (p *secProc) metricsAddr(t *testing.T) string {
 	t.Helper()
 	var addr string
-	natsEventually(t, 30*time.Second, func() bool {
+	testenv.EventuallyNil(t, 30*time.Second, "the metrics address in the log", func() error {
 		sc := bufio.NewScanner(strings.NewReader(p.out.String()))
 		for sc.Scan() {
 			var l struct{ Msg, Addr string }
 			if json.Unmarshal(sc.Bytes(), &l) == nil && strings.HasPrefix(l.Msg, "serving /metrics") {
 				addr = l.Addr
-				return true
+				return nil
 			}
 		}
 		select {
@@ -370,9 +337,20 @@ func (p *secProc) metricsAddr(t *testing.T) string {
 			t.Fatalf("dedupworker exited: %v\n%s", p.err, p.out.String())
 		default:
 		}
-		return false
-	}, func() string { return "no metrics address in the log:\n" + p.out.String() })
+		return errors.New("log so far:\n" + p.out.String())
+	})
 	return addr
+}
+
+// secLedgerFull waits until the exec ledger at path has a line per key.
+func secLedgerFull(t *testing.T, within time.Duration, path string, keys int) {
+	t.Helper()
+	testenv.EventuallyNil(t, within, "a ledger line per key", func() error {
+		if n := len(secLedger(path)); n < keys {
+			return fmt.Errorf("ledger has %d of %d keys", n, keys)
+		}
+		return nil
+	})
 }
 
 func (p *secProc) stop(t *testing.T) int {
@@ -496,17 +474,15 @@ handlers:
 			t.Fatal(err)
 		}
 	}
-	natsEventually(t, 30*time.Second, func() bool { return len(secLedger(ledger)) >= keys.unique() }, func() string {
-		return fmt.Sprintf("ledger has %d of %d keys", len(secLedger(ledger)), keys.unique())
-	})
-	natsEventually(t, 10*time.Second, func() bool {
+	secLedgerFull(t, 30*time.Second, ledger, keys.unique())
+	testenv.Eventually(t, 10*time.Second, "the consumer drained", func() bool {
 		c, err := js.Consumer(ctx, "SEC", "sec-dedup")
 		if err != nil {
 			return false
 		}
 		i, err := c.Info(ctx)
 		return err == nil && i.NumAckPending == 0 && i.NumPending == 0
-	}, func() string { return "consumer not drained" })
+	})
 	if got := secLedger(ledger); len(got) != keys.unique() {
 		t.Fatalf("exec ran %d times for %d keys", len(got), keys.unique())
 	}
@@ -568,7 +544,7 @@ func TestSecurityBinaryKafkaSCRAM(t *testing.T) {
 	sec := testenv.RealKafkaSecurity(t)
 	user, pw := sec.Users["SCRAM-SHA-256"][0], sec.Users["SCRAM-SHA-256"][1]
 	brokers := sec.SASL
-	topic := "sec-in-" + natsRandID()
+	topic := "sec-in-" + testenv.RandID()
 	testenv.CreateKafkaTopic(t, testenv.RealKafka(t), topic, 2)
 	mech, err := scram.Mechanism(scram.SHA256, user, pw)
 	if err != nil {
@@ -599,7 +575,7 @@ handlers:
       kafka: {brokers: [%s], topic: %s, session_timeout: 2s, sasl: {mechanism: scram-sha-256, username: %s, password: "${KAFKA_PW}"}}
     action:
       exec: {command: [/bin/sh, -c, 'cat >/dev/null; echo "$DEDUP_KEY" >> %s']}
-`, testenv.Redis(t), natsRandID(), strings.Join(brokers, ", "), topic, user, ledger), 0o600); err != nil {
+`, testenv.Redis(t), testenv.RandID(), strings.Join(brokers, ", "), topic, user, ledger), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p
@@ -607,14 +583,15 @@ handlers:
 	cfg := write("config.yaml")
 	p := secStart(t, []string{"KAFKA_PW=" + pw}, "run", "-c", cfg)
 	maddr := p.metricsAddr(t)
-	natsEventually(t, 60*time.Second, func() bool { return len(secLedger(ledger)) >= keys.unique() }, func() string {
-		return fmt.Sprintf("ledger has %d of %d keys", len(secLedger(ledger)), keys.unique())
-	})
+	secLedgerFull(t, 60*time.Second, ledger, keys.unique())
 	metrics := secGet(t, "http://"+maddr+"/metrics")
-	natsEventually(t, 30*time.Second, func() bool {
+	testenv.EventuallyNil(t, 30*time.Second, "the 10 duplicates on /metrics", func() error {
 		metrics = secGet(t, "http://"+maddr+"/metrics")
-		return strings.Contains(metrics, `dedup_messages_total{handler="sec",outcome="duplicate",transport="kafka"} 10`)
-	}, func() string { return "metrics lack the 10 duplicates:\n" + metrics })
+		if strings.Contains(metrics, `dedup_messages_total{handler="sec",outcome="duplicate",transport="kafka"} 10`) {
+			return nil
+		}
+		return errors.New("not yet:\n" + metrics)
+	})
 	if n := len(secLedger(ledger)); n != keys.unique() {
 		t.Fatalf("exec ran %d times for %d keys", n, keys.unique())
 	}
@@ -798,7 +775,7 @@ func TestSecurityValidateOnlineKafkaSCRAMOverTLS(t *testing.T) {
 	user, pw := sec.Users["SCRAM-SHA-256"][0], sec.Users["SCRAM-SHA-256"][1]
 	otherCA := testenv.NewTestCA(t)
 	brokers := sec.SASLTLS
-	topic := "secv-in-" + natsRandID()
+	topic := "secv-in-" + testenv.RandID()
 	testenv.CreateKafkaTopic(t, testenv.RealKafka(t), topic, 1)
 	dir := t.TempDir()
 	redisURL := testenv.Redis(t)
@@ -813,7 +790,7 @@ handlers:
     retention: 1h
     action:
       exec: {command: [/bin/true]}
-`, redisURL, natsRandID(), strings.Join(brokers, ", "), topic, user, caFile), 0o600); err != nil {
+`, redisURL, testenv.RandID(), strings.Join(brokers, ", "), topic, user, caFile), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return p

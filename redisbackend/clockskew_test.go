@@ -2,7 +2,6 @@ package redisbackend_test
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,10 +62,6 @@ func skewedRedis(t *testing.T, skew time.Duration) redis.UniversalClient {
 	if err != nil {
 		testenv.Unavailable(t, "gcc (to build the clock shim)", err.Error())
 	}
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server binary", err.Error())
-	}
 	dir := t.TempDir()
 	src, so := filepath.Join(dir, "skew.c"), filepath.Join(dir, "skew.so")
 	if err := os.WriteFile(src, []byte(skewShim), 0o600); err != nil {
@@ -77,34 +72,10 @@ func skewedRedis(t *testing.T, skew time.Duration) redis.UniversalClient {
 	if out, err := exec.CommandContext(ctx, gcc, "-shared", "-fPIC", "-O2", "-o", so, src).CombinedOutput(); err != nil {
 		t.Fatalf("building the clock shim: %v\n%s", err, out)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+so, "SKEW_SECONDS="+strconv.Itoa(int(skew/time.Second)))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port), DialTimeout: 200 * time.Millisecond})
-	t.Cleanup(func() { _ = client.Close() })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		err := client.Ping(pctx).Err()
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("skewed redis-server does not answer: %v", err)
-		}
-		poll := time.NewTimer(20 * time.Millisecond) // a starting process: nothing to wait on
-		<-poll.C
-	}
+	srv := testenv.NewRedisServer(t, testenv.RedisServerConfig{
+		Env: []string{"LD_PRELOAD=" + so, "SKEW_SECONDS=" + strconv.Itoa(int(skew/time.Second))},
+	})
+	client := srv.Client(t)
 	tctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	now, err := client.Time(tctx).Result()

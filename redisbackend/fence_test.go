@@ -11,19 +11,6 @@ import (
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
-// eventually polls cond every 20ms until it holds, failing the test when it
-// still does not after d.
-func eventually(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // A key's fence grows with every new owner whatever happened to its record
 // in between (SPEC §2, §11.3): the record expired, was forgotten (Delete),
 // was released, its lease ran out and it was reclaimed, or the whole Redis
@@ -82,7 +69,7 @@ func TestFenceGrowsAcrossRecordLoss(t *testing.T) {
 
 	c := claim("first claim", time.Minute, idempotency.ClaimNew)
 	complete("first claim", c, 200*time.Millisecond)
-	eventually(t, 10*time.Second, "the completed record to expire", gone)
+	testenv.Eventually(t, 10*time.Second, "the completed record to expire", gone)
 
 	c = claim("after expiry", time.Minute, idempotency.ClaimNew)
 	complete("after expiry", c, time.Hour)
@@ -97,7 +84,7 @@ func TestFenceGrowsAcrossRecordLoss(t *testing.T) {
 
 	claim("after Release", 100*time.Millisecond, idempotency.ClaimNew)
 	var res []idempotency.ClaimResult
-	eventually(t, 10*time.Second, "the lease to run out", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the lease to run out", func() bool {
 		var err error
 		if res, err = s.Claim(ctx, req(time.Minute)); err != nil {
 			t.Fatalf("Claim: %v", err)
@@ -124,7 +111,7 @@ func TestFenceExactThroughEveryScript(t *testing.T) {
 	client := testenv.RedisClient(t)
 	s := newStore(t, client, redisbackend.Options{})
 	ctx := ctxFor(t, 10*time.Second)
-	key := "orders:" + uniqueNamespace("exact")
+	key := "orders:" + "exact-" + testenv.RandID()
 	req := []idempotency.ClaimRequest{{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}}
 	stored := func(step string, want int64) {
 		t.Helper()

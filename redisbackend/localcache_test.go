@@ -20,7 +20,7 @@ import (
 // subscription, and so answers.
 func awaitCacheReady(t testing.TB, s *redisbackend.Store) {
 	t.Helper()
-	eventually(t, 10*time.Second, "the local cache subscribes", func() bool { return s.LocalCacheStats().Subscribed })
+	testenv.Eventually(t, 10*time.Second, "the local cache subscribes", func() bool { return s.LocalCacheStats().Subscribed })
 }
 
 // cacheFixture is a private redis-server (so that INFO commandstats and
@@ -174,7 +174,7 @@ func TestLocalCacheNeverAnswersForKeysItDidNotComplete(t *testing.T) {
 	}
 	stale := res[0].Claim
 	var re idempotency.ClaimResult
-	eventually(t, 5*time.Second, "a reclaims the expired claim", func() bool {
+	testenv.Eventually(t, 5*time.Second, "a reclaims the expired claim", func() bool {
 		re = claimOutcome(t, ctx, a, "lost", "1:a")
 		return re.Outcome == idempotency.ClaimReclaimed
 	})
@@ -214,7 +214,7 @@ func TestLocalCacheForgetInvalidatesOtherProcesses(t *testing.T) {
 	if existed, err := admin.Delete(ctx, "o:1"); err != nil || !existed {
 		t.Fatalf("Delete: %v %v", existed, err)
 	}
-	eventually(t, 5*time.Second, "o:1 runs again after Delete", func() bool {
+	testenv.Eventually(t, 5*time.Second, "o:1 runs again after Delete", func() bool {
 		return claimOutcome(t, ctx, worker, "o:1", "1:a").Outcome == idempotency.ClaimNew
 	})
 	// o:2 is still cached: the invalidation was for o:1 only.
@@ -227,7 +227,7 @@ func TestLocalCacheForgetInvalidatesOtherProcesses(t *testing.T) {
 	if err != nil || r.Deleted != 1 {
 		t.Fatalf("ForgetIf: %+v %v", r, err)
 	}
-	eventually(t, 5*time.Second, "o:2 runs again after ForgetIf", func() bool {
+	testenv.Eventually(t, 5*time.Second, "o:2 runs again after ForgetIf", func() bool {
 		return claimOutcome(t, ctx, worker, "o:2", "1:a").Outcome == idempotency.ClaimNew
 	})
 	// A bulk forget empties the whole cache: o:3 goes to Redis, which
@@ -255,7 +255,7 @@ func TestLocalCacheLostInvalidationEndsAtTTL(t *testing.T) {
 			t.Fatalf("within the TTL: %s, want the cached DUPLICATE", got.Outcome)
 		}
 	}
-	eventually(t, 5*time.Second, "o:1 runs again once the TTL passed", func() bool {
+	testenv.Eventually(t, 5*time.Second, "o:1 runs again once the TTL passed", func() bool {
 		return claimOutcome(t, ctx, s, "o:1", "1:a").Outcome == idempotency.ClaimNew
 	})
 	if since := time.Since(done); since < ttl {
@@ -283,7 +283,7 @@ func TestLocalCacheUntrustedWithoutSubscription(t *testing.T) {
 			t.Fatalf("%v: %v", cmd, err)
 		}
 	}
-	eventually(t, 5*time.Second, "the cache sees its subscription lost", func() bool { return !s.LocalCacheStats().Subscribed })
+	testenv.Eventually(t, 5*time.Second, "the cache sees its subscription lost", func() bool { return !s.LocalCacheStats().Subscribed })
 	if got := claimOutcome(t, ctx, s, "o:1", "1:a"); got.Outcome != idempotency.ClaimNew {
 		t.Fatalf("without a subscription: %s, want NEW from Redis", got.Outcome)
 	}
@@ -330,7 +330,7 @@ func TestLocalCacheBounds(t *testing.T) {
 	if ok, err := s.Complete(ctx, []idempotency.Completion{{Key: "short", Token: res[0].Claim.Token, Outcome: idempotency.RecordOutcomeOK, Retention: retention}}); err != nil || !ok[0] {
 		t.Fatalf("complete short: %v %v", ok, err)
 	}
-	eventually(t, 5*time.Second, "the record expires in Redis", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the record expires in Redis", func() bool {
 		return claimOutcome(t, ctx, s, "short", "1:a").Outcome == idempotency.ClaimNew
 	})
 	if since := time.Since(start); since < retention-20*time.Millisecond {

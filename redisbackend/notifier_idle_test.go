@@ -62,7 +62,7 @@ func TestNotifierIdleUnsubscribesAndResubscribes(t *testing.T) {
 			}
 			got <- rec
 		}()
-		eventually(t, 5*time.Second, fmt.Sprintf("round %d: one subscriber while a Wait waits", round), func() bool {
+		testenv.Eventually(t, 5*time.Second, fmt.Sprintf("round %d: one subscriber while a Wait waits", round), func() bool {
 			return numSub(t, admin, s.channel) == 1 && s.notify.isReady()
 		})
 		// A waiter keeps the subscription through several idle periods.
@@ -88,7 +88,7 @@ func TestNotifierIdleUnsubscribesAndResubscribes(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("round %d: Wait not woken by the notification", round)
 		}
-		eventually(t, 5*time.Second, fmt.Sprintf("round %d: unsubscribed and run ended after %s without waiters", round, idle), func() bool {
+		testenv.Eventually(t, 5*time.Second, fmt.Sprintf("round %d: unsubscribed and run ended after %s without waiters", round, idle), func() bool {
 			return numSub(t, admin, s.channel) == 0 && s.notify.stopped()
 		})
 		if s.notify.isReady() {
@@ -125,7 +125,7 @@ func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
 // run goroutine.
 func TestNotifierIdleChurnLosesNoWakeup(t *testing.T) {
 	client := testenv.RedisClient(t)
-	channel := randName("dedup-churn") + ":dedup:done"
+	channel := "dedup-churn-" + testenv.RandID() + ":dedup:done"
 	var stops atomic.Int64
 	n := newNotifier(client, channel, slog.New(countingHandler{t: t, stops: &stops}))
 	n.idle = time.Millisecond

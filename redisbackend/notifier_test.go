@@ -2,10 +2,7 @@ package redisbackend
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -16,12 +13,6 @@ import (
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
-func randName(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "-" + hex.EncodeToString(b)
-}
-
 // namedStore returns a store on its own client whose connections carry a
 // unique client name, so the test can find its Pub/Sub connection.
 func namedStore(t *testing.T) (*Store, string) {
@@ -30,7 +21,7 @@ func namedStore(t *testing.T) (*Store, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	name := randName("dedup-notifier")
+	name := "dedup-notifier-" + testenv.RandID()
 	opt.ClientName = name
 	client := redis.NewClient(opt)
 	t.Cleanup(func() { _ = client.Close() })
@@ -58,17 +49,6 @@ func (n *notifier) isReady() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.readyClosed
-}
-
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // pubsubConns returns the ids of the Pub/Sub connections named name.
@@ -100,7 +80,7 @@ func TestCloseStopsSubscriberAndWaiters(t *testing.T) {
 		_, err := s.Wait(context.Background(), "k", time.Minute)
 		done <- err
 	}()
-	eventually(t, 5*time.Second, "subscriber ready", s.notify.isReady)
+	testenv.Eventually(t, 5*time.Second, "subscriber ready", s.notify.isReady)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +127,7 @@ func TestSubscriberSharedAndRestarted(t *testing.T) {
 	for _, k := range []string{"a", "a", "b"} {
 		go func() { _, _ = s.Wait(ctx, k, time.Minute) }()
 	}
-	eventually(t, 5*time.Second, "subscriber ready", s.notify.isReady)
+	testenv.Eventually(t, 5*time.Second, "subscriber ready", s.notify.isReady)
 	ids := pubsubConns(t, admin, name)
 	if len(ids) != 1 {
 		t.Fatalf("%d Pub/Sub connections for three waiters on one Store, want 1", len(ids))
@@ -155,7 +135,7 @@ func TestSubscriberSharedAndRestarted(t *testing.T) {
 	if err := admin.Do(context.Background(), "CLIENT", "KILL", "ID", ids[0]).Err(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "a new subscription after the kill", func() bool {
+	testenv.Eventually(t, 10*time.Second, "a new subscription after the kill", func() bool {
 		now := pubsubConns(t, admin, name)
 		return len(now) == 1 && now[0] != ids[0] && s.notify.isReady()
 	})
@@ -206,7 +186,7 @@ func TestStoreSurvivesRestart(t *testing.T) {
 	opt.DialerRetries = 1
 	client := redis.NewClient(opt)
 	t.Cleanup(func() { _ = client.Close() })
-	s, err := New(client, Options{Logger: testLogger(t)})
+	s, err := New(client, Options{Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,16 +198,16 @@ func TestStoreSurvivesRestart(t *testing.T) {
 	if _, err := s.Wait(ctx, "before", 10*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "subscriber ready", s.notify.isReady)
+	testenv.Eventually(t, 5*time.Second, "subscriber ready", s.notify.isReady)
 
 	srv.Stop()
 	if _, err := s.Claim(ctx, []idempotency.ClaimRequest{{Key: "down", Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}}); !errors.Is(err, idempotency.ErrStoreUnavailable) {
 		t.Errorf("Claim while Redis is down = %v, want ErrStoreUnavailable", err)
 	}
-	eventually(t, 10*time.Second, "subscriber to notice the lost connection", func() bool { return !s.notify.isReady() })
+	testenv.Eventually(t, 10*time.Second, "subscriber to notice the lost connection", func() bool { return !s.notify.isReady() })
 
 	srv.Start()
-	eventually(t, 10*time.Second, "Ping after the restart", func() bool { return s.Ping(ctx) == nil })
+	testenv.Eventually(t, 10*time.Second, "Ping after the restart", func() bool { return s.Ping(ctx) == nil })
 	res, err := s.Claim(ctx, []idempotency.ClaimRequest{
 		{Key: "after:1", Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute},
 		{Key: "after:2", Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute},
@@ -235,7 +215,7 @@ func TestStoreSurvivesRestart(t *testing.T) {
 	if err != nil || res[0].Outcome != idempotency.ClaimNew || res[1].Outcome != idempotency.ClaimNew {
 		t.Fatalf("Claim after the restart (empty script cache) = %+v, %v", res, err)
 	}
-	eventually(t, 15*time.Second, "subscriber back after the restart", s.notify.isReady)
+	testenv.Eventually(t, 15*time.Second, "subscriber back after the restart", s.notify.isReady)
 	done := make(chan *idempotency.Record, 1)
 	go func() {
 		rec, _ := s.Wait(ctx, "after:1", 10*time.Second)
@@ -262,16 +242,4 @@ func TestStoreSurvivesRestart(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Wait did not return")
 	}
-}
-
-// testLogger sends the store's log to the test's.
-func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }

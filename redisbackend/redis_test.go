@@ -269,7 +269,7 @@ func TestNewFromURLSilentServerFailsWithinConnectTimeout(t *testing.T) {
 }
 
 func TestNewFromURLOwnsClient(t *testing.T) {
-	s, err := redisbackend.NewFromURL(ctxFor(t, 10*time.Second), testenv.Redis(t), redisbackend.Options{Namespace: uniqueNamespace("url")})
+	s, err := redisbackend.NewFromURL(ctxFor(t, 10*time.Second), testenv.Redis(t), redisbackend.Options{Namespace: "url-" + testenv.RandID()})
 	if err != nil {
 		t.Fatalf("NewFromURL(%s): %v", testenv.Redis(t), err)
 	}
@@ -300,7 +300,7 @@ func TestNewFromURLOwnsClient(t *testing.T) {
 func TestNewFromURLACL(t *testing.T) {
 	admin := testenv.RedisClient(t)
 	ctx := ctxFor(t, 10*time.Second)
-	user := uniqueNamespace("dedup-acl")
+	user := "dedup-acl-" + testenv.RandID()
 	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">pa:ss w0rd", "~*", "&*", "+@all").Err(); err != nil {
 		t.Fatalf("ACL SETUSER: %v", err)
 	}
@@ -310,7 +310,7 @@ func TestNewFromURLACL(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword(user, "pa:ss w0rd")
-	s, err := redisbackend.NewFromURL(ctx, u.String(), redisbackend.Options{Namespace: uniqueNamespace("acl")})
+	s, err := redisbackend.NewFromURL(ctx, u.String(), redisbackend.Options{Namespace: "acl-" + testenv.RandID()})
 	if err != nil {
 		t.Fatalf("NewFromURL with ACL credentials: %v", err)
 	}
@@ -398,7 +398,7 @@ func TestRecoveredContinuesFence(t *testing.T) {
 		`[7]`:           0,
 		`garbage`:       0,
 	} {
-		key := uniqueNamespace("k")
+		key := "k-" + testenv.RandID()
 		if err := client.Set(ctx, s.RedisKey(key), raw, time.Minute).Err(); err != nil {
 			t.Fatal(err)
 		}

@@ -3,9 +3,7 @@ package redisbackend_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"testing"
 	"time"
@@ -29,19 +27,12 @@ func TestStoreCluster(t *testing.T) {
 	storetest.RunHarness(t, func(t *testing.T) *storetest.Harness { return newHarness(t, client) })
 }
 
-// uniqueNamespace isolates one test's keys and channel from every other.
-func uniqueNamespace(prefix string) string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return prefix + "-" + hex.EncodeToString(b)
-}
-
 // newStore makes a Store in a fresh namespace on client, closed and its keys
 // deleted when the test ends.
 func newStore(t testing.TB, client redis.UniversalClient, opts redisbackend.Options) *redisbackend.Store {
 	t.Helper()
 	if opts.Namespace == "" {
-		opts.Namespace = uniqueNamespace("test")
+		opts.Namespace = "test-" + testenv.RandID()
 	}
 	s, err := redisbackend.New(client, opts)
 	if err != nil {

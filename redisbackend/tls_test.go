@@ -2,11 +2,8 @@ package redisbackend_test
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
@@ -21,22 +18,9 @@ import (
 // with a certificate made here), verifying the server against the given CA.
 func TestNewFromURLTLS(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
 	ca := testenv.NewTestCA(t)
-	pool := ca.Pool
-	port := freePort(t)
-	startRedis(t, dir, "--port", "0", "--tls-port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--tls-cert-file", ca.CertFile, "--tls-key-file", ca.KeyFile,
-		"--tls-ca-cert-file", ca.CAFile, "--tls-auth-clients", "no")
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	withCA := func(o *redis.Options) { o.TLSConfig.RootCAs = pool }
-	waitFor(t, "redis-server with TLS", func() error {
-		c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
-		if err == nil {
-			_ = c.Close()
-		}
-		return err
-	})
+	addr := testenv.NewRedisServer(t, testenv.RedisServerConfig{TLS: ca}).Addr()
+	withCA := func(o *redis.Options) { o.TLSConfig.RootCAs = ca.Pool }
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

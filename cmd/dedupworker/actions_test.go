@@ -26,7 +26,7 @@ import (
 func TestHTTPAndExecActionsRunOncePerKey(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStream(t, js, "HIN_"+id, "hin."+id)
 	createStream(t, js, "XIN_"+id, "xin."+id)
 
@@ -103,7 +103,7 @@ handlers:
 	p := start(t, nil, "run", "-c", cfg)
 
 	var dead []*nats.Msg
-	eventually(t, 30*time.Second, "4 dead letters (p-1, p-2 on each handler)", func() bool {
+	testenv.Eventually(t, 30*time.Second, "4 dead letters (p-1, p-2 on each handler)", func() bool {
 		for {
 			select {
 			case m := <-dlq:
@@ -118,7 +118,7 @@ handlers:
 		b, _ := os.ReadFile(filepath.Join(dir, "ledger"))
 		return strings.Split(strings.TrimSpace(string(b)), "\n")
 	}
-	eventually(t, 30*time.Second, "every good key ran, and every t- key ran again after its failure", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every good key ran, and every t- key ran again after its failure", func() bool {
 		mu.Lock()
 		n, retried := len(calls), calls["t-1"] >= 2 && calls["t-2"] >= 2
 		mu.Unlock()

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -106,7 +105,7 @@ handlers:
 func TestInspectAndForget(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStream(t, js, "IIN_"+id, "iin."+id)
 	redisURL := testenv.Redis(t)
 	ns := "insp-" + id
@@ -120,7 +119,7 @@ handlers:
 `, redisURL, ns, url, id)
 	publishNATS(t, js, "iin."+id, []string{"order-1"})
 	p := start(t, nil, "run", "-c", cfg)
-	eventually(t, 20*time.Second, "order-1 completed", func() bool {
+	testenv.Eventually(t, 20*time.Second, "order-1 completed", func() bool {
 		_, out, _ := runCmd(t, "inspect", "-c", cfg, "--handler", "orders", "-o", "json", "order-1")
 		return strings.Contains(out, `"state": "COMPLETED"`)
 	})
@@ -143,15 +142,6 @@ handlers:
 	if _, out, _ := runCmd(t, "inspect", "-c", cfg, "--handler", "orders", "order-1"); !strings.Contains(out, "absent") {
 		t.Fatalf("after forget the record must be absent:\n%s", out)
 	}
-}
-
-func freePort(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // scrape returns the samples of dedup_messages_total for handler by outcome.
@@ -213,10 +203,10 @@ func status(addr, path string) int {
 func TestMetricsAndReadiness(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStream(t, js, "MIN_"+id, "min."+id)
 	redis := testenv.StartRedisServer(t)
-	addr := freePort(t)
+	addr := testenv.FreeAddr(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, `
 redis: {url: %q, namespace: m-%s, connect_timeout: 1s}
@@ -229,7 +219,7 @@ handlers:
 	keys := dupPlan("k", 50)                            // 50 unique, 15 duplicates
 	publishNATS(t, js, "min."+id, append(keys, "", "")) // two without a key: missing_key
 	p := start(t, nil, "run", "-c", cfg)
-	eventually(t, 20*time.Second, "every message settled in /metrics", func() bool {
+	testenv.Eventually(t, 20*time.Second, "every message settled in /metrics", func() bool {
 		m := scrape(t, addr, "m")
 		return m["processed"]+m["duplicate"]+m["missing_key"] >= 67
 	})
@@ -255,7 +245,7 @@ handlers:
 	}
 	hits := metricValue(t, addr, "dedup_local_cache_hits_total")
 	publishNATS(t, js, "min."+id, []string{"k-0"})
-	eventually(t, 20*time.Second, "the redelivery of k-0 acked as a duplicate", func() bool { return scrape(t, addr, "m")["duplicate"] == 16 })
+	testenv.Eventually(t, 20*time.Second, "the redelivery of k-0 acked as a duplicate", func() bool { return scrape(t, addr, "m")["duplicate"] == 16 })
 	if v := metricValue(t, addr, "dedup_local_cache_hits_total"); v != hits+1 {
 		t.Fatalf("dedup_local_cache_hits_total %v after a redelivery of a key completed seconds before, want %v", v, hits+1)
 	}
@@ -266,9 +256,9 @@ handlers:
 		t.Fatalf("/readyz with Redis up = %d, want 200", s)
 	}
 	redis.Stop()
-	eventually(t, 15*time.Second, "/readyz turns 503 while Redis is stopped", func() bool { return status(addr, "/readyz") == 503 })
+	testenv.Eventually(t, 15*time.Second, "/readyz turns 503 while Redis is stopped", func() bool { return status(addr, "/readyz") == 503 })
 	redis.Start()
-	eventually(t, 15*time.Second, "/readyz turns 200 when Redis is back", func() bool { return status(addr, "/readyz") == 200 })
+	testenv.Eventually(t, 15*time.Second, "/readyz turns 200 when Redis is back", func() bool { return status(addr, "/readyz") == 200 })
 	if code := p.term(20 * time.Second); code != 0 {
 		t.Fatalf("exit %d after SIGTERM", code)
 	}
@@ -295,7 +285,7 @@ func TestExampleConfigsValidate(t *testing.T) {
 func TestValidateOnlineChecksTheHorizon(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStream(t, js, "VIN_"+id, "vin."+id) // max_age 0: kept forever
 	path := writeConfig(t, `
 redis: {url: %q}

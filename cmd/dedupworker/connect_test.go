@@ -92,7 +92,7 @@ func TestInspectAndForgetWithTheConfigsCredentials(t *testing.T) {
 	t.Cleanup(func() { _ = admin.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ns := "cred-" + randID()
+	ns := "cred-" + testenv.RandID()
 	if err := admin.Do(ctx, "ACL", "SETUSER", "worker", "reset", "on", ">"+userPW, "~"+ns+":*", "&*", "+@all").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestInspectAndForgetOnAClusterFromOneURL(t *testing.T) {
 	t.Parallel()
 	addrs := testenv.RedisCluster(t)
 	cc := testenv.RedisClusterClient(t)
-	ns := "clinsp-" + randID()
+	ns := "clinsp-" + testenv.RandID()
 	keys := make([]string, 12)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("order-%d", i)
@@ -189,7 +189,7 @@ func TestRunInspectForgetThroughSentinel(t *testing.T) {
 	t.Parallel()
 	sen := testenv.RedisSentinel(t)
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStream(t, js, "SEN_"+id, "sen."+id)
 	ns := "sen-" + id
 	cfg := writeConfig(t, `
@@ -204,7 +204,7 @@ handlers:
 `, ns, sen.Master, strings.Join(sen.Addrs, ", "), url, id)
 	p := start(t, nil, "run", "-c", cfg)
 	publishNATS(t, js, "sen."+id, []string{"order-1"})
-	eventually(t, 30*time.Second, "order-1 COMPLETED, read by inspect through redis.sentinel", func() bool {
+	testenv.Eventually(t, 30*time.Second, "order-1 COMPLETED, read by inspect through redis.sentinel", func() bool {
 		_, out, _ := runCmd(t, "inspect", "-c", cfg, "--handler", "orders", "order-1", "-o", "json")
 		return strings.Contains(out, `"state": "COMPLETED"`)
 	})
@@ -229,7 +229,7 @@ handlers:
 func TestValidateOnlineThroughClusterURLAndSentinel(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VCS_"+id, "vcs."+id, time.Minute)
 	handler := fmt.Sprintf(`handlers:
   - name: orders

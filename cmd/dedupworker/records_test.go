@@ -181,7 +181,7 @@ func TestRecordsListsByStateAgeAndLimit(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			client, url := store(t)
-			ns := "rec-" + randID()
+			ns := "rec-" + testenv.RandID()
 			sd := seedRecords(t, client, ns, 6, 3)
 			cfg := writeConfig(t, "redis: {url: %q, namespace: %s}\n"+storeHandler, url, ns)
 			for _, c := range redisbackend.Classes {
@@ -218,7 +218,7 @@ func TestRecordsListsByStateAgeAndLimit(t *testing.T) {
 func TestRecordsLimitStopsTheScan(t *testing.T) {
 	t.Parallel()
 	client := testenv.RedisClient(t)
-	ns := "reclim-" + randID()
+	ns := "reclim-" + testenv.RandID()
 	seedRecords(t, client, ns, 750, 0)
 	cfg := writeConfig(t, "redis: {url: %q, namespace: %s}\n"+storeHandler, testenv.Redis(t), ns)
 	code, _, stderr := runCmd(t, "records", "-c", cfg, "--handler", "orders", "--limit", "5")
@@ -262,7 +262,7 @@ func TestBulkForgetCounts(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			client, url := store(t)
-			ns := "bulk-" + randID()
+			ns := "bulk-" + testenv.RandID()
 			sd := seedRecords(t, client, ns, 40, 3)
 			cfg := writeConfig(t, "redis: {url: %q, namespace: %s}\n"+storeHandler, url, ns)
 			count := func(c redisbackend.Class) int {
@@ -302,7 +302,7 @@ func TestBulkForgetCounts(t *testing.T) {
 // afterScan completing two of the claimed records and deleting a third.
 func TestBulkForgetKeepsRecordsChangedSinceTheScan(t *testing.T) {
 	client := testenv.RedisClient(t)
-	ns := "bulkchg-" + randID()
+	ns := "bulkchg-" + testenv.RandID()
 	sd := seedRecords(t, client, ns, 20, 0)
 	cfg := writeConfig(t, "redis: {url: %q, namespace: %s}\n"+storeHandler, testenv.Redis(t), ns)
 	claimed := sd.keys[redisbackend.ClassClaimed]
@@ -339,7 +339,7 @@ func TestBulkForgetKeepsRecordsChangedSinceTheScan(t *testing.T) {
 // the wall time is logged, not asserted.
 func TestBulkForget100k(t *testing.T) {
 	client := testenv.RedisClient(t)
-	ns := "bulk100k-" + randID()
+	ns := "bulk100k-" + testenv.RandID()
 	start := time.Now()
 	sd := seedRecords(t, client, ns, 25000, 0)
 	t.Logf("seeded 100 000 records (25 000 per state) in %s", time.Since(start).Round(time.Millisecond))

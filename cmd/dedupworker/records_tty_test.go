@@ -42,7 +42,7 @@ func runOnTerminal(t *testing.T, input string, args ...string) string {
 func TestRecordsAndForgetOnATerminal(t *testing.T) {
 	t.Parallel()
 	client := testenv.RedisClient(t)
-	ns := "rectty-" + randID()
+	ns := "rectty-" + testenv.RandID()
 	seedRecords(t, client, ns, 5, 0)
 	cfg := writeConfig(t, "redis: {url: %q, namespace: %s}\n"+storeHandler, testenv.Redis(t), ns)
 	if out := runOnTerminal(t, "", "records", "-c", cfg, "--handler", "orders"); !strings.Contains(out, "\rscanned ") || !strings.Contains(out, "20 records of handler") {

@@ -22,7 +22,7 @@ import (
 func TestRedriveKafkaCommitsUpToTheFailure(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.RealKafka(t)
-	id := randID()
+	id := testenv.RandID()
 	src, dlq, group, ns := "rdk-"+id, "rdk-"+id+"-dlq", "rdk-"+id+"-g", "rdk-"+id
 	testenv.CreateKafkaTopic(t, brokers, src, 2)
 	testenv.CreateKafkaTopic(t, brokers, dlq, 1)

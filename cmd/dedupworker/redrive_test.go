@@ -35,7 +35,7 @@ type redriveEnv struct {
 func newRedriveEnv(t *testing.T) *redriveEnv {
 	t.Helper()
 	url, redisURL := testenv.NATS(t), testenv.Redis(t)
-	id := randID()
+	id := testenv.RandID()
 	e := &redriveEnv{t: t, stream: "RDC_" + id, dlqStream: "RDC_" + id + "_DLQ", in: "rdc." + id + ".in", dlq: "rdc." + id + ".dlq"}
 	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
 	if err != nil {
@@ -359,7 +359,7 @@ handlers:
 	}
 
 	url := testenv.NATS(t)
-	id := randID()
+	id := testenv.RandID()
 	uncaptured := writeConfig(t, `
 redis: {url: %q}
 http: {addr: ""}

@@ -99,7 +99,7 @@ func streamKeys(t *testing.T, js jetstream.JetStream, name string) map[string]in
 func TestNATSRelayDeliversEachKeyOnceAcrossKill9(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	in, out := "IN_"+id, "OUT_"+id
 	createStream(t, js, in, "in."+id)
 	createStream(t, js, out, "out."+id)
@@ -119,7 +119,7 @@ handlers:
 `, testenv.Redis(t), id, url, in, id)
 
 	first := start(t, nil, "run", "-c", cfg)
-	eventually(t, 30*time.Second, "the first relay forwards something", func() bool { return streamMsgs(t, js, out) >= 300 })
+	testenv.Eventually(t, 30*time.Second, "the first relay forwards something", func() bool { return streamMsgs(t, js, out) >= 300 })
 	first.kill9()
 	atKill := streamMsgs(t, js, out)
 	if atKill >= unique {
@@ -127,7 +127,7 @@ handlers:
 	}
 
 	second := start(t, nil, "run", "-c", cfg)
-	eventually(t, 60*time.Second, "the restarted relay forwards every unique key", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the restarted relay forwards every unique key", func() bool {
 		return streamMsgs(t, js, out) >= unique
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -136,7 +136,7 @@ handlers:
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the relay acks every input message", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the relay acks every input message", func() bool {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
 	})
@@ -192,7 +192,7 @@ func kafkaLastOffset(t *testing.T, brokers []string, topic string) int {
 
 func TestKafkaRelayDeliversEveryKeyAcrossKill9(t *testing.T) {
 	t.Parallel()
-	id := randID()
+	id := testenv.RandID()
 	in, out := "in-"+id, "out-"+id
 	brokers := testenv.Kafka(t)
 	testenv.CreateKafkaTopic(t, brokers, in, 4)
@@ -221,7 +221,7 @@ handlers:
 `, testenv.Redis(t), id, brokers[0], in, id, out)
 
 	first := start(t, nil, "run", "-c", cfg)
-	eventually(t, 30*time.Second, "the first relay forwards something", func() bool { return kafkaLastOffset(t, brokers, out) >= 300 })
+	testenv.Eventually(t, 30*time.Second, "the first relay forwards something", func() bool { return kafkaLastOffset(t, brokers, out) >= 300 })
 	first.kill9()
 	atKill := kafkaLastOffset(t, brokers, out)
 	if atKill >= unique {
@@ -229,7 +229,7 @@ handlers:
 	}
 	second := start(t, nil, "run", "-c", cfg)
 	var got map[string]int
-	eventually(t, 60*time.Second, "the restarted relay forwards every unique key", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the restarted relay forwards every unique key", func() bool {
 		if kafkaLastOffset(t, brokers, out) < unique {
 			return false
 		}

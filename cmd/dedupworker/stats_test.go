@@ -58,7 +58,7 @@ func TestStatsMeasuresAndProjects(t *testing.T) {
 	for start := 0; start < n; start += 1000 {
 		reqs := make([]idempotency.ClaimRequest, 1000)
 		for i := range reqs {
-			reqs[i] = idempotency.ClaimRequest{Key: idempotency.EffectiveKey("orders", "order-"+randID()+randID()), Fingerprint: "fp-0123456789abcdef", FingerprintVersion: 1, Lease: 30 * time.Second}
+			reqs[i] = idempotency.ClaimRequest{Key: idempotency.EffectiveKey("orders", "order-"+testenv.RandID()+testenv.RandID()), Fingerprint: "fp-0123456789abcdef", FingerprintVersion: 1, Lease: 30 * time.Second}
 		}
 		res, err := store.Claim(ctx, reqs)
 		if err != nil {
@@ -133,7 +133,7 @@ func TestStatsRefusesBadUsage(t *testing.T) {
 func TestStatsOnTheCluster(t *testing.T) {
 	t.Parallel()
 	addrs := testenv.RedisCluster(t)
-	ns := "clstats-" + randID()
+	ns := "clstats-" + testenv.RandID()
 	seedRecords(t, testenv.RedisClusterClient(t), ns, 5, 0)
 	cfg := writeConfig(t, "redis: {url: %q, namespace: %s}\n"+storeHandler, "redis://"+addrs[0]+"/0", ns)
 	code, out, stderr := runCmd(t, "stats", "-c", cfg, "-o", "json")

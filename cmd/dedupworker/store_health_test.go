@@ -1,17 +1,11 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"io"
-	"net"
 	"net/http"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -22,60 +16,14 @@ import (
 // else. Both servers are killed when the test ends.
 func safeRedis(t *testing.T) string {
 	t.Helper()
-	paddr, primary := redisProcess(t, "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction")
-	_, replica := redisProcess(t, "--save", "", "--appendonly", "no")
-	host, port, _ := net.SplitHostPort(paddr)
-	if err := replica.ReplicaOf(context.Background(), host, port).Err(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 20*time.Second, "the replica connects to the primary", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		info, _ := primary.Info(ctx, "replication").Result()
-		return strings.Contains(info, "connected_slaves:1")
-	})
-	return "redis://" + paddr + "/0"
-}
-
-// redisProcess starts a private redis-server with args in a temporary
-// directory on a free port and returns its address and a client on it.
-func redisProcess(t *testing.T, args ...string) (string, *redis.Client) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server binary", err.Error())
-	}
-	addr := freePort(t)
-	_, port, _ := net.SplitHostPort(addr)
-	var out bytes.Buffer
-	cmd := exec.Command(bin, append([]string{"--port", port, "--bind", "127.0.0.1", "--dir", t.TempDir()}, args...)...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = c.Close() })
-	eventually(t, 10*time.Second, "redis-server on "+addr+" answers", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		return c.Ping(ctx).Err() == nil
-	})
-	return addr, c
+	primary, _ := testenv.StartReplicatedRedis(t)
+	return primary.URL()
 }
 
 // evictingRedis is a private Redis of 2 MB that evicts with allkeys-lru.
 func evictingRedis(t *testing.T) *testenv.RedisServer {
 	t.Helper()
-	srv := testenv.StartRedisServer(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer c.Close()
-	for _, kv := range [][2]string{{"maxmemory", "2mb"}, {"maxmemory-policy", "allkeys-lru"}} {
-		if err := c.ConfigSet(context.Background(), kv[0], kv[1]).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return srv
+	return testenv.StartRedisServer(t, "--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru")
 }
 
 // validate --online names the eviction risk of a Redis that evicts, with
@@ -84,7 +32,7 @@ func evictingRedis(t *testing.T) *testenv.RedisServer {
 func TestValidateOnlineStoreRisks(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VSR_"+id, "vsr."+id, time.Minute)
 	config := func(redisURL string) string {
 		return writeConfig(t, `
@@ -125,10 +73,10 @@ handlers:
 func TestRunReportsStoreRisk(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
-	id := randID()
+	id := testenv.RandID()
 	createStream(t, js, "RSR_"+id, "rsr."+id)
 	srv := evictingRedis(t)
-	addr := freePort(t)
+	addr := testenv.FreeAddr(t)
 	cfg := writeConfig(t, `
 redis: {url: %q}
 http: {addr: %q}
@@ -152,7 +100,7 @@ handlers:
 		}
 		return ""
 	}
-	eventually(t, 20*time.Second, "/metrics shows dedup_store_risk", func() bool { return risk("eviction") != "" })
+	testenv.Eventually(t, 20*time.Second, "/metrics shows dedup_store_risk", func() bool { return risk("eviction") != "" })
 	if got := risk("eviction"); got != "1" {
 		t.Errorf(`dedup_store_risk{check="eviction"} = %q, want 1`, got)
 	}

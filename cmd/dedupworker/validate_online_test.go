@@ -47,7 +47,7 @@ func TestValidateOnlineNATSDeadLetterSubject(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
 	redis := safeRedis(t) // --strict: a store the health checks pass
-	id := randID()
+	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VDL_"+id, "vdl."+id, time.Minute)
 	createStreamMaxAge(t, js, "VDLQ_"+id, "vdlq."+id, time.Minute)
 	config := func(subject string) string {
@@ -86,7 +86,7 @@ func TestValidateOnlineNATSForwardSubject(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
 	redis := safeRedis(t) // --strict: a store the health checks pass
-	id := randID()
+	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VFW_"+id, "vfw."+id, time.Minute)
 	createStreamMaxAge(t, js, "VFWO_"+id, "vfwo."+id, time.Minute)
 	config := func(subject string) string {
@@ -137,7 +137,7 @@ func TestValidateOnlineKafkaDeadLetterTopic(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.Kafka(t)
 	redis := testenv.Redis(t)
-	id := randID()
+	id := testenv.RandID()
 	in, dlq := "vin-"+id, "vdlq-"+id
 	createTopic(t, brokers, in)
 	config := func(topic string) string {
@@ -168,7 +168,7 @@ func TestValidateOnlineKafkaForwardTopic(t *testing.T) {
 	url, js := natsSetup(t)
 	brokers := testenv.Kafka(t)
 	redis := safeRedis(t) // --strict: a store the health checks pass
-	id := randID()
+	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VKF_"+id, "vkf."+id, time.Minute)
 	out := "vout-" + id
 	path := writeConfig(t, `
@@ -197,9 +197,9 @@ func TestValidateOnlineUnreachableOutput(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
 	redis := testenv.Redis(t)
-	id := randID()
+	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VUN_"+id, "vun."+id, time.Minute)
-	closed := freePort(t) // nothing listens once freePort returns
+	closed := testenv.FreeAddr(t) // nothing listens once freePort returns
 	for _, tc := range []struct {
 		name, action, field string
 	}{
@@ -253,7 +253,7 @@ func TestValidateOnlineNATSDurableAndWindows(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
 	redis := safeRedis(t) // --strict: a store the health checks pass
-	id := randID()
+	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VDW_"+id, "vdw."+id, time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -39,13 +40,26 @@ type Delivery struct {
 	msg     *consumer.Message
 	attempt int
 
-	mu         sync.Mutex
-	settled    Settlement
-	settles    int
-	nakDelay   time.Duration
-	deadLetter *consumer.DeadLetter
-	heartbeats int
-	done       chan struct{} // closed at the first Ack or Nak
+	mu          sync.Mutex
+	fail        Errors
+	settled     Settlement
+	settles     int
+	nakDelay    time.Duration
+	deadLetter  *consumer.DeadLetter
+	deadLetters int
+	heartbeats  int
+	done        chan struct{} // closed at the first Ack or Nak
+}
+
+// Errors are what a Delivery's calls return instead of succeeding, to test
+// how a processor copes with a broker that refuses them. A nil field is a
+// call that succeeds. A call that fails records nothing: the broker did not
+// take it, so a failed Ack or Nak leaves the delivery unsettled.
+type Errors struct {
+	Ack        error
+	Nak        error
+	Heartbeat  error
+	DeadLetter error // consumer.ErrNoDeadLetter: no dead-letter destination
 }
 
 // NewDelivery returns the attempt-th delivery (from 1) of m.
@@ -54,6 +68,15 @@ func NewDelivery(m *consumer.Message, attempt int) *Delivery {
 }
 
 var _ consumer.Delivery = (*Delivery)(nil)
+
+// FailWith makes the delivery's calls return the errors of e from now on,
+// and returns d.
+func (d *Delivery) FailWith(e Errors) *Delivery {
+	d.mu.Lock()
+	d.fail = e
+	d.mu.Unlock()
+	return d
+}
 
 // Message returns the message.
 func (d *Delivery) Message() *consumer.Message { return d.msg }
@@ -65,6 +88,9 @@ func (d *Delivery) Attempt() int { return d.attempt }
 func (d *Delivery) Ack(context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.fail.Ack != nil {
+		return d.fail.Ack
+	}
 	if d.deadLetter != nil {
 		d.settle(DeadLettered)
 	} else {
@@ -77,8 +103,13 @@ func (d *Delivery) Ack(context.Context) error {
 func (d *Delivery) Nak(_ context.Context, delay time.Duration) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.nakDelay = delay
+	if d.fail.Nak != nil {
+		return d.fail.Nak
+	}
 	d.settle(Nakked)
+	if d.settles == 1 {
+		d.nakDelay = delay
+	}
 	return nil
 }
 
@@ -94,16 +125,23 @@ func (d *Delivery) settle(s Settlement) {
 // Heartbeat counts a heartbeat.
 func (d *Delivery) Heartbeat(context.Context) error {
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail.Heartbeat != nil {
+		return d.fail.Heartbeat
+	}
 	d.heartbeats++
-	d.mu.Unlock()
 	return nil
 }
 
 // DeadLetter records dl; the delivery is settled by the Ack that follows.
 func (d *Delivery) DeadLetter(_ context.Context, dl consumer.DeadLetter) error {
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail.DeadLetter != nil {
+		return d.fail.DeadLetter
+	}
 	d.deadLetter = &dl
-	d.mu.Unlock()
+	d.deadLetters++
 	return nil
 }
 
@@ -123,7 +161,7 @@ func (d *Delivery) NakDelay() time.Duration {
 	return d.nakDelay
 }
 
-// DeadLetterInfo returns what DeadLetter was called with, or nil.
+// DeadLetterInfo returns what DeadLetter was last called with, or nil.
 func (d *Delivery) DeadLetterInfo() *consumer.DeadLetter {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -139,6 +177,75 @@ func (d *Delivery) Heartbeats() int {
 
 // Done is closed when the delivery is first settled.
 func (d *Delivery) Done() <-chan struct{} { return d.done }
+
+// ExpectAcked fails t unless the delivery was settled exactly once, with an
+// Ack and no dead letter.
+func (d *Delivery) ExpectAcked(t testing.TB) {
+	t.Helper()
+	d.expect(t, Acked)
+}
+
+// ExpectNakked fails t unless the delivery was settled exactly once, with a
+// Nak, and returns the Nak's delay.
+func (d *Delivery) ExpectNakked(t testing.TB) time.Duration {
+	t.Helper()
+	d.expect(t, Nakked)
+	return d.NakDelay()
+}
+
+// ExpectDeadLettered fails t unless the message was dead-lettered exactly
+// once and the delivery then settled exactly once, with an Ack; it returns
+// what the message was dead-lettered with.
+func (d *Delivery) ExpectDeadLettered(t testing.TB) consumer.DeadLetter {
+	t.Helper()
+	d.expect(t, DeadLettered)
+	return *d.DeadLetterInfo()
+}
+
+// ExpectUnsettled fails t if the delivery was settled.
+func (d *Delivery) ExpectUnsettled(t testing.TB) {
+	t.Helper()
+	d.expect(t, Unsettled)
+}
+
+// expect fails t unless the delivery was settled as want exactly once (not
+// at all for Unsettled), and dead-lettered once for DeadLettered and never
+// otherwise.
+func (d *Delivery) expect(t testing.TB, want Settlement) {
+	t.Helper()
+	d.mu.Lock()
+	st, n, dead, dl, delay := d.settled, d.settles, d.deadLetters, d.deadLetter, d.nakDelay
+	d.mu.Unlock()
+	wantN, wantDead := 1, 0
+	switch want {
+	case Unsettled:
+		wantN = 0
+	case DeadLettered:
+		wantDead = 1
+	}
+	if st == want && n == wantN && dead == wantDead {
+		return
+	}
+	got := string(st)
+	switch {
+	case st == Unsettled:
+		got = "unsettled"
+	case st == Nakked:
+		got += fmt.Sprintf(" (delay %s)", delay)
+	}
+	if dl != nil {
+		got += fmt.Sprintf(", dead-lettered %d times (last %+v)", dead, *dl)
+	}
+	name := string(want)
+	if want == Unsettled {
+		name = "unsettled"
+	}
+	payload := d.msg.Payload
+	if len(payload) > 40 {
+		payload = payload[:40]
+	}
+	t.Fatalf("consumertest: delivery of %q (attempt %d): %s, settled %d times; want %s, settled %d times", payload, d.attempt, got, n, name, wantN)
+}
 
 // Source is an in-memory consumer.Source: it delivers the messages it was
 // given, in order, delivers a nakked one again (attempt + 1) after its

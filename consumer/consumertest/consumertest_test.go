@@ -2,6 +2,10 @@ package consumertest_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,4 +83,100 @@ func TestSourceRedeliversNakked(t *testing.T) {
 	if err == nil {
 		t.Fatal("a processor that settles nothing: no error")
 	}
+}
+
+// Each Expect method passes on its own settlement and fails on every other,
+// naming what happened.
+func TestExpectations(t *testing.T) {
+	ctx := context.Background()
+	newD := func() *consumertest.Delivery {
+		return consumertest.NewDelivery(consumertest.NewMessage("k", "p"), 1)
+	}
+	acked, nakked, dead, twice, none := newD(), newD(), newD(), newD(), newD()
+	_ = acked.Ack(ctx)
+	_ = nakked.Nak(ctx, 3*time.Second)
+	_ = dead.DeadLetter(ctx, consumer.DeadLetter{Reason: "missing_key"})
+	_ = dead.Ack(ctx)
+	_ = twice.Ack(ctx)
+	_ = twice.Ack(ctx)
+	expect := map[string]func(testing.TB, *consumertest.Delivery){
+		"acked":         func(t testing.TB, d *consumertest.Delivery) { d.ExpectAcked(t) },
+		"nakked":        func(t testing.TB, d *consumertest.Delivery) { d.ExpectNakked(t) },
+		"dead_lettered": func(t testing.TB, d *consumertest.Delivery) { d.ExpectDeadLettered(t) },
+		"unsettled":     func(t testing.TB, d *consumertest.Delivery) { d.ExpectUnsettled(t) },
+	}
+	deliveries := map[string]*consumertest.Delivery{"acked": acked, "nakked": nakked, "dead_lettered": dead, "unsettled": none, "acked twice": twice}
+	for dname, d := range deliveries {
+		for ename, e := range expect {
+			r := &recorder{TB: t}
+			runFatal(func() { e(r, d) })
+			if want := dname == ename; r.failed == want {
+				t.Errorf("Expect %s on a delivery %s: failed=%v (%s)", ename, dname, r.failed, r.msg)
+			}
+			if r.failed && !strings.Contains(r.msg, "want "+ename) {
+				t.Errorf("Expect %s on a delivery %s: message %q does not say what was wanted", ename, dname, r.msg)
+			}
+		}
+	}
+	if got := nakked.ExpectNakked(t); got != 3*time.Second {
+		t.Errorf("ExpectNakked returned %s, want 3s", got)
+	}
+	if got := dead.ExpectDeadLettered(t); got.Reason != "missing_key" {
+		t.Errorf("ExpectDeadLettered returned %+v, want reason missing_key", got)
+	}
+}
+
+// A call made to fail returns its error and records nothing.
+func TestFailWith(t *testing.T) {
+	ctx := context.Background()
+	errAck, errNak, errHB := errors.New("ack refused"), errors.New("nak refused"), errors.New("heartbeat refused")
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "p"), 1).FailWith(consumertest.Errors{
+		Ack: errAck, Nak: errNak, Heartbeat: errHB, DeadLetter: consumer.ErrNoDeadLetter,
+	})
+	if err := d.DeadLetter(ctx, consumer.DeadLetter{Reason: "x"}); !errors.Is(err, consumer.ErrNoDeadLetter) {
+		t.Fatalf("DeadLetter: %v", err)
+	}
+	if err := d.Heartbeat(ctx); !errors.Is(err, errHB) {
+		t.Fatalf("Heartbeat: %v", err)
+	}
+	if err := d.Ack(ctx); !errors.Is(err, errAck) {
+		t.Fatalf("Ack: %v", err)
+	}
+	if err := d.Nak(ctx, time.Second); !errors.Is(err, errNak) {
+		t.Fatalf("Nak: %v", err)
+	}
+	d.ExpectUnsettled(t)
+	if d.DeadLetterInfo() != nil || d.Heartbeats() != 0 {
+		t.Fatalf("failed calls recorded: dead letter %+v, heartbeats %d", d.DeadLetterInfo(), d.Heartbeats())
+	}
+	d.FailWith(consumertest.Errors{})
+	_ = d.Ack(ctx)
+	d.ExpectAcked(t)
+}
+
+// recorder is a testing.TB whose Fatalf records the failure and ends the
+// goroutine, the way testing.T's does, without failing the real test.
+type recorder struct {
+	testing.TB
+	failed bool
+	msg    string
+}
+
+func (r *recorder) Helper() {}
+
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.failed = true
+	r.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// runFatal runs f on a goroutine of its own, so that a recorder's Fatalf ends
+// only f, and waits for it.
+func runFatal(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	<-done
 }

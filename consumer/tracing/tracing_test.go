@@ -2,8 +2,6 @@ package tracing_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,10 +14,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/consumer/tracing"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/actions"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -46,9 +44,7 @@ const (
 func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	// A new key's fence is the Redis clock in µs (SPEC §11.3).
 	floor := time.Now().Add(-time.Minute).UnixMicro()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + hex.EncodeToString(b[:])})
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + testenv.RandID()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,10 +66,10 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	inject := func(ctx context.Context, h consumer.Header) { tr.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
 	proc := tr.Wrap("orders", dedup("orders", actions.ForwardNATS("orders", out, "out", inject)))
 
-	d := fakedelivery.New("order-1", `{"id":1}`)
-	d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
+	d := consumertest.NewDelivery(consumertest.NewMessage("order-1", `{"id":1}`), 1)
+	d.Message().Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
 	proc.Process(context.Background(), d)
-	d.ExpectAck(t)
+	d.ExpectAcked(t)
 
 	spans := exp.GetSpans()
 	if len(spans) != 1 {
@@ -103,7 +99,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 	}
 
 	// A duplicate gets its own span, with the duplicate outcome.
-	d2 := fakedelivery.New("order-1", `{"id":1}`)
+	d2 := consumertest.NewDelivery(consumertest.NewMessage("order-1", `{"id":1}`), 1)
 	proc.Process(context.Background(), d2)
 	if spans := exp.GetSpans(); len(spans) != 2 {
 		t.Fatalf("%d spans after a duplicate, want a second span", len(spans))
@@ -123,9 +119,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 // and each delivery its own span, continuing its own traceparent, with its
 // own outcome; each forwarded message continues its delivery's span.
 func TestBatchKeepsASpanPerDelivery(t *testing.T) {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + hex.EncodeToString(b[:])})
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + testenv.RandID()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,8 +148,8 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 	keys := []string{"order-a", "order-b", "order-a"} // the third is a duplicate of the first
 	var ds []consumer.Delivery
 	for i, k := range keys {
-		d := fakedelivery.New(k, `{"key":"`+k+`"}`)
-		d.Msg.Header.Set("traceparent", "00-"+traceID+"-"+parents[i]+"-01")
+		d := consumertest.NewDelivery(consumertest.NewMessage(k, `{"key":"`+k+`"}`), 1)
+		d.Message().Header.Set("traceparent", "00-"+traceID+"-"+parents[i]+"-01")
 		ds = append(ds, d)
 	}
 	proc.Prepare(context.Background(), ds[:2])
@@ -163,7 +157,7 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 	proc.Prepare(context.Background(), ds[2:])
 	proc.ProcessBatch(context.Background(), ds[2:])
 	for _, d := range ds {
-		d.(*fakedelivery.Delivery).ExpectAck(t)
+		d.(*consumertest.Delivery).ExpectAcked(t)
 	}
 
 	spans := exp.GetSpans()

@@ -133,15 +133,18 @@ func runChaos(t *testing.T, p params, store string) {
 
 	// Services, each behind something the driver can cut or kill.
 	var (
-		rs         *redisServer
+		rs         *testenv.RedisServer
 		redisProxy *testenv.Proxy
 		sent       *testenv.Sentinel
 		redisCfg   string
 	)
 	switch store {
 	case "single":
-		rs = startRedis(t, filepath.Join(dir, "redis"))
-		redisProxy = testenv.NewProxy(t, rs.addr())
+		// An append-only file with an fsync on every write, which a restart
+		// keeps or (as a Redis without persistence would) loses.
+		rs = testenv.NewRedisServer(t, testenv.RedisServerConfig{Dir: filepath.Join(dir, "redis"),
+			Args: []string{"--appendonly", "yes", "--appendfsync", "always"}})
+		redisProxy = testenv.NewProxy(t, rs.Addr())
 		redisCfg = `{url: "redis://` + redisProxy.Addr() + `/0", namespace: chaos, connect_timeout: 1s, grace: 5s}`
 	case "sentinel":
 		sent = testenv.StartSentinel(t)
@@ -318,10 +321,10 @@ handlers:
 				ws.leaving.Go(w.term)
 			case "redis-restart":
 				fault("redis", 0)
-				rs.restart(false)
+				restartRedis(rs, false)
 			case "redis-wipe": // a restart of a Redis without persistence
 				fault("redis", 0)
-				rs.restart(true)
+				restartRedis(rs, true)
 			case "redis-cut":
 				fault("redis", 0)
 				redisProxy.Cut()
@@ -374,7 +377,7 @@ handlers:
 	if sent != nil {
 		rc = redis.NewFailoverClient(&redis.FailoverOptions{MasterName: sent.Master, SentinelAddrs: sent.Addrs})
 	} else {
-		rc = redis.NewClient(&redis.Options{Addr: rs.addr()})
+		rc = redis.NewClient(&redis.Options{Addr: rs.Addr()})
 	}
 	defer rc.Close()
 	claimed, completed, missing := scanRecords(t, rc, keys)

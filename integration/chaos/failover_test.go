@@ -144,7 +144,8 @@ handlers:
 		done, _ := readFailoverLedger(t, ledgerPath)
 		return len(done)
 	}
-	eventually(t, ctx, "a third of the keys done", func() bool { return completedKeys() >= keys/3 })
+	deadline, _ := ctx.Deadline()
+	testenv.Eventually(t, time.Until(deadline), "a third of the keys done", func() bool { return completedKeys() >= keys/3 })
 	killed := time.Now()
 	old := sent.KillPrimary(t)
 	if _, err := sent.WaitFailover(old, time.Minute); err != nil {
@@ -156,7 +157,7 @@ handlers:
 	if err := <-pubDone; err != nil {
 		t.Fatalf("publish: %v", err)
 	}
-	eventually(t, ctx, "every key done", func() bool { return completedKeys() == keys })
+	testenv.Eventually(t, time.Until(deadline), "every key done", func() bool { return completedKeys() == keys })
 	ws.stopAll()
 
 	done, starts := readFailoverLedger(t, ledgerPath)
@@ -215,17 +216,4 @@ func readFailoverLedger(t *testing.T, path string) (done map[string][]int64, sta
 		}
 	}
 	return done, starts
-}
-
-// eventually polls cond every 50ms until it holds, failing the test when
-// ctx ends first.
-func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within the deadline", what)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

@@ -1,9 +1,7 @@
 package chaos_test
 
 import (
-	"context"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +12,6 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -30,79 +27,14 @@ func buildBinary(t *testing.T) string {
 	return bin
 }
 
-// redisServer is a private redis-server with an append-only file (fsync on
-// every write) that the driver restarts, keeping or wiping its data.
-type redisServer struct {
-	t    *testing.T
-	bin  string
-	dir  string
-	port int
-	cmd  *exec.Cmd
-}
-
-func startRedis(t *testing.T, dir string) *redisServer {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server binary", err.Error())
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &redisServer{t: t, bin: bin, dir: dir, port: port}
-	s.start()
-	t.Cleanup(s.kill)
-	return s
-}
-
-func (s *redisServer) addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
-
-func (s *redisServer) start() {
-	s.t.Helper()
-	s.cmd = exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
-		"--save", "", "--appendonly", "yes", "--appendfsync", "always")
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("redis-server: %v", err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: s.addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("redis-server on %s does not answer: %v", s.addr(), err)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a starting process: nothing to wait on
-	}
-}
-
-func (s *redisServer) kill() {
-	if s.cmd != nil {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-		s.cmd = nil
-	}
-}
-
-// restart kills the server (kill -9) and starts it again; wipe deletes its
+// restartRedis kills rs (kill -9) and starts it again; wipe deletes its
 // data first, as the restart of a Redis without persistence loses it.
-func (s *redisServer) restart(wipe bool) {
-	s.kill()
+func restartRedis(rs *testenv.RedisServer, wipe bool) {
+	rs.Stop()
 	if wipe {
-		_ = os.RemoveAll(filepath.Join(s.dir, "appendonlydir"))
+		_ = os.RemoveAll(filepath.Join(rs.Dir(), "appendonlydir"))
 	}
-	s.start()
+	rs.Start()
 }
 
 // startNATS starts an embedded nats-server with file-backed JetStream.

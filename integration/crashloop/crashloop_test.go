@@ -8,8 +8,6 @@ package crashloop_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -42,7 +40,7 @@ func TestKeyThatKillsItsWorkerIsDeadLetteredAfterMaxAttempts(t *testing.T) {
 	bin := buildBinary(t)
 	natsURL := testenv.NATS(t)
 	redisURL := testenv.Redis(t)
-	id := randID(t)
+	id := testenv.RandID()
 	dir := t.TempDir()
 	ledger := filepath.Join(dir, "ledger")
 
@@ -143,7 +141,7 @@ handlers:
 		Outcome  string `json:"outcome"`
 		Attempts int    `json:"attempts"`
 	}
-	eventually(t, 30*time.Second, "inspect reports the key dead_lettered", func() bool {
+	testenv.Eventually(t, 30*time.Second, "inspect reports the key dead_lettered", func() bool {
 		out := inspect(t, bin, cfgPath)
 		return json.Unmarshal(out, &rec) == nil && rec.Outcome == "dead_lettered"
 	})
@@ -232,18 +230,6 @@ func outlast(d time.Duration) {
 	<-t.C
 }
 
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what)
-		}
-		poll := time.NewTimer(50 * time.Millisecond) // re-read: inspect is a separate process, nothing to wait on
-		<-poll.C
-	}
-}
-
 // buildBinary builds dedupworker into the test's temp dir.
 func buildBinary(t *testing.T) string {
 	t.Helper()
@@ -255,13 +241,4 @@ func buildBinary(t *testing.T) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// randID names this run's stream, subjects and namespace.
-func randID(t *testing.T) string {
-	b := make([]byte, 4)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }

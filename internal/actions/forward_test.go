@@ -14,8 +14,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
-	"github.com/idemkit/dedupworker/internal/fakedelivery"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -33,7 +33,7 @@ func randomSuffix(t *testing.T) string {
 // payload's "id", not from the incoming Idempotency-Key header, which the
 // action must replace. The first delivery runs alone (Handle), the rest as
 // one run (HandleBatch).
-func claimed(t *testing.T, h consumer.Handler, ids []string) []*fakedelivery.Delivery {
+func claimed(t *testing.T, h consumer.Handler, ids []string) []*consumertest.Delivery {
 	t.Helper()
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "actionstest-" + randomSuffix(t)})
 	if err != nil {
@@ -50,12 +50,12 @@ func claimed(t *testing.T, h consumer.Handler, ids []string) []*fakedelivery.Del
 		t.Fatal(err)
 	}
 	p := dedup("relay", h)
-	fds := make([]*fakedelivery.Delivery, len(ids))
+	fds := make([]*consumertest.Delivery, len(ids))
 	ds := make([]consumer.Delivery, len(ids))
 	for i, id := range ids {
-		d := fakedelivery.New("", fmt.Sprintf(`{"id":%q}`, id))
-		d.Msg.Key = []byte("customer-" + id)
-		d.Msg.Header = consumer.Header{
+		d := consumertest.NewDelivery(consumertest.NewMessage("", fmt.Sprintf(`{"id":%q}`, id)), 1)
+		d.Message().Key = []byte("customer-" + id)
+		d.Message().Header = consumer.Header{
 			"idempotency-key": {"stale-" + id},
 			"nats-msg-id":     {"stale-" + id},
 			"Traceparent":     {"00-abc"},
@@ -67,7 +67,7 @@ func claimed(t *testing.T, h consumer.Handler, ids []string) []*fakedelivery.Del
 	p.Process(ctx, ds[0])
 	p.ProcessBatch(ctx, ds[1:])
 	for _, d := range fds {
-		d.ExpectAck(t)
+		d.ExpectAcked(t)
 	}
 	return fds
 }

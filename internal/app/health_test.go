@@ -1,14 +1,11 @@
 package app
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -24,56 +21,12 @@ import (
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
-// eventually polls cond every 20ms until it holds or within has passed.
-func eventually(t *testing.T, within time.Duration, what func() string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", within, what())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func risksOf(h *StoreHealth) map[string]StoreRisk {
 	m := map[string]StoreRisk{}
 	for _, r := range h.Risks {
 		m[r.Check] = r
 	}
 	return m
-}
-
-// redisProc starts a private redis-server with args on a free port, killed
-// when the test ends, and returns a client on it.
-func redisProc(t *testing.T, args ...string) (string, *redis.Client) {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		testenv.Unavailable(t, "redis-server binary", err.Error())
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	var out bytes.Buffer
-	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", t.TempDir()}, args...)...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { _ = c.Close() })
-	eventually(t, 10*time.Second, func() string { return "redis-server did not answer: " + out.String() }, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		return c.Ping(ctx).Err() == nil
-	})
-	return addr, c
 }
 
 func configSet(t *testing.T, c *redis.Client, kv ...string) {
@@ -94,7 +47,7 @@ func TestStoreHealthRisks(t *testing.T) {
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer admin.Close()
 	configSet(t, admin, "maxmemory", "2mb", "maxmemory-policy", "allkeys-lru")
-	rc := testRedis(srv.URL(), uniqueNS("risk"))
+	rc := testRedis(srv.URL(), "risk-"+testenv.RandID())
 	h, err := CheckStoreHealth(testCtx(t), &rc)
 	if err != nil {
 		t.Fatal(err)
@@ -132,17 +85,9 @@ func TestStoreHealthRisks(t *testing.T) {
 // appendfsync no is reported, everysec is not.
 func TestStoreHealthSafe(t *testing.T) {
 	t.Parallel()
-	paddr, primary := redisProc(t, "--appendonly", "yes", "--save", "", "--maxmemory-policy", "noeviction")
-	_, replica := redisProc(t, "--save", "", "--appendonly", "no")
-	host, port, _ := net.SplitHostPort(paddr)
-	if err := replica.ReplicaOf(context.Background(), host, port).Err(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 20*time.Second, func() string { return "the replica did not connect" }, func() bool {
-		info, _ := primary.Info(context.Background(), "replication").Result()
-		return parseInfo(info)["connected_slaves"] == "1"
-	})
-	rc := testRedis("redis://"+paddr+"/0", uniqueNS("safe"))
+	srv, _ := testenv.StartReplicatedRedis(t)
+	primary := srv.Client(t)
+	rc := testRedis(srv.URL(), "safe-"+testenv.RandID())
 	h, err := CheckStoreHealth(testCtx(t), &rc)
 	if err != nil {
 		t.Fatal(err)
@@ -211,7 +156,7 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 	t.Run("sentinel", func(t *testing.T) {
 		t.Parallel()
 		sen := testenv.RedisSentinel(t)
-		rc := testRedis("", uniqueNS("hsen"))
+		rc := testRedis("", "hsen-"+testenv.RandID())
 		rc.Sentinel = &config.Sentinel{Master: sen.Master, Addrs: sen.Addrs}
 		rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(time.Second)}
 		h, err := CheckStoreHealth(testCtx(t), &rc)
@@ -230,7 +175,7 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
 		addrs := testenv.RedisCluster(t)
-		rc := testRedis("", uniqueNS("hcl"))
+		rc := testRedis("", "hcl-"+testenv.RandID())
 		rc.Addrs = addrs
 		c, err := RedisClient(testCtx(t), &rc)
 		if err != nil {
@@ -278,7 +223,7 @@ func startApp(t *testing.T, redisYAML string, tweak func(*App)) *appFixture {
 	}
 	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	id := uniqueNS("h")
+	id := "h-" + testenv.RandID()
 	stream := strings.ReplaceAll("HEALTH_"+id, "-", "_")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -335,7 +280,7 @@ handlers:
 			t.Logf("logs:\n%s", f.logs.String())
 		}
 	})
-	eventually(t, 10*time.Second, func() string { return "no /metrics" }, func() bool { return a.HTTPAddr() != "" })
+	testenv.Eventually(t, 10*time.Second, "no /metrics", func() bool { return a.HTTPAddr() != "" })
 	return f
 }
 
@@ -404,10 +349,10 @@ func TestRunReportsEvictionRiskAndEvictions(t *testing.T) {
 	if _, err := pipe.Exec(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, func() string { return "dedup_store_evictions_total did not move" }, func() bool {
+	testenv.Eventually(t, 10*time.Second, "dedup_store_evictions_total did not move", func() bool {
 		return f.metric(t, "dedup_store_evictions_total") > 0
 	})
-	eventually(t, 5*time.Second, func() string { return "no error line for the evictions" }, func() bool {
+	testenv.Eventually(t, 5*time.Second, "no error line for the evictions", func() bool {
 		return strings.Contains(f.logs.String(), `"level":"ERROR","msg":"Redis evicted keys`)
 	})
 }
@@ -422,11 +367,14 @@ func TestRunDurability(t *testing.T) {
 		t.Parallel()
 		sen := testenv.RedisSentinel(t)
 		f := startApp(t, fmt.Sprintf("{sentinel: {master: %s, addrs: [%s]}, namespace: %s, durability: {replicas: 1, timeout: 1s}}",
-			sen.Master, strings.Join(sen.Addrs, ", "), uniqueNS("dur")), nil)
+			sen.Master, strings.Join(sen.Addrs, ", "), "dur-"+testenv.RandID()), nil)
 		f.publish(t, "a", "b", "c", "a")
-		eventually(t, 30*time.Second, func() string { return fmt.Sprintf("%d runs of 3 keys", f.runs.Load()) }, func() bool {
-			return f.metric(t, `dedup_messages_total{handler="h",outcome="processed",transport="nats"}`) == 3 &&
-				f.metric(t, `dedup_messages_total{handler="h",outcome="duplicate",transport="nats"}`) == 1
+		testenv.EventuallyNil(t, 30*time.Second, "3 processed and 1 duplicate on /metrics", func() error {
+			if f.metric(t, `dedup_messages_total{handler="h",outcome="processed",transport="nats"}`) == 3 &&
+				f.metric(t, `dedup_messages_total{handler="h",outcome="duplicate",transport="nats"}`) == 1 {
+				return nil
+			}
+			return fmt.Errorf("%d runs of 3 keys", f.runs.Load())
 		})
 		if n := f.runs.Load(); n != 3 {
 			t.Errorf("%d handler runs, want 3", n)
@@ -437,9 +385,9 @@ func TestRunDurability(t *testing.T) {
 	})
 	t.Run("no replica", func(t *testing.T) {
 		t.Parallel()
-		f := startApp(t, fmt.Sprintf("{url: %q, namespace: %s, durability: {replicas: 1, timeout: 20ms}}", testenv.Redis(t), uniqueNS("dur0")), nil)
+		f := startApp(t, fmt.Sprintf("{url: %q, namespace: %s, durability: {replicas: 1, timeout: 20ms}}", testenv.Redis(t), "dur0-"+testenv.RandID()), nil)
 		f.publish(t, "x")
-		eventually(t, 20*time.Second, func() string { return "no durability shortfall on /metrics" }, func() bool {
+		testenv.Eventually(t, 20*time.Second, "no durability shortfall on /metrics", func() bool {
 			return f.metric(t, `dedup_durability_shortfalls_total{op="claim"}`) > 0
 		})
 		if n := f.runs.Load(); n != 0 {
@@ -455,7 +403,7 @@ func TestRunDurability(t *testing.T) {
 // before WAIT answers: refused, naming the field.
 func TestOpenStoreDurabilityTimeoutUnderReadTimeout(t *testing.T) {
 	t.Parallel()
-	rc := testRedis(testenv.Redis(t), uniqueNS("durto"))
+	rc := testRedis(testenv.Redis(t), "durto-"+testenv.RandID())
 	rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(3 * time.Second)}
 	_, _, err := OpenStore(testCtx(t), &rc, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.Contains(err.Error(), "redis.durability.timeout 3s: must be shorter than the Redis read timeout 3s") {

@@ -32,10 +32,6 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-func uniqueNS(prefix string) string {
-	return fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano())
-}
-
 // claimAndComplete runs keys of handler through the store's public API:
 // each is claimed NEW and completed, and then reads as COMPLETED.
 func claimAndComplete(ctx context.Context, s *redisbackend.Store, handler string, keys []string) error {
@@ -89,7 +85,7 @@ func TestRedisURLOfAClusterNodeGetsAClusterClient(t *testing.T) {
 	t.Parallel()
 	addrs := testenv.RedisCluster(t)
 	ctx := testCtx(t)
-	ns := uniqueNS("cl-url")
+	ns := "cl-url-" + testenv.RandID()
 	rc := testRedis("redis://"+addrs[0]+"/0", ns)
 	c, err := RedisClient(ctx, &rc)
 	if err != nil {
@@ -133,7 +129,7 @@ func TestRedisURLOfAClusterNodeGetsAClusterClient(t *testing.T) {
 // A standalone server's URL stays a plain client.
 func TestRedisURLOfAStandaloneServer(t *testing.T) {
 	t.Parallel()
-	rc := testRedis(testenv.Redis(t), uniqueNS("sa-url"))
+	rc := testRedis(testenv.Redis(t), "sa-url-"+testenv.RandID())
 	c, err := RedisClient(testCtx(t), &rc)
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +145,7 @@ func TestRedisURLOfAStandaloneServer(t *testing.T) {
 func TestRedisAddrsIsForClusterSeeds(t *testing.T) {
 	t.Parallel()
 	ctx := testCtx(t)
-	rc := testRedis("", uniqueNS("addrs"))
+	rc := testRedis("", "addrs-"+testenv.RandID())
 	rc.Addrs = testenv.RedisCluster(t)[:1]
 	s, closeStore, err := OpenStore(ctx, &rc, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -176,7 +172,7 @@ func TestRedisAddrsIsForClusterSeeds(t *testing.T) {
 func TestOpenStoreThroughSentinel(t *testing.T) {
 	t.Parallel()
 	sen := testenv.RedisSentinel(t)
-	ns := uniqueNS("sen")
+	ns := "sen-" + testenv.RandID()
 	rc := testRedis("", ns)
 	rc.Sentinel = &config.Sentinel{Master: sen.Master, Addrs: sen.Addrs}
 	direct := sen.Client(t)
@@ -210,17 +206,6 @@ func TestOpenStoreThroughSentinel(t *testing.T) {
 	}
 }
 
-// freeAddr is a loopback address nothing listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startAuthSentinel starts a private data node with requirepass dataPW
 // and a private redis-sentinel with requirepass sentinelPW monitoring it
 // as master, and returns the Sentinel's address.
@@ -237,7 +222,7 @@ func startAuthSentinel(t *testing.T, master, dataPW, sentinelPW string) string {
 	if err != nil {
 		testenv.Unavailable(t, "redis-sentinel binary", err.Error())
 	}
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	host, port, _ := net.SplitHostPort(addr)
 	dhost, dport, _ := net.SplitHostPort(data.Addr())
 	dir := t.TempDir()
@@ -283,7 +268,7 @@ func TestSentinelHasItsOwnAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := testCtx(t)
-	rc := testRedis("", uniqueNS("senauth"))
+	rc := testRedis("", "senauth-"+testenv.RandID())
 	rc.Password = dataPW
 	rc.Sentinel = &config.Sentinel{Master: "authm", Addrs: []string{addr}, PasswordFile: pwFile}
 	s, closeStore, err := OpenStore(ctx, &rc, slog.New(slog.DiscardHandler))

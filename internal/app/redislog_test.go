@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -21,12 +20,7 @@ func TestRedisLogsAreStructured(t *testing.T) {
 	RedisLogs(slog.New(slog.NewJSONHandler(&out, nil)))
 	t.Cleanup(func() { RedisLogs(slog.New(slog.DiscardHandler)) })
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	l.Close()
+	closed := testenv.FreeAddr(t)
 	c := redis.NewFailoverClient(&redis.FailoverOptions{
 		MasterName: "nobody", SentinelAddrs: []string{closed},
 		DialTimeout: 200 * time.Millisecond, MaxRetries: -1,

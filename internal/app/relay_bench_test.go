@@ -79,7 +79,7 @@ func benchKafkaRelay(b *testing.B) {
 	brokers := testenv.RealKafka(b)
 	var elapsed, steady time.Duration
 	for i := 0; i < b.N; i++ {
-		id := uniqueNS("relay")
+		id := "relay-" + testenv.RandID()
 		in, out := "in-"+id, "out-"+id
 		testenv.CreateKafkaTopic(b, brokers, in, 8)
 		testenv.CreateKafkaTopic(b, brokers, out, 8)
@@ -138,7 +138,7 @@ func benchNATSRelay(b *testing.B) {
 	}
 	var elapsed, steady time.Duration
 	for i := 0; i < b.N; i++ {
-		id := strings.ReplaceAll(uniqueNS("relay"), "-", "_")
+		id := strings.ReplaceAll("relay-"+testenv.RandID(), "-", "_")
 		in, out := "IN_"+id, "OUT_"+id
 		ctx := context.Background()
 		for _, s := range []string{in, out} {

@@ -299,7 +299,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 		}
 		s.procs = map[string]*exec.Cmd{}
 	})
-	ports := freePorts(t, 5)
+	ports := FreePorts(t, 5)
 	for i, p := range ports[:2] {
 		addr := "127.0.0.1:" + strconv.Itoa(p)
 		args := []string{server, "--port", strconv.Itoa(p), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
@@ -343,27 +343,8 @@ func (s *Sentinel) spawn(addr string) error {
 		return fmt.Errorf("testenv: starting %s: %v", args[0], err)
 	}
 	s.procs[addr] = cmd
-	if err := awaitPing(addr, 10*time.Second); err != nil {
+	if err := awaitPing(&redis.Options{Addr: addr}, 10*time.Second); err != nil {
 		return fmt.Errorf("testenv: %s on %s does not answer: %v", args[0], addr, err)
 	}
 	return nil
-}
-
-// freePorts returns n distinct free loopback ports.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
-	}
-	return ports
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
@@ -120,8 +121,8 @@ func TestBatchRunsKeepPartitionOrder(t *testing.T) {
 	w := worker(t, "batch", src, h, consumer.WithConcurrency(8))
 	r := run(t, w)
 	ends := e.ends(e.topic, parts)
-	eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 
@@ -186,8 +187,8 @@ func TestBatchRunsKeepKeyOrder(t *testing.T) {
 	src := e.source(func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 50 })
 	r := run(t, worker(t, "batchkey", src, h, consumer.WithConcurrency(8)))
 	ends := e.ends(e.topic, parts)
-	eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	chk.mu.Lock()

@@ -84,9 +84,9 @@ func TestPreparedAlwaysProcessed(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery")
 	}
-	r.cancel()
+	r.Cancel()
 	time.AfterFunc(100*time.Millisecond, func() { close(proc.block) })
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	proc.mu.Lock()
@@ -130,7 +130,7 @@ func TestStopDuringRetryWait(t *testing.T) {
 		t.Fatal("no delivery")
 	}
 	start := time.Now()
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 5*time.Second {

@@ -64,14 +64,14 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 	})
 	var gaveUp atomic.Int64
 	cfg := func(c *kafka.Config) {
-		c.Logger = slog.New(joinTimeouts{Handler: testLogger(t).Handler(), n: &gaveUp})
+		c.Logger = slog.New(joinTimeouts{Handler: testenv.Logger(t).Handler(), n: &gaveUp})
 		c.SessionTimeout = 2 * time.Second
 		c.HeartbeatInterval = 100 * time.Millisecond
 		c.RebalanceTimeout = 4 * time.Second
 		c.RevokeTimeout = 3 * time.Second
 		c.NetworkTimeout = time.Second
 	}
-	start := func() *running {
+	start := func() *testenv.Running {
 		src := e.source(cfg)
 		if noKeeper {
 			kafka.DisableKeeper(src)
@@ -89,8 +89,8 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 	const batch = 300
 	produce(0, batch)
 
-	members := []*running{start(), start(), start()}
-	eventually(t, 30*time.Second, "the group consumes", func() bool { return handled() > 0 })
+	members := []*testenv.Running{start(), start(), start()}
+	testenv.Eventually(t, 30*time.Second, "the group consumes", func() bool { return handled() > 0 })
 
 	// Faults, paced by a ticker: connection cuts, a member killed while
 	// its JoinGroup is held (a ghost), members leaving and joining.
@@ -106,7 +106,7 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 		case 2, 3:
 			old := members[0]
 			members = append(members[1:], start())
-			go old.cancel()
+			go old.Cancel()
 		}
 	}
 	faultsEnd := time.Now()
@@ -128,7 +128,7 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 		t.Errorf("members gave up %d JoinGroups held by the coordinator (i/o timeout)", n)
 	}
 	for _, m := range members {
-		if err := m.stop(t); err != nil {
+		if err := m.Stop(t, 30*time.Second); err != nil {
 			t.Errorf("Run returned %v, want nil", err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
@@ -74,7 +75,7 @@ func TestDrainHeartbeats(t *testing.T) {
 	var aGens, bGens []string
 	src := func(members *[]string) *kafka.Source {
 		s := e.source(func(c *kafka.Config) {
-			c.Logger = slog.New(generations{Handler: testLogger(t).Handler(), mu: &mu, members: members})
+			c.Logger = slog.New(generations{Handler: testenv.Logger(t).Handler(), mu: &mu, members: members})
 			c.SessionTimeout = time.Second
 			c.HeartbeatInterval = 100 * time.Millisecond
 			c.RebalanceTimeout = 10 * time.Second
@@ -91,9 +92,9 @@ func TestDrainHeartbeats(t *testing.T) {
 		return len(*members)
 	}
 	a := run(t, worker(t, "a", src(&aGens), h, consumer.WithConcurrency(2)))
-	eventually(t, 30*time.Second, "a's first generation", func() bool { return count(&aGens) == 1 })
+	testenv.Eventually(t, 30*time.Second, "a's first generation", func() bool { return count(&aGens) == 1 })
 	b := run(t, worker(t, "b", src(&bGens), h, consumer.WithConcurrency(2)))
-	eventually(t, 60*time.Second, "a generation with both members", func() bool { return count(&aGens) >= 2 && count(&bGens) >= 1 })
+	testenv.Eventually(t, 60*time.Second, "a generation with both members", func() bool { return count(&aGens) >= 2 && count(&bGens) >= 1 })
 	mu.Lock()
 	got := append([]string(nil), aGens...)
 	mu.Unlock()
@@ -103,8 +104,8 @@ func TestDrainHeartbeats(t *testing.T) {
 			break
 		}
 	}
-	for _, r := range []*running{a, b} {
-		if err := r.stop(t); err != nil {
+	for _, r := range []*testenv.Running{a, b} {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Errorf("Run returned %v, want nil", err)
 		}
 	}

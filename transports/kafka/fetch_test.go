@@ -10,6 +10,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
@@ -51,8 +52,8 @@ func TestFetchUsesResolver(t *testing.T) {
 	})
 	r := run(t, worker(t, "resolver", src, h))
 	ends := e.ends(e.topic, 1)
-	eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	if seen.Load() != 2 || res.lookups.Load() == 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
@@ -42,8 +43,8 @@ func TestCrashBeforeCommit(t *testing.T) {
 	s1 := e.source(nil)
 	kafka.SimulateCrash(s1)
 	r1 := run(t, worker(t, "crash", s1, h1))
-	eventually(t, 30*time.Second, "first member handled everything", func() bool { return rec1.distinct() == total })
-	if err := r1.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "first member handled everything", func() bool { return rec1.distinct() == total })
+	if err := r1.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	for p, c := range e.committed() {
@@ -60,8 +61,8 @@ func TestCrashBeforeCommit(t *testing.T) {
 	})
 	r2 := run(t, worker(t, "crash", e.source(nil), h2))
 	ends := e.ends(e.topic, e.parts)
-	eventually(t, 30*time.Second, "second member committed the ends", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r2.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "second member committed the ends", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r2.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if got := rec2.distinct(); got != total {
@@ -120,15 +121,15 @@ func TestRebalance(t *testing.T) {
 	defer stopWatch()
 
 	a := run(t, worker(t, "rb", e.source(nil), handler(false), consumer.WithConcurrency(4)))
-	eventually(t, 30*time.Second, "member A made progress", func() bool { return rec.distinct() >= 40 })
+	testenv.Eventually(t, 30*time.Second, "member A made progress", func() bool { return rec.distinct() >= 40 })
 	b := run(t, worker(t, "rb", e.source(nil), handler(true), consumer.WithConcurrency(4)))
-	eventually(t, 30*time.Second, "member B took partitions", func() bool { return byB.Load() >= 10 })
-	if err := a.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "member B took partitions", func() bool { return byB.Load() >= 10 })
+	if err := a.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("member A: Run returned %v, want nil", err)
 	}
 	ends := e.ends(e.topic, e.parts)
-	eventually(t, 30*time.Second, "committed offsets at the ends", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := b.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "committed offsets at the ends", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := b.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("member B: Run returned %v, want nil", err)
 	}
 	stopWatch()
@@ -169,7 +170,7 @@ func TestRevokeCancelsAfterTimeout(t *testing.T) {
 	defer stopWatch()
 	short := func(c *kafka.Config) { c.RevokeTimeout = 300 * time.Millisecond }
 	a := run(t, worker(t, "rv", e.source(short), hA))
-	eventually(t, 30*time.Second, "the stuck handler started", func() bool { return aRuns.Load() == 1 })
+	testenv.Eventually(t, 30*time.Second, "the stuck handler started", func() bool { return aRuns.Load() == 1 })
 	b := run(t, worker(t, "rv", e.source(short), hB))
 	select {
 	case err := <-cause:
@@ -179,9 +180,9 @@ func TestRevokeCancelsAfterTimeout(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the stuck handler was not cancelled after the rebalance")
 	}
-	eventually(t, 30*time.Second, "both messages committed", func() bool { return e.committed()[0] == 2 })
-	for _, r := range []*running{a, b} {
-		if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "both messages committed", func() bool { return e.committed()[0] == 2 })
+	for _, r := range []*testenv.Running{a, b} {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -218,14 +219,14 @@ func TestShutdown(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery")
 	}
-	r.cancel()
+	r.Cancel()
 	select {
-	case err := <-r.done:
-		t.Fatalf("Run returned %v while a handler was still running", err)
+	case <-r.Done():
+		t.Fatalf("Run returned %v while a handler was still running", r.Wait(t, time.Second))
 	case <-time.After(300 * time.Millisecond):
 	}
 	close(release)
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	if got := e.committed()[0]; got != 1 {
@@ -256,7 +257,7 @@ func TestCommitOnRevoke(t *testing.T) {
 		return nil, nil
 	})
 	a := run(t, worker(t, "cr", e.source(noInterval), hA))
-	eventually(t, 30*time.Second, "member A handled everything", func() bool { return rec.distinct() == total })
+	testenv.Eventually(t, 30*time.Second, "member A handled everything", func() bool { return rec.distinct() == total })
 	for p, c := range e.committed() {
 		if c >= 0 {
 			t.Fatalf("partition %d committed %d before any revoke: the interval is an hour", p, c)
@@ -269,11 +270,11 @@ func TestCommitOnRevoke(t *testing.T) {
 	})
 	b := run(t, worker(t, "cr", e.source(noInterval), hB))
 	ends := e.ends(e.topic, e.parts)
-	eventually(t, 30*time.Second, "commits at the ends after the rebalance", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := b.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "commits at the ends after the rebalance", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := b.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.stop(t); err != nil {
+	if err := a.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if n := byB.Load(); n != 0 {

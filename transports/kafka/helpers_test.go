@@ -2,9 +2,6 @@ package kafka_test
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -43,36 +40,15 @@ func newRealEnv(t *testing.T, partitions int) *env {
 // envOn makes a topic of its own, and names a group, on brokers.
 func envOn(t *testing.T, brokers []string, partitions int) *env {
 	t.Helper()
-	n := topicSeq.Add(1)
 	e := &env{
 		t:       t,
 		brokers: brokers,
-		topic:   fmt.Sprintf("t-%s-%d-%d", sanitize(t.Name()), time.Now().UnixNano()%1e6, n),
+		topic:   testenv.UniqueName(t, "t"),
 		parts:   partitions,
 	}
 	e.group = e.topic + "-g"
 	testenv.CreateKafkaTopic(t, brokers, e.topic, partitions)
 	return e
-}
-
-func sanitize(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
-			b[i] = '-'
-		}
-	}
-	if len(b) > 40 {
-		b = b[:40]
-	}
-	return string(b)
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	if os.Getenv("KAFKA_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
 }
 
 // config returns a Source config tuned for fast tests.
@@ -87,7 +63,7 @@ func (e *env) config() kafka.Config {
 		RevokeTimeout:     2 * time.Second,
 		MaxWait:           100 * time.Millisecond,
 		CommitInterval:    100 * time.Millisecond,
-		Logger:            testLogger(e.t),
+		Logger:            testenv.Logger(e.t),
 	}
 }
 
@@ -208,57 +184,15 @@ func (e *env) readAll(topic string, partitions int) []kafkago.Message {
 	return out
 }
 
-// eventually polls cond every 20ms until it holds or d passes.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+// run runs w until the test stops it (Stop) or ends.
+func run(t *testing.T, w *consumer.Worker) *testenv.Running {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// running is a Worker running in the background.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func run(t *testing.T, w *consumer.Worker) *running {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(30 * time.Second):
-			t.Errorf("worker did not stop within 30s")
-		}
-	})
-	return r
-}
-
-// stop cancels the worker and returns Run's result.
-func (r *running) stop(t *testing.T) error {
-	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err // for the cleanup
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("worker did not stop within 30s")
-		return nil
-	}
+	return testenv.Go(t, w.Run)
 }
 
 func worker(t *testing.T, name string, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *consumer.Worker {
 	t.Helper()
-	w := consumer.NewWorker(consumer.Config{Logger: testLogger(t), ShutdownTimeout: 10 * time.Second})
+	w := consumer.NewWorker(consumer.Config{Logger: testenv.Logger(t), ShutdownTimeout: 10 * time.Second})
 	if err := w.Handle(name, src, h, opts...); err != nil {
 		t.Fatal(err)
 	}

@@ -57,9 +57,9 @@ func TestIsolationThroughEngine(t *testing.T) {
 	src := e.source(func(c *kafka.Config) { c.DeadLetterTopic = dlq })
 	r := run(t, worker(t, "iso-engine", src, h, consumer.WithProcessor(dedup)))
 	ends := map[int]int64{0: 32}
-	eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
-	eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
+	testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	if n := e.ends(dlq, 1)[0]; n != 0 {

@@ -52,9 +52,9 @@ func TestIsolation(t *testing.T) {
 				// 30 records and 2 markers; the broker writes a marker after
 				// EndTransaction returns.
 				ends := map[int]int64{0: 32}
-				eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
-				eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-				if err := r.stop(t); err != nil {
+				testenv.Eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
+				testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+				if err := r.Stop(t, 30*time.Second); err != nil {
 					t.Fatalf("Run returned %v, want nil", err)
 				}
 
@@ -168,7 +168,7 @@ func TestOpenTransaction(t *testing.T) {
 			r := run(t, worker(t, "open", e.source(nil), h))
 			// The committed offset stops at the open transaction's first
 			// record (offset 2): nothing after it was fetched.
-			eventually(t, 30*time.Second, "committed offset at the open transaction", func() bool { return e.committed()[0] >= 2 })
+			testenv.Eventually(t, 30*time.Second, "committed offset at the open transaction", func() bool { return e.committed()[0] >= 2 })
 			mu.Lock()
 			before := slices.Clone(seen)
 			mu.Unlock()
@@ -182,9 +182,9 @@ func TestOpenTransaction(t *testing.T) {
 			// The broker writes the commit marker after EndTransaction
 			// returns.
 			ends := map[int]int64{0: 7}
-			eventually(t, 30*time.Second, "the commit marker at offset 6", func() bool { return e.ends(e.topic, 1)[0] == 7 })
-			eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-			if err := r.stop(t); err != nil {
+			testenv.Eventually(t, 30*time.Second, "the commit marker at offset 6", func() bool { return e.ends(e.topic, 1)[0] == 7 })
+			testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+			if err := r.Stop(t, 30*time.Second); err != nil {
 				t.Fatalf("Run returned %v, want nil", err)
 			}
 			mu.Lock()
@@ -225,7 +225,7 @@ func TestStartLatestOpenTransaction(t *testing.T) {
 			r := run(t, worker(t, "latest", e.source(func(c *kafka.Config) { c.Start = kafka.StartLatest }), h))
 			// The member commits the position it resolved: 1, or 3 (the
 			// end) when it passed the open transaction.
-			eventually(t, 30*time.Second, "a committed offset", func() bool { return e.committed()[0] >= 1 })
+			testenv.Eventually(t, 30*time.Second, "a committed offset", func() bool { return e.committed()[0] >= 1 })
 			if c := e.committed()[0]; c != 1 {
 				t.Fatalf("start at latest: committed %d, want 1 (the open transaction's first offset)", c)
 			}
@@ -233,9 +233,9 @@ func TestStartLatestOpenTransaction(t *testing.T) {
 				t.Fatal(err)
 			}
 			ends := map[int]int64{0: 4}
-			eventually(t, 30*time.Second, "the commit marker at offset 3", func() bool { return e.ends(e.topic, 1)[0] == 4 })
-			eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
-			if err := r.stop(t); err != nil {
+			testenv.Eventually(t, 30*time.Second, "the commit marker at offset 3", func() bool { return e.ends(e.topic, 1)[0] == 4 })
+			testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
+			if err := r.Stop(t, 30*time.Second); err != nil {
 				t.Fatalf("Run returned %v, want nil", err)
 			}
 			mu.Lock()

@@ -59,8 +59,8 @@ func TestKcatEndToEnd(t *testing.T) {
 	})
 	r := run(t, worker(t, "kcat", e.source(nil), h))
 	ends := e.ends(e.topic, e.parts)
-	eventually(t, 30*time.Second, "all input committed", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "all input committed", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 

@@ -39,19 +39,19 @@ func TestLeaderMove(t *testing.T) {
 		return nil, nil
 	})
 	r := run(t, worker(t, "move", e.source(nil), h))
-	eventually(t, 30*time.Second, "the first 50 handled", func() bool { return rec.distinct() == 50 })
-	eventually(t, 30*time.Second, "the commit at offset 50", func() bool { return e.committed()[0] == 50 })
+	testenv.Eventually(t, 30*time.Second, "the first 50 handled", func() bool { return rec.distinct() == 50 })
+	testenv.Eventually(t, 30*time.Second, "the commit at offset 50", func() bool { return e.committed()[0] == 50 })
 
 	leader := partitionLeader(t, nodes.Brokers, topic)
 	nodes.Kill(t, leader)
 	t.Cleanup(func() { nodes.Start(t, leader) })
-	eventually(t, 30*time.Second, "a new leader", func() bool {
+	testenv.Eventually(t, 30*time.Second, "a new leader", func() bool {
 		l := partitionLeaderOf(nodes.Brokers, topic)
 		return l > 0 && l != leader
 	})
 	e.produce(e.topic, batch(50))
-	eventually(t, 60*time.Second, "the commit at offset 100", func() bool { return e.committed()[0] == 100 })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 60*time.Second, "the commit at offset 100", func() bool { return e.committed()[0] == 100 })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if rec.distinct() != 100 || rec.runs() != 100 {

@@ -3,7 +3,6 @@ package kafka_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +39,7 @@ func TestSASL(t *testing.T) {
 	}
 	for _, c := range mechs {
 		src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group + "-" + c.Username, SASL: &c,
-			SessionTimeout: time.Second, MaxWait: 100 * time.Millisecond, Logger: testLogger(t)})
+			SessionTimeout: time.Second, MaxWait: 100 * time.Millisecond, Logger: testenv.Logger(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +59,7 @@ func TestSASL(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("%s: nothing consumed", c.Mechanism)
 		}
-		if err := r.stop(t); err != nil {
+		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatalf("%s: %v", c.Mechanism, err)
 		}
 	}
@@ -99,23 +98,18 @@ func TestUnknownTopic(t *testing.T) {
 // cancelling stops the wait and Run returns nil.
 func TestBrokersDown(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
+	addr := testenv.FreeAddr(t)
 	src, err := kafka.New(kafka.Config{Brokers: []string{addr}, Topic: "t", GroupID: "g", NetworkTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := run(t, worker(t, "down", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })))
 	select {
-	case err := <-r.done:
-		t.Fatalf("Run returned %v while the brokers were down; want it to wait", err)
+	case <-r.Done():
+		t.Fatalf("Run returned %v while the brokers were down; want it to wait", r.Wait(t, time.Second))
 	case <-time.After(time.Second):
 	}
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v after cancel, want nil", err)
 	}
 }

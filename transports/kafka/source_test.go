@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafka"
 )
 
@@ -68,8 +69,8 @@ func TestPartitionOrder(t *testing.T) {
 	r := run(t, w)
 
 	ends := e.ends(e.topic, parts)
-	eventually(t, 30*time.Second, "committed offsets at the partition ends", func() bool { return reachedEnds(e.committed(), ends) })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "committed offsets at the partition ends", func() bool { return reachedEnds(e.committed(), ends) })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	if got := maxInflight.Load(); got > concurrency {
@@ -132,7 +133,7 @@ func TestKeyOrdering(t *testing.T) {
 	r := run(t, w)
 
 	// Everything but the slow message finishes.
-	eventually(t, 30*time.Second, "all other messages handled", func() bool {
+	testenv.Eventually(t, 30*time.Second, "all other messages handled", func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		return len(rec.finished[0]) == int(total-1)
@@ -150,8 +151,8 @@ func TestKeyOrdering(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	close(release)
-	eventually(t, 10*time.Second, "commit at the partition end", func() bool { return e.committed()[0] == total })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 10*time.Second, "commit at the partition end", func() bool { return e.committed()[0] == total })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 	for k := range keys {
@@ -249,8 +250,8 @@ func TestRetryInPlaceThenDeadLetter(t *testing.T) {
 	src := e.source(func(c *kafka.Config) { c.DeadLetterTopic = dlq })
 	w := worker(t, "dl", src, h, consumer.WithProcessor(deadLetterAfter3("bad", &calls)))
 	r := run(t, w)
-	eventually(t, 30*time.Second, "commit at the end of partition 1", func() bool { return e.committed()[1] == 4 })
-	if err := r.stop(t); err != nil {
+	testenv.Eventually(t, 30*time.Second, "commit at the end of partition 1", func() bool { return e.committed()[1] == 4 })
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
 	}
 
@@ -331,7 +332,7 @@ func TestNoDeadLetterTopic(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery")
 	}
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -47,7 +47,7 @@ func TestTLS(t *testing.T) {
 	w.Close()
 
 	src, err := kafka.New(kafka.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group, TLS: clientTLS, SASL: auth,
-		SessionTimeout: time.Second, Logger: testLogger(t)})
+		SessionTimeout: time.Second, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestTLS(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("nothing consumed over TLS")
 	}
-	if err := r.stop(t); err != nil {
+	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
 )
 
@@ -51,10 +52,13 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 			defer mu.Unlock()
 			return len(handled) == n && len(handled["m7"]) == 2
 		}
-		eventually(t, 30*time.Second, done, func() string {
+		testenv.EventuallyNil(t, 30*time.Second, "every message handled, m7 twice", func() error {
+			if done() {
+				return nil
+			}
 			mu.Lock()
 			defer mu.Unlock()
-			return fmt.Sprintf("%d of %d handled, m7 %v", len(handled), n, handled["m7"])
+			return fmt.Errorf("%d of %d handled, m7 %v", len(handled), n, handled["m7"])
 		})
 		e.drained(t, "c", 10*time.Second)
 		mu.Lock()

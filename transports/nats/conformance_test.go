@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/sourcetest"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
 )
 
@@ -24,7 +25,7 @@ func TestSourceConformance(t *testing.T) {
 		sourcetest.Run(t, func(t *testing.T) *sourcetest.Env {
 			// Each check has a subject and a durable of its own on the
 			// stream: a filter keeps it to its own messages.
-			id := randID()
+			id := testenv.RandID()
 			subj := e.subj + "." + id
 			return &sourcetest.Env{
 				Transport: "nats",

@@ -2,11 +2,8 @@ package nats_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -39,12 +36,6 @@ type env struct {
 	subj   string
 }
 
-func randID() string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 func newEnv(t *testing.T, url string) *env {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
@@ -56,18 +47,7 @@ func newEnv(t *testing.T, url string) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Only letters, digits, '_' and '-': nats-server 2.9 loses the acks of a
-	// stream whose name holds a '%' (it formats the ack subject with it).
-	name := strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
-			return r
-		}
-		return '_'
-	}, t.Name())
-	if len(name) > 40 {
-		name = name[len(name)-40:]
-	}
-	e := &env{url: url, nc: nc, js: js, stream: "T_" + name + "_" + randID()}
+	e := &env{url: url, nc: nc, js: js, stream: testenv.UniqueName(t, "T")}
 	e.subj = strings.ToLower(e.stream)
 	e.createStream(t, e.stream, e.subj+".>")
 	return e
@@ -132,20 +112,20 @@ func (e *env) consumerInfo(t *testing.T, name string) *jetstream.ConsumerInfo {
 // drained waits until the consumer has delivered and settled everything.
 func (e *env) drained(t *testing.T, name string, timeout time.Duration) {
 	t.Helper()
-	info := &jetstream.ConsumerInfo{}
-	var lastErr error
-	eventually(t, timeout, func() bool {
+	testenv.EventuallyNil(t, timeout, "consumer "+name+" drained", func() error {
 		ctx := ctxT(t, 5*time.Second)
 		c, err := e.js.Consumer(ctx, e.stream, name)
-		if err == nil {
-			info, err = c.Info(ctx)
+		if err != nil { // not created yet
+			return err
 		}
-		if lastErr = err; err != nil { // not created yet
-			return false
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
 		}
-		return info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
-	}, func() string {
-		return fmt.Sprintf("consumer %s not drained (%v): pending %d, ack pending %d, redelivered %d", name, lastErr, info.NumPending, info.NumAckPending, info.NumRedelivered)
+		if info.NumPending != 0 || info.NumAckPending != 0 || info.NumRedelivered != 0 {
+			return fmt.Errorf("pending %d, ack pending %d, redelivered %d", info.NumPending, info.NumAckPending, info.NumRedelivered)
+		}
+		return nil
 	})
 }
 
@@ -155,67 +135,18 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// eventually polls cond every 20ms until it holds or timeout passes.
-func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, msg())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// running is a Worker.Run in progress.
-type running struct {
-	cancel context.CancelFunc
-	done   chan error
-}
-
 // run starts a worker with one handler on src and returns a handle; the
 // test's cleanup stops it if the test did not.
-func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *running {
+func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *testenv.Running {
 	t.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
+		cfg.Logger = testenv.Logger(t)
 	}
 	w := consumer.NewWorker(cfg)
 	if err := w.Handle("h", src, h, opts...); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(60 * time.Second):
-			t.Error("worker did not stop")
-		}
-	})
-	return r
-}
-
-// wait returns Run's result, failing the test after timeout.
-func (r *running) wait(t *testing.T, timeout time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-r.done:
-		r.done <- err // keep it for the cleanup
-		return err
-	case <-time.After(timeout):
-		t.Fatalf("Run did not return within %s", timeout)
-		return nil
-	}
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	if os.Getenv("NATS_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	return testenv.Go(t, w.Run)
 }
 
 // seen records handler runs by payload.

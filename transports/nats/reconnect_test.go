@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"context"
+
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -63,11 +65,11 @@ func TestReconnect(t *testing.T) {
 
 	s1.Shutdown()
 	s1.WaitForShutdown()
-	eventually(t, 5*time.Second, func() bool { return !nc.IsConnected() }, func() string { return "still connected" })
+	testenv.Eventually(t, 5*time.Second, "the connection lost", func() bool { return !nc.IsConnected() })
 	o2 := opts.Clone()
 	o2.Port = port
 	start(o2)
-	eventually(t, 10*time.Second, nc.IsConnected, func() string { return "did not reconnect" })
+	testenv.Eventually(t, 10*time.Second, "a reconnect", nc.IsConnected)
 	publish(5, 10)
 	e.drained(t, "c", 20*time.Second)
 	for i := range 10 {
@@ -91,7 +93,7 @@ func TestClosedConnection(t *testing.T) {
 		r := run(t, consumer.Config{}, newSource(t, &own, natstr.Config{}), idle)
 		e.drained(t, "c", 10*time.Second) // bound and idle
 		nc.Close()
-		err = r.wait(t, 10*time.Second)
+		err = r.Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "connection closed") || !strings.Contains(err.Error(), e.stream) {
 			t.Errorf("Run = %v, want a closed-connection error naming the stream", err)
 		}

@@ -28,7 +28,7 @@ func newSource(t *testing.T, e *env, cfg natstr.Config) *natstr.Source {
 		cfg.Consumer = "c"
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
+		cfg.Logger = testenv.Logger(t)
 	}
 	if cfg.FetchMaxWait == 0 {
 		cfg.FetchMaxWait = 200 * time.Millisecond
@@ -115,7 +115,12 @@ func TestFetchAck(t *testing.T) {
 		})
 		src := newSource(t, e, natstr.Config{AckWait: 7 * time.Second})
 		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(7))
-		eventually(t, 20*time.Second, func() bool { return s.count() >= n }, func() string { return fmt.Sprintf("%d of %d handled", s.count(), n) })
+		testenv.EventuallyNil(t, 20*time.Second, "every message handled", func() error {
+			if c := s.count(); c < n {
+				return fmt.Errorf("%d of %d handled", c, n)
+			}
+			return nil
+		})
 		e.drained(t, "c", 10*time.Second)
 		if s.count() != n {
 			t.Errorf("handled %d times, want %d", s.count(), n)
@@ -228,7 +233,12 @@ func TestConcurrencyCap(t *testing.T) {
 			return nil, nil
 		})
 		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), h, consumer.WithConcurrency(limit))
-		eventually(t, 20*time.Second, func() bool { return done.Load() == n }, func() string { return fmt.Sprintf("%d of %d done", done.Load(), n) })
+		testenv.EventuallyNil(t, 20*time.Second, "every message done", func() error {
+			if d := done.Load(); d != n {
+				return fmt.Errorf("%d of %d done", d, n)
+			}
+			return nil
+		})
 		if p := peak.Load(); p != limit {
 			t.Errorf("peak concurrency %d, want exactly %d", p, limit)
 		}
@@ -511,7 +521,7 @@ func TestDeadLetterLoopRefused(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		src := newSource(t, e, natstr.Config{DeadLetterSubject: e.subj + ".dlq"})
 		r := run(t, consumer.Config{}, src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }))
-		err := r.wait(t, 10*time.Second)
+		err := r.Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "consumed again") {
 			t.Errorf("Run = %v, want the dead-letter loop refused", err)
 		}
@@ -554,7 +564,7 @@ func TestGoneIsAnError(t *testing.T) {
 	t.Run("missing stream", func(t *testing.T) {
 		forEachServer(t, func(t *testing.T, e *env) {
 			src := newSource(t, e, natstr.Config{Stream: e.stream + "_NONE"})
-			err := run(t, consumer.Config{}, src, idle).wait(t, 10*time.Second)
+			err := run(t, consumer.Config{}, src, idle).Wait(t, 10*time.Second)
 			if !errors.Is(err, jetstream.ErrStreamNotFound) || !strings.Contains(err.Error(), e.stream+"_NONE") {
 				t.Errorf("Run = %v", err)
 			}
@@ -562,7 +572,7 @@ func TestGoneIsAnError(t *testing.T) {
 	})
 	t.Run("bind only", func(t *testing.T) {
 		forEachServer(t, func(t *testing.T, e *env) {
-			err := run(t, consumer.Config{}, newSource(t, e, natstr.Config{BindOnly: true}), idle).wait(t, 10*time.Second)
+			err := run(t, consumer.Config{}, newSource(t, e, natstr.Config{BindOnly: true}), idle).Wait(t, 10*time.Second)
 			check(t, err, e, jetstream.ErrConsumerNotFound)
 		})
 	})
@@ -576,7 +586,7 @@ func TestGoneIsAnError(t *testing.T) {
 					return nil, nil
 				})
 				r := run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), h)
-				eventually(t, 10*time.Second, func() bool { return s.count() == 3 }, func() string { return "messages not handled" })
+				testenv.Eventually(t, 10*time.Second, "the 3 messages handled", func() bool { return s.count() == 3 })
 				ctx := ctxT(t, 5*time.Second)
 				var err error
 				target := jetstream.ErrConsumerNotFound
@@ -589,7 +599,7 @@ func TestGoneIsAnError(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				err = r.wait(t, 15*time.Second)
+				err = r.Wait(t, 15*time.Second)
 				check(t, err, e, target)
 			})
 		})
@@ -623,9 +633,9 @@ func TestShutdownInFlight(t *testing.T) {
 				t.Fatal("handlers did not start")
 			}
 		}
-		r.cancel()
+		r.Cancel()
 		close(release)
-		if err := r.wait(t, 10*time.Second); err != nil {
+		if err := r.Wait(t, 10*time.Second); err != nil {
 			t.Fatalf("Run = %v, want nil", err)
 		}
 		// The second worker sees exactly m2 and m3 (nakked by the cancelled
@@ -649,12 +659,11 @@ func TestSecondConsumeRefused(t *testing.T) {
 		src := newSource(t, e, natstr.Config{})
 		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
 		run(t, consumer.Config{}, src, idle)
-		eventually(t, 10*time.Second, func() bool {
-			ctx := ctxT(t, 5*time.Second)
-			_, err := e.js.Consumer(ctx, e.stream, "c")
-			return err == nil
-		}, func() string { return "consumer not created" })
-		err := run(t, consumer.Config{}, src, idle).wait(t, 10*time.Second)
+		testenv.EventuallyNil(t, 10*time.Second, "the consumer created", func() error {
+			_, err := e.js.Consumer(ctxT(t, 5*time.Second), e.stream, "c")
+			return err
+		})
+		err := run(t, consumer.Config{}, src, idle).Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "already consuming") {
 			t.Errorf("second Run = %v", err)
 		}

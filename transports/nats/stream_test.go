@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	natstr "github.com/idemkit/dedupworker/transports/nats"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -88,15 +89,24 @@ func TestStreamBoundedByConcurrency(t *testing.T) {
 		openGate := func() { open.Do(func() { close(gate) }) }
 		t.Cleanup(openGate) // before the worker's stop, also when the test fails
 		// Every slot busy, and the client's buffer filled as far as it goes.
-		eventually(t, 10*time.Second, func() bool { return active.Load() == limit && e.ackPending(t) > 2*limit },
-			func() string { return fmt.Sprintf("%d active, %d ack pending", active.Load(), e.ackPending(t)) })
+		testenv.EventuallyNil(t, 10*time.Second, "the limit active and more held", func() error {
+			if a, p := active.Load(), e.ackPending(t); a != limit || p <= 2*limit {
+				return fmt.Errorf("%d active, %d ack pending", a, p)
+			}
+			return nil
+		})
 		// It stays bounded across pull renewals (the pull expiry is 1s).
 		never(t, 2500*time.Millisecond, func() bool { return e.ackPending(t) > maxHeld || active.Load() > limit },
 			func() string {
 				return fmt.Sprintf("%d ack pending (at most %d expected), %d active", e.ackPending(t), maxHeld, active.Load())
 			})
 		openGate()
-		eventually(t, 20*time.Second, func() bool { return done.Load() == n }, func() string { return fmt.Sprintf("%d of %d done", done.Load(), n) })
+		testenv.EventuallyNil(t, 20*time.Second, "every message done", func() error {
+			if d := done.Load(); d != n {
+				return fmt.Errorf("%d of %d done", d, n)
+			}
+			return nil
+		})
 		e.drained(t, "c", 10*time.Second)
 		if p := peak.Load(); p != limit {
 			t.Errorf("peak concurrency %d, want exactly %d", p, limit)
@@ -158,11 +168,15 @@ func TestStopNaksBuffered(t *testing.T) {
 			}
 		}
 		// Messages are waiting in the client, beyond those being handled.
-		eventually(t, 10*time.Second, func() bool { return e.ackPending(t) > limit },
-			func() string { return fmt.Sprintf("%d ack pending, want more than %d", e.ackPending(t), limit) })
-		r.cancel()
+		testenv.EventuallyNil(t, 10*time.Second, fmt.Sprintf("more than %d ack pending", limit), func() error {
+			if p := e.ackPending(t); p <= limit {
+				return fmt.Errorf("%d ack pending", p)
+			}
+			return nil
+		})
+		r.Cancel()
 		releaseAll()
-		if err := r.wait(t, 10*time.Second); err != nil {
+		if err := r.Wait(t, 10*time.Second); err != nil {
 			t.Fatalf("Run = %v, want nil", err)
 		}
 		if got := len(started); got != 0 {
@@ -177,8 +191,12 @@ func TestStopNaksBuffered(t *testing.T) {
 			return nil, nil
 		})
 		run(t, consumer.Config{}, newSource(t, e, natstr.Config{}), h2, consumer.WithConcurrency(limit))
-		eventually(t, 10*time.Second, func() bool { return s.count() >= n+later },
-			func() string { return fmt.Sprintf("%d of %d handled: not redelivered promptly", s.count(), n+later) })
+		testenv.EventuallyNil(t, 10*time.Second, "the nakked messages redelivered promptly", func() error {
+			if c := s.count(); c < n+later {
+				return fmt.Errorf("%d of %d handled", c, n+later)
+			}
+			return nil
+		})
 		e.drained(t, "c", 10*time.Second)
 		for i := range n {
 			want := 1

@@ -5,12 +5,9 @@ package dashboardtest
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -232,7 +229,7 @@ func TestDashboardMetricsExported(t *testing.T) {
 	natsURL := testenv.NATS(t)
 	redisURL := testenv.Redis(t)
 
-	id := randID(t)
+	id := testenv.RandID()
 	stream, subject, handler := "DASH_"+strings.ToUpper(id), "dash."+id, "dash-"+id
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
@@ -250,7 +247,7 @@ func TestDashboardMetricsExported(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = js.DeleteStream(context.Background(), stream) })
 
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	cfg := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, `redis: {url: %q, namespace: %q}
 http: {addr: %q}
@@ -422,24 +419,4 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	slices.Sort(ks)
 	return ks
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
-
-func randID(t *testing.T) string {
-	t.Helper()
-	b := make([]byte, 5)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(b)
 }
