@@ -80,6 +80,7 @@ func benchKafkaRelay(b *testing.B) {
 	var elapsed, steady time.Duration
 	for i := 0; i < b.N; i++ {
 		id := "relay-" + testenv.RandID()
+		testenv.DropNamespace(b, id)
 		in, out := "in-"+id, "out-"+id
 		testenv.CreateKafkaTopic(b, brokers, in, 8)
 		testenv.CreateKafkaTopic(b, brokers, out, 8)
@@ -139,6 +140,7 @@ func benchNATSRelay(b *testing.B) {
 	var elapsed, steady time.Duration
 	for i := 0; i < b.N; i++ {
 		id := strings.ReplaceAll("relay-"+testenv.RandID(), "-", "_")
+		testenv.DropNamespace(b, id)
 		in, out := "IN_"+id, "OUT_"+id
 		ctx := context.Background()
 		for _, s := range []string{in, out} {

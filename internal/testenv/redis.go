@@ -149,3 +149,32 @@ func probeCluster(addrs []string) error {
 	}
 	return nil
 }
+
+// DropNamespace registers a cleanup that deletes every key of namespace ns
+// (ns:* and {ns}:*) from the shared Redis when the test ends, for tests and
+// benchmarks that write many records with long retentions: left behind, they
+// would make every later SCAN of the shared server walk them.
+func DropNamespace(t testing.TB, ns string) {
+	t.Helper()
+	client := RedisClient(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		for _, pattern := range []string{ns + ":*", "{" + ns + "}:*"} {
+			iter := client.Scan(ctx, 0, pattern, 1000).Iterator()
+			batch := make([]string, 0, 1000)
+			for iter.Next(ctx) {
+				if batch = append(batch, iter.Val()); len(batch) == cap(batch) {
+					client.Unlink(ctx, batch...)
+					batch = batch[:0]
+				}
+			}
+			if len(batch) > 0 {
+				client.Unlink(ctx, batch...)
+			}
+			if err := iter.Err(); err != nil {
+				t.Logf("testenv: dropping namespace %s: %v", ns, err)
+			}
+		}
+	})
+}
