@@ -156,3 +156,28 @@ func TestGo(t *testing.T) {
 		t.Fatalf("Wait after Stop = %v", err)
 	}
 }
+
+func TestDropNamespaceDeletesOnlyItsOwnKeys(t *testing.T) {
+	client := testenv.RedisClient(t)
+	ctx := context.Background()
+	ns, other := "drop-"+testenv.RandID(), "keep-"+testenv.RandID()
+	keep := other + ":k"
+	if err := client.Set(ctx, keep, "v", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Del(ctx, keep) })
+	t.Run("writes", func(t *testing.T) {
+		testenv.DropNamespace(t, ns)
+		for i := range 2500 { // more than one SCAN batch
+			if err := client.Set(ctx, fmt.Sprintf("%s:k-%d", ns, i), "v", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	if n, err := client.Keys(ctx, ns+":*").Result(); err != nil || len(n) != 0 {
+		t.Fatalf("after the cleanup, %d keys of %s are left (%v)", len(n), ns, err)
+	}
+	if n, err := client.Exists(ctx, keep).Result(); err != nil || n != 1 {
+		t.Fatalf("another namespace's key is gone (%d, %v)", n, err)
+	}
+}
