@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -245,21 +246,44 @@ func (s *Sentinel) kill(addr string) error {
 	return nil
 }
 
-// RestartNode starts the data node at addr again; the Sentinels make it a
-// replica of the current primary.
+// RestartNode starts the data node at addr again, as a replica of the
+// primary every Sentinel names when they agree on one other than addr. A
+// node without persistence that came back as a primary, even until the
+// Sentinels reconfigure it, could be elected again with an empty dataset
+// under load; started as a replica it never holds that role.
 func (s *Sentinel) RestartNode(addr string) error {
+	var follow []string
+	if p, err := s.agreedPrimary(); err == nil && p != addr {
+		host, port, _ := net.SplitHostPort(p)
+		follow = []string{"--replicaof", host, port}
+	}
 	if s.procs != nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.procs[addr] != nil {
 			return nil
 		}
-		return s.spawn(addr)
+		return s.spawn(addr, follow...)
 	}
 	_, port, _ := net.SplitHostPort(addr)
 	out, err := exec.Command("bash", filepath.Join(s.dir, port, "start.sh")).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("testenv: restarting redis %s: %v: %s", addr, err, out)
+	}
+	if len(follow) == 0 {
+		return nil
+	}
+	// The shared deployment's start.sh takes no arguments: turn the node
+	// into a replica as soon as it answers.
+	if err := awaitPing(&redis.Options{Addr: addr}, 10*time.Second); err != nil {
+		return fmt.Errorf("testenv: redis %s does not answer after its restart: %v", addr, err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: redisProbe, MaxRetries: -1})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), redisProbe)
+	defer cancel()
+	if err := c.Do(ctx, "REPLICAOF", follow[1], follow[2]).Err(); err != nil {
+		return fmt.Errorf("testenv: making the restarted %s a replica of %s:%s: %v", addr, follow[1], follow[2], err)
 	}
 	return nil
 }
@@ -336,8 +360,8 @@ func StartSentinel(t testing.TB) *Sentinel {
 }
 
 // spawn starts the process of addr; s.mu is held.
-func (s *Sentinel) spawn(addr string) error {
-	args := s.args[addr]
+func (s *Sentinel) spawn(addr string, extra ...string) error {
+	args := append(slices.Clone(s.args[addr]), extra...)
 	cmd := exec.Command(args[0], args[1:]...)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("testenv: starting %s: %v", args[0], err)
