@@ -7,7 +7,7 @@
 // A worker is a store, a source and a handler:
 //
 //	store, err := redisbackend.NewFromURL(ctx, "redis://127.0.0.1:6379/0", redisbackend.Options{})
-//	src, err := natstr.New(js, natstr.Config{Stream: "ORDERS", Consumer: "orders"}) // transports/nats
+//	src, err := natssource.New(js, natssource.Config{Stream: "ORDERS", Consumer: "orders"}) // transports/natssource
 //	w, err := dedupworker.NewWorker(store, dedupworker.Config{Logger: log})
 //	err = w.Handle("orders", src, dedupworker.HandlerFunc(ship), dedupworker.WithLease(30*time.Second))
 //	err = w.Run(ctx)

@@ -20,7 +20,7 @@ type (
 	Handler = consumer.Handler
 	// HandlerFunc adapts a function to Handler.
 	HandlerFunc = consumer.HandlerFunc
-	// Source is a transport: transports/kafka and transports/nats make one.
+	// Source is a transport: transports/kafkasource and transports/natssource make one.
 	Source = consumer.Source
 	// Store is the deduplication state: redisbackend makes one for
 	// production, idempotency/memstore one for tests.

@@ -1,7 +1,7 @@
 // Package consumer defines the transport-neutral vocabulary of dedupworker:
 // a Message, the Delivery that carries its acknowledgement obligations, the
 // Handler that does the user's work, and the Source and Processor contracts
-// through which transports (transports/kafka, transports/nats) and the
+// through which transports (transports/kafkasource, transports/natssource) and the
 // deduplication engine (package idempotency) meet.
 //
 // The package imports only the standard library. Transports implement Source

@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	"github.com/idemkit/dedupworker/transports/kafka"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 // kafkaCountOutcomes counts settled deliveries (consumer.HookOutcome).
@@ -94,17 +94,17 @@ func kafkaBenchReader(b *testing.B, h *kafkaHarness, n int) time.Duration {
 // kafkaBenchWorkerKeyed runs with key ordering: the benchmark's messages
 // carry no Kafka key, so nothing orders them and they run 16 at a time.
 func kafkaBenchWorkerKeyed(b *testing.B, h *kafkaHarness, n int) time.Duration {
-	return kafkaBenchWorkerWith(true, kafka.OrderingKey)(b, h, n)
+	return kafkaBenchWorkerWith(true, kafkasource.OrderingKey)(b, h, n)
 }
 
 func kafkaBenchWorker(dedup bool) func(b *testing.B, h *kafkaHarness, n int) time.Duration {
-	return kafkaBenchWorkerWith(dedup, kafka.OrderingPartition)
+	return kafkaBenchWorkerWith(dedup, kafkasource.OrderingPartition)
 }
 
 func kafkaBenchWorkerWith(dedup bool, ordering string) func(b *testing.B, h *kafkaHarness, n int) time.Duration {
 	return func(b *testing.B, h *kafkaHarness, n int) time.Duration {
 		b.StopTimer()
-		src, err := kafka.New(kafka.Config{
+		src, err := kafkasource.New(kafkasource.Config{
 			Brokers: h.brokers, Topic: h.topic, GroupID: h.group,
 			SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 			MaxWait: 100 * time.Millisecond, Ordering: ordering,

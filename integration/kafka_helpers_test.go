@@ -21,7 +21,7 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
-	"github.com/idemkit/dedupworker/transports/kafka"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 // kafkaEachBroker runs f against real Apache Kafka (testenv.Kafka: the
@@ -262,12 +262,12 @@ type kafkaWorkerSpec struct {
 	concurrency int
 	hooks       consumer.Hooks
 	opts        []idempotency.Option
-	source      func(*kafka.Config)
+	source      func(*kafkasource.Config)
 	spy         *kafkaAckSpy
 }
 
-func (h *kafkaHarness) sourceConfig(t testing.TB) kafka.Config {
-	return kafka.Config{
+func (h *kafkaHarness) sourceConfig(t testing.TB) kafkasource.Config {
+	return kafkasource.Config{
 		Brokers:           h.brokers,
 		Topic:             h.topic,
 		GroupID:           h.group,
@@ -287,7 +287,7 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *testenv.Runnin
 	if spec.source != nil {
 		spec.source(&cfg)
 	}
-	src, err := kafka.New(cfg)
+	src, err := kafkasource.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

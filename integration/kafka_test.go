@@ -25,7 +25,7 @@ import (
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	"github.com/idemkit/dedupworker/transports/kafka"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 // kafkaOutcomes counts outcomes (consumer.HookOutcome).
@@ -112,7 +112,7 @@ func kafkaCrashMember(t *testing.T) {
 		handler: newKafkaLedger().handler(),
 		spy:     spy,
 		// Never commit on the interval: the kill comes first.
-		source: func(c *kafka.Config) { c.CommitInterval = time.Hour },
+		source: func(c *kafkasource.Config) { c.CommitInterval = time.Hour },
 	})
 	<-r.Done() // until killed
 }
@@ -269,7 +269,11 @@ func TestKafkaKeyOrdering(t *testing.T) {
 		defer stopWatch()
 		r := h.start(t, kafkaWorkerSpec{handler: handler, concurrency: 8, spy: spy,
 			// MaxUnfinished lets the other keys of partition 0 (200 messages) run past the slow one.
-			source: func(c *kafka.Config) { c.Ordering = kafka.OrderingKey; c.BatchSize = 25; c.MaxUnfinished = 250 }})
+			source: func(c *kafkasource.Config) {
+				c.Ordering = kafkasource.OrderingKey
+				c.BatchSize = 25
+				c.MaxUnfinished = 250
+			}})
 
 		testenv.Eventually(t, 60*time.Second, "the messages after the slow one finished", func() bool { _, c := l.totals(); return c == len(plan)-1 })
 		// Several commit intervals pass: partition 0 must stay at offset 0.
@@ -333,7 +337,7 @@ func TestKafkaFailingHandler(t *testing.T) {
 		outs := &kafkaOutcomes{}
 		r := h.start(t, kafkaWorkerSpec{handler: handler, hooks: consumer.Hooks{outs},
 			opts:   []idempotency.Option{idempotency.WithMaxAttempts(3), idempotency.WithBackoff(50*time.Millisecond, time.Second)},
-			source: func(c *kafka.Config) { c.DeadLetterTopic = dlq }})
+			source: func(c *kafkasource.Config) { c.DeadLetterTopic = dlq }})
 		h.atEnds(t, 60*time.Second)
 		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatal(err)

@@ -7,10 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	natstr "github.com/idemkit/dedupworker/transports/nats"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 // BenchmarkWorkerVsPlain measures messages per second through the Worker
@@ -86,7 +87,7 @@ func benchDirect(b *testing.B, h *natsHarness, n int) time.Duration {
 			close(done)
 		}
 	})
-	src, err := natstr.New(h.js, natstr.Config{Stream: h.stream, Consumer: "direct", FetchMaxWait: 200 * time.Millisecond})
+	src, err := natssource.New(h.js, natssource.Config{Stream: h.stream, Consumer: "direct", FetchMaxWait: 200 * time.Millisecond})
 	if err != nil {
 		b.Fatal(err)
 	}

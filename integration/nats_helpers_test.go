@@ -20,7 +20,7 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
-	natstr "github.com/idemkit/dedupworker/transports/nats"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 // natsEachServer runs f against the system nats-server and an embedded
@@ -284,7 +284,7 @@ type natsWorkerSpec struct {
 // natsRunning is a Worker.Run in progress.
 type natsRunning struct {
 	*testenv.Running
-	src *natstr.Source
+	src *natssource.Source
 }
 
 // start runs a deduplicating worker with one handler named "orders".
@@ -316,7 +316,7 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := natstr.New(spec.js, natstr.Config{
+	src, err := natssource.New(spec.js, natssource.Config{
 		Stream: h.stream, Consumer: spec.consumer, AckWait: spec.ackWait, DeadLetterSubject: spec.dlq,
 		FetchMaxWait: 200 * time.Millisecond, Logger: log,
 	})

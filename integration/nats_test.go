@@ -14,11 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	natstr "github.com/idemkit/dedupworker/transports/nats"
-	"github.com/nats-io/nats.go"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 // TestNATSDuplicates: 10,000 messages, 30 % of them repeating an earlier
@@ -55,7 +56,7 @@ func TestNATSDuplicates(t *testing.T) {
 func TestNATSDuplicateRequestGetsStoredReply(t *testing.T) {
 	natsEachServer(t, func(t *testing.T, h *natsHarness) {
 		var runs atomic.Int32
-		var src atomic.Pointer[natstr.Source]
+		var src atomic.Pointer[natssource.Source]
 		handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 			n := runs.Add(1)
 			res := fmt.Appendf(nil, "result of run %d", n)
@@ -70,7 +71,7 @@ func TestNATSDuplicateRequestGetsStoredReply(t *testing.T) {
 			m := nats.NewMsg(h.subj + ".orders")
 			m.Data = []byte("order r1")
 			m.Header.Set("Idempotency-Key", "r1")
-			reply, err := natstr.Request(natsCtx(t, 20*time.Second), h.js, m)
+			reply, err := natssource.Request(natsCtx(t, 20*time.Second), h.js, m)
 			if err != nil {
 				t.Fatalf("request %d: %v", i, err)
 			}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 	"github.com/idemkit/dedupworker/consumer"
-	"github.com/idemkit/dedupworker/transports/kafka"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 const kafkaPartitions = 8
@@ -198,7 +198,7 @@ func (t *kafkaTransport) loop(ctx context.Context, id string, each func(context.
 }
 
 func (t *kafkaTransport) source(id string, concurrency int) (consumer.Source, error) {
-	return kafka.New(kafka.Config{
+	return kafkasource.New(kafkasource.Config{
 		Brokers: t.brokers, Topic: topic(id), GroupID: topic(id) + "-dedup",
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 		MaxWait: 100 * time.Millisecond, BatchSize: t.batch, Ordering: t.ordering,

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
-	natstr "github.com/idemkit/dedupworker/transports/nats"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 type natsTransport struct {
@@ -198,5 +198,5 @@ func (t *natsTransport) feed(ctx context.Context, id string, jobs chan<- job) (f
 }
 
 func (t *natsTransport) source(id string, concurrency int) (consumer.Source, error) {
-	return natstr.New(t.js, natstr.Config{Stream: streamName(id), Consumer: "dedup", FetchMaxWait: 100 * time.Millisecond})
+	return natssource.New(t.js, natssource.Config{Stream: streamName(id), Consumer: "dedup", FetchMaxWait: 100 * time.Millisecond})
 }

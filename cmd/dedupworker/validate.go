@@ -372,7 +372,7 @@ func openKafka(ctx context.Context, field string, brokers []string, s *config.SA
 }
 
 // natsSubjectCheck asks JetStream which stream captures subject, as the
-// dead-letter publisher does (transports/nats resolveDeadLetter): none, or
+// dead-letter publisher does (transports/natssource resolveDeadLetter): none, or
 // no JetStream at all, is a warning. out is "dead_letter" or
 // "action.forward".
 func natsSubjectCheck(ctx context.Context, js jetstream.JetStream, i int, handler, out, subject string) (string, error) {

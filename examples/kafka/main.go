@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemkit/dedupworker"
 	"github.com/idemkit/dedupworker/redisbackend"
-	"github.com/idemkit/dedupworker/transports/kafka"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 func main() {
@@ -26,7 +26,7 @@ func main() {
 	store, err := redisbackend.NewFromURL(ctx, cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), redisbackend.Options{Namespace: "example"})
 	check(log, err)
 	defer store.Close()
-	src, err := kafka.New(kafka.Config{
+	src, err := kafkasource.New(kafkasource.Config{
 		Brokers: strings.Split(cmp.Or(os.Getenv("KAFKA_BROKERS"), "127.0.0.1:9092"), ","),
 		Topic:   "orders", GroupID: "orders-dedup", DeadLetterTopic: "orders.dlq", Logger: log,
 	})

@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemkit/dedupworker"
 	"github.com/idemkit/dedupworker/redisbackend"
-	natstr "github.com/idemkit/dedupworker/transports/nats"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 func main() {
@@ -34,7 +34,7 @@ func main() {
 	store, err := redisbackend.NewFromURL(ctx, cmp.Or(os.Getenv("REDIS_URL"), "redis://127.0.0.1:6379/0"), redisbackend.Options{Namespace: "example"})
 	check(log, err)
 	defer store.Close()
-	src, err := natstr.New(js, natstr.Config{Stream: "ORDERS", Consumer: "orders", DeadLetterSubject: "dlq.orders"})
+	src, err := natssource.New(js, natssource.Config{Stream: "ORDERS", Consumer: "orders", DeadLetterSubject: "dlq.orders"})
 	check(log, err)
 	w, err := dedupworker.NewWorker(store, dedupworker.Config{Logger: log})
 	check(log, err)

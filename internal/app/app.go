@@ -30,8 +30,8 @@ import (
 	"github.com/idemkit/dedupworker/internal/config"
 	"github.com/idemkit/dedupworker/internal/metrics"
 	"github.com/idemkit/dedupworker/redisbackend"
-	"github.com/idemkit/dedupworker/transports/kafka"
-	natssrc "github.com/idemkit/dedupworker/transports/nats"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 // App is an assembled worker. Build it, Run it once, and it cleans up after
@@ -230,7 +230,7 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 		}
 		kc := h.KafkaConfig()
 		kc.Dialer, kc.Logger = d, log
-		src, err := kafka.New(kc)
+		src, err := kafkasource.New(kc)
 		if err != nil {
 			return nil, "", err
 		}
@@ -244,7 +244,7 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	}
 	nc := h.NATSConfig()
 	nc.Logger = log
-	src, err := natssrc.New(js, nc)
+	src, err := natssource.New(js, nc)
 	if err != nil {
 		return nil, "", err
 	}

@@ -300,7 +300,7 @@ func KafkaTransport(field string, s *config.SASL, t *config.TLS) (*kafkago.Trans
 	return &kafkago.Transport{SASL: mech, TLS: tc, DialTimeout: connectTimeout}, nil
 }
 
-// KafkaDialer is the base dialer of a Kafka source (transports/kafka
+// KafkaDialer is the base dialer of a Kafka source (transports/kafkasource
 // applies its timeout) with the same settings.
 func KafkaDialer(field string, s *config.SASL, t *config.TLS) (*kafkago.Dialer, error) {
 	mech, tc, err := kafkaAuth(field, s, t)

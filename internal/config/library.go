@@ -9,8 +9,8 @@ import (
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/redisbackend"
-	"github.com/idemkit/dedupworker/transports/kafka"
-	natssrc "github.com/idemkit/dedupworker/transports/nats"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 // The limits of the values this file builds are checked by the packages
@@ -47,15 +47,15 @@ func (h *Handler) DedupOptions() []idempotency.Option {
 }
 
 // KafkaConfig is the handler's Kafka source (source.kafka) as
-// transports/kafka takes it, without the Dialer (SASL and TLS) and the
+// transports/kafkasource takes it, without the Dialer (SASL and TLS) and the
 // Logger, which the caller adds. It is the zero Config when the source is
 // not Kafka.
-func (h *Handler) KafkaConfig() kafka.Config {
+func (h *Handler) KafkaConfig() kafkasource.Config {
 	k := h.Source.Kafka
 	if k == nil {
-		return kafka.Config{}
+		return kafkasource.Config{}
 	}
-	kc := kafka.Config{
+	kc := kafkasource.Config{
 		Brokers: k.Brokers, Topic: k.Topic, GroupID: k.Group, Start: k.Start,
 		SessionTimeout: k.SessionTimeout.D(), CommitInterval: k.CommitInterval.D(),
 		Ordering: h.Ordering, Isolation: k.Isolation,
@@ -66,15 +66,15 @@ func (h *Handler) KafkaConfig() kafka.Config {
 	return kc
 }
 
-// NATSConfig is the handler's NATS source (source.nats) as transports/nats
+// NATSConfig is the handler's NATS source (source.nats) as transports/natssource
 // takes it, without the Logger, which the caller adds. It is the zero
 // Config when the source is not NATS.
-func (h *Handler) NATSConfig() natssrc.Config {
+func (h *Handler) NATSConfig() natssource.Config {
 	n := h.Source.NATS
 	if n == nil {
-		return natssrc.Config{}
+		return natssource.Config{}
 	}
-	nc := natssrc.Config{
+	nc := natssource.Config{
 		Stream: n.Stream, Consumer: n.Consumer, Subject: n.Subject,
 		AckWait: n.AckWait.D(), MaxAckPending: n.MaxAckPending,
 	}

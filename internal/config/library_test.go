@@ -34,7 +34,7 @@ func TestLibraryLimitsNameFieldAndLine(t *testing.T) {
 		{"retention", libHead + libNATS + libExec + "    retention: 500ms\n", "handlers[0].retention", 5, "must be at least 1s"},
 		{"max_attempts", libHead + libNATS + libExec + "    max_attempts: -1\n", "handlers[0].max_attempts", 5, "-1: must be at least 1"},
 		{"backoff.max", libHead + libNATS + libExec + "    backoff:\n      initial: 1m\n      max: 5s\n", "handlers[0].backoff.max", 7, "5s is below handlers[0].backoff.initial 1m0s"},
-		// transports/kafka (kafkaFields)
+		// transports/kafkasource (kafkaFields)
 		{"kafka brokers", libHead + "    source: {kafka: {topic: t}}\n" + libExec, "handlers[0].source.kafka.brokers", 3, "at least one broker"},
 		{"kafka brokers before dead_letter", libHead + "    source: {kafka: {topic: t}}\n" + libExec + "    dead_letter: {kafka: {topic: t.dlq}}\n", "handlers[0].source.kafka.brokers", 3, "at least one broker"},
 		{"kafka brokers[1]", libHead + "    source:\n      kafka:\n        brokers: [b:1, ' ']\n        topic: t\n" + libExec, "handlers[0].source.kafka.brokers[1]", 5, "empty address"},
@@ -42,7 +42,7 @@ func TestLibraryLimitsNameFieldAndLine(t *testing.T) {
 		{"kafka start", libHead + "    source:\n      kafka:\n        brokers: [b:1]\n        topic: t\n        start: middle\n" + libExec, "handlers[0].source.kafka.start", 7, `"middle": want earliest or latest`},
 		{"kafka session_timeout", libHead + kafkaSrc(", session_timeout: 100ms") + libExec, "handlers[0].source.kafka.session_timeout", 3, "use at least 150ms"},
 		{"kafka isolation", libHead + kafkaSrc(", isolation: dirty") + libExec, "handlers[0].source.kafka.isolation", 3, "want read_committed or read_uncommitted"},
-		// transports/nats (natsFields)
+		// transports/natssource (natsFields)
 		{"nats stream", libHead + "    source: {nats: {url: nats://x}}\n" + libExec, "handlers[0].source.nats.stream", 3, "required"},
 		{"nats stream name", libHead + "    source: {nats: {url: nats://x, stream: a.b}}\n" + libExec, "handlers[0].source.nats.stream", 3, `"a.b": must not contain`},
 		{"nats consumer", libHead + "    source: {nats: {url: nats://x, stream: S, consumer: 'c d'}}\n" + libExec, "handlers[0].source.nats.consumer", 3, `"c d": must not contain`},

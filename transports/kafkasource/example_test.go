@@ -1,0 +1,69 @@
+package kafkasource_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
+)
+
+// A Worker consuming a topic through a Kafka consumer group. Without a
+// processor every message is processed at least once; add the
+// deduplication engine with consumer.WithProcessor(engine.Processor(...)),
+// or use dedupworker.Worker.
+func ExampleSource() {
+	// An in-process Kafka-protocol broker stands in for a real cluster.
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		panic(err)
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "orders", BatchTimeout: time.Millisecond}
+	err = w.WriteMessages(context.Background(),
+		kafkago.Message{Key: []byte("customer-1"), Value: []byte(`{"order":1}`)},
+		kafkago.Message{Key: []byte("customer-1"), Value: []byte(`{"order":2}`)},
+		kafkago.Message{Key: []byte("customer-2"), Value: []byte(`{"order":3}`)},
+	)
+	w.Close()
+	if err != nil {
+		panic(err)
+	}
+
+	src, err := kafkasource.New(kafkasource.Config{
+		Brokers:        brokers,
+		Topic:          "orders",
+		GroupID:        "orders-example",
+		SessionTimeout: time.Second,
+	})
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seen := 0
+	worker := consumer.NewWorker(consumer.Config{})
+	err = worker.Handle("orders", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		fmt.Printf("%s %s (%s)\n", m.Key, m.Payload, m.Origin)
+		if seen++; seen == 3 {
+			cancel() // stop after the three messages: Run drains, commits and returns nil
+		}
+		return nil, nil
+	}), consumer.WithConcurrency(1))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("run:", worker.Run(ctx))
+	// Output:
+	// customer-1 {"order":1} (kafka orders/0@0)
+	// customer-1 {"order":2} (kafka orders/0@1)
+	// customer-2 {"order":3} (kafka orders/0@2)
+	// run: <nil>
+}

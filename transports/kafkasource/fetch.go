@@ -1,0 +1,291 @@
+package kafkasource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"time"
+
+	kafka "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	fetchapi "github.com/segmentio/kafka-go/protocol/fetch"
+)
+
+// Control record types (the second int16 of a control record's key).
+const controlAbort = 0
+
+// transport returns a kafka-go Transport for fetch requests, with the
+// dialer's TLS, SASL, client id, resolver and dial function. A fetcher makes a new one
+// on every reconnect, so its first request reads fresh metadata and is routed
+// to the current leader.
+func (s *Source) transport() *kafka.Transport {
+	d := s.dialer
+	dial := d.DialFunc
+	if dial == nil {
+		nd := &net.Dialer{Timeout: s.cfg.NetworkTimeout, KeepAlive: d.KeepAlive, LocalAddr: d.LocalAddr, FallbackDelay: d.FallbackDelay}
+		if !d.DualStack {
+			nd.FallbackDelay = -1
+		}
+		dial = nd.DialContext
+	}
+	if r := d.Resolver; r != nil {
+		// As kafka.Dialer does: the resolver's first answer replaces the
+		// host; the address's own port wins over the resolver's.
+		base := dial
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, port, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			resolved, err := r.LookupHost(ctx, host)
+			if err != nil {
+				return nil, fmt.Errorf("kafka: resolving %s: %w", host, err)
+			}
+			if len(resolved) > 0 {
+				rh, rp, serr := net.SplitHostPort(resolved[0])
+				if serr != nil {
+					rh, rp = resolved[0], ""
+				}
+				host = rh
+				if port == "" {
+					port = rp
+				}
+			}
+			return base(ctx, network, net.JoinHostPort(host, port))
+		}
+	}
+	return &kafka.Transport{
+		Dial:           dial,
+		DialTimeout:    s.cfg.NetworkTimeout,
+		ClientID:       d.ClientID,
+		TLS:            d.TLS,
+		SASL:           d.SASLMechanism,
+		MetadataTopics: []string{s.cfg.Topic},
+	}
+}
+
+// lastStable returns the partition's last stable offset: the first offset of
+// its oldest open transaction, or its end when none is open.
+func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64, error) {
+	s := p.g.m.s
+	cl := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: tr, Timeout: s.cfg.NetworkTimeout}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+	defer cancel()
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics:         map[string][]kafka.OffsetRequest{s.cfg.Topic: {kafka.LastOffsetOf(p.id)}},
+		IsolationLevel: kafka.ReadCommitted,
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, po := range res.Topics[s.cfg.Topic] {
+		if po.Partition == p.id {
+			return po.LastOffset, po.Error
+		}
+	}
+	return 0, fmt.Errorf("kafka: list offsets response without partition %d", p.id)
+}
+
+// fetchOnce sends one Fetch request for the partition at offset and returns
+// the records a handler may see, in offset order, and the offset to fetch
+// next. It reads the response with kafka-go's protocol/fetch types rather
+// than Conn.ReadBatch, because only they expose what isolation needs: the
+// batch attributes (control, transactional), the producer id of each batch
+// and the partition's aborted transactions (kafka-go's Conn reads and drops
+// both). Control batches (transaction markers) are never returned; under
+// read_committed neither are the batches of aborted transactions. The
+// offsets they occupy still count: next moves past them.
+func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset int64) ([]kafka.Message, int64, error) {
+	s := p.g.m.s
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.MaxWait+s.cfg.NetworkTimeout)
+	defer cancel()
+	req := &fetchapi.Request{
+		ReplicaID:      -1,
+		MaxWaitTime:    int32(s.cfg.MaxWait / time.Millisecond),
+		MinBytes:       1,
+		MaxBytes:       int32(s.cfg.FetchMaxBytes),
+		IsolationLevel: int8(s.cfg.isolationLevel()),
+		// A full fetch without a fetch session.
+		SessionID:    -1,
+		SessionEpoch: -1,
+		Topics: []fetchapi.RequestTopic{{
+			Topic: s.cfg.Topic,
+			Partitions: []fetchapi.RequestPartition{{
+				Partition:          int32(p.id),
+				CurrentLeaderEpoch: -1,
+				FetchOffset:        offset,
+				LogStartOffset:     -1,
+				PartitionMaxBytes:  int32(s.cfg.FetchMaxBytes),
+			}},
+		}},
+	}
+	m, err := tr.RoundTrip(ctx, kafka.TCP(s.cfg.Brokers...), req)
+	if err != nil {
+		return nil, offset, err
+	}
+	res := m.(*fetchapi.Response)
+	if res.ErrorCode != 0 {
+		return nil, offset, kafka.Error(res.ErrorCode)
+	}
+	if len(res.Topics) != 1 || len(res.Topics[0].Partitions) != 1 {
+		return nil, offset, fmt.Errorf("kafka: fetch response without partition %d", p.id)
+	}
+	part := &res.Topics[0].Partitions[0]
+	if part.ErrorCode != 0 {
+		return nil, offset, kafka.Error(part.ErrorCode)
+	}
+	if part.RecordSet.Records == nil {
+		return nil, offset, nil
+	}
+	var batches []protocol.RecordReader
+	if st, ok := part.RecordSet.Records.(*protocol.RecordStream); ok {
+		batches = st.Records
+	} else {
+		batches = []protocol.RecordReader{part.RecordSet.Records}
+	}
+	f := filter{readCommitted: s.cfg.Isolation == IsolationReadCommitted, aborted: part.AbortedTransactions}
+	msgs, next, err := f.read(s.cfg.Topic, p.id, part.HighWatermark, offset, batches)
+	return msgs, next, err
+}
+
+// filter walks the record batches of one fetch response.
+type filter struct {
+	readCommitted bool
+	aborted       []fetchapi.ResponseTransaction // not yet reached, by first offset
+	abortedPIDs   map[int64]bool                 // producers inside an aborted transaction
+}
+
+// read returns the records at or after offset that a handler may see and the
+// offset after the last batch. Batches are contiguous in offset space, so a
+// batch ends where the next one begins; the last batch ends after its last
+// record. A response whose records all lie before offset (the tail of a
+// batch removed by compaction, or an empty batch a compacted transactional
+// producer left) advances by one offset: nothing is stored there. kafka-go
+// keeps no batch's last offset, which would let it jump the whole gap.
+func (f *filter) read(topic string, partition int, hwm, offset int64, batches []protocol.RecordReader) ([]kafka.Message, int64, error) {
+	sort.Slice(f.aborted, func(i, j int) bool { return f.aborted[i].FirstOffset < f.aborted[j].FirstOffset })
+	var msgs []kafka.Message
+	next := offset
+	for i, b := range batches {
+		base := batchOffset(b)
+		if base > next {
+			// Nothing is stored between the fetch offset and the first
+			// batch the broker returned.
+			next = base
+		}
+		if i+1 < len(batches) {
+			if end := batchOffset(batches[i+1]); end > next {
+				next = end
+			}
+		}
+		skip := false
+		switch rb := b.(type) {
+		case *protocol.ControlBatch:
+			// One marker record, at the batch's base offset.
+			f.control(rb)
+			if base+1 > next {
+				next = base + 1
+			}
+			continue
+		case *protocol.RecordBatch:
+			skip = f.readCommitted && f.inAborted(rb.ProducerID, base, rb.Attributes.Transactional())
+		}
+		for {
+			r, err := b.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return msgs, next, err
+			}
+			if r.Offset+1 > next {
+				next = r.Offset + 1
+			}
+			if skip || r.Offset < offset {
+				closeRecord(r)
+				continue
+			}
+			m, err := message(topic, partition, hwm, r)
+			if err != nil {
+				return msgs, next, err
+			}
+			msgs = append(msgs, m)
+		}
+	}
+	if next == offset && len(batches) > 0 {
+		next = offset + 1
+	}
+	return msgs, next, nil
+}
+
+// control handles a transaction marker: an abort marker ends the producer's
+// aborted transaction.
+func (f *filter) control(b *protocol.ControlBatch) {
+	cr, err := b.ReadControlRecord()
+	if err == nil && cr.Type == controlAbort {
+		delete(f.abortedPIDs, b.ProducerID)
+	}
+}
+
+// inAborted reports whether a data batch of producer pid at base belongs to
+// an aborted transaction: the broker lists, for the fetched range, every
+// aborted transaction by producer and first offset, and the transaction
+// lasts until the producer's abort marker.
+func (f *filter) inAborted(pid, base int64, transactional bool) bool {
+	for len(f.aborted) > 0 && f.aborted[0].FirstOffset <= base {
+		if f.abortedPIDs == nil {
+			f.abortedPIDs = make(map[int64]bool)
+		}
+		f.abortedPIDs[f.aborted[0].ProducerID] = true
+		f.aborted = f.aborted[1:]
+	}
+	return transactional && f.abortedPIDs[pid]
+}
+
+func batchOffset(b protocol.RecordReader) int64 {
+	switch rb := b.(type) {
+	case *protocol.RecordBatch:
+		return rb.BaseOffset
+	case *protocol.ControlBatch:
+		return rb.BaseOffset
+	case *protocol.MessageSet:
+		return rb.BaseOffset
+	}
+	return -1
+}
+
+func message(topic string, partition int, hwm int64, r *protocol.Record) (kafka.Message, error) {
+	defer closeRecord(r)
+	m := kafka.Message{
+		Topic:         topic,
+		Partition:     partition,
+		Offset:        r.Offset,
+		HighWaterMark: hwm,
+		Headers:       r.Headers,
+		Time:          r.Time,
+	}
+	var err error
+	if r.Key != nil {
+		if m.Key, err = protocol.ReadAll(r.Key); err != nil {
+			return m, err
+		}
+	}
+	if r.Value != nil {
+		if m.Value, err = protocol.ReadAll(r.Value); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
+}
+
+func closeRecord(r *protocol.Record) {
+	if r.Key != nil {
+		r.Key.Close()
+	}
+	if r.Value != nil {
+		r.Value.Close()
+	}
+}

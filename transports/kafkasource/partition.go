@@ -1,0 +1,585 @@
+package kafkasource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	kafka "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// partition is one assigned partition in one generation. Three kinds of
+// goroutine work on it, all owned by it and waited for by wait:
+//
+//   - the fetcher reads batches from the partition leader;
+//   - the dispatcher hands each batch to Runner.Prepare, records its offsets
+//     as unfinished and queues the deliveries on lanes;
+//   - a lane runs its queue in order, retrying in place. Partition
+//     ordering has one lane; key ordering one per key. When the runner
+//     batches (Runner.Batching: a batch handler), a lane takes its whole
+//     queued run, up to BatchSize, in one Runner.ProcessBatch call; a
+//     nakked delivery of the run is then retried, in order and after its
+//     delay, before the lane takes its next run. Otherwise it runs one
+//     delivery at a time.
+type partition struct {
+	g    *generation
+	id   int
+	log  *slog.Logger
+	from int64 // the assignment's offset: absolute, or FirstOffset/LastOffset
+
+	stopOnce  sync.Once
+	stopCh    chan struct{} // closed by stop: no new deliveries start
+	stopCause error
+
+	fetchCtx    context.Context // cancelled by stop
+	cancelFetch context.CancelFunc
+
+	workCtx    context.Context // passed to Process; cancelled on revoke timeout
+	cancelWork context.CancelCauseFunc
+
+	batches chan fetched
+	space   chan struct{} // signalled when offsets finish
+
+	loops sync.WaitGroup // fetcher and dispatcher
+	lanes sync.WaitGroup // lane goroutines; Add only by the dispatcher
+
+	mu         sync.Mutex
+	track      tracker
+	lanesByID  map[string]*lane
+	lastCommit int64
+}
+
+// fetched is what the fetcher hands the dispatcher: messages in offset order
+// and the offset it will read next.
+type fetched struct {
+	msgs []kafka.Message
+	next int64
+}
+
+type lane struct {
+	key   string
+	queue []*delivery
+}
+
+func newPartition(g *generation, id int, start int64) *partition {
+	p := &partition{
+		g:          g,
+		id:         id,
+		log:        g.m.s.log.With("partition", id),
+		from:       start,
+		stopCh:     make(chan struct{}),
+		batches:    make(chan fetched, 1),
+		space:      make(chan struct{}, 1),
+		lanesByID:  make(map[string]*lane),
+		lastCommit: -1,
+	}
+	if start >= 0 {
+		p.lastCommit = start
+		p.track.next = start
+	} else {
+		p.track.next = -1
+	}
+	p.fetchCtx, p.cancelFetch = context.WithCancel(g.m.base)
+	p.workCtx, p.cancelWork = context.WithCancelCause(g.m.base)
+	return p
+}
+
+// start launches the fetcher and the dispatcher.
+func (p *partition) start() {
+	p.loops.Go(p.fetch)
+	p.loops.Go(p.dispatch)
+}
+
+// stop stops fetching and starting deliveries; in-flight ones go on.
+func (p *partition) stop(cause error) {
+	p.stopOnce.Do(func() {
+		p.stopCause = cause
+		close(p.stopCh)
+		p.cancelFetch()
+	})
+}
+
+// wait returns when every goroutine of the partition has returned. Call it
+// after stop.
+func (p *partition) wait() {
+	p.loops.Wait()
+	p.lanes.Wait()
+}
+
+func (p *partition) stopped() bool {
+	select {
+	case <-p.stopCh:
+		return true
+	default:
+		return false
+	}
+}
+
+// toCommit returns the watermark when it moved since the last commit.
+func (p *partition) toCommit() (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.track.watermark()
+	if w < 0 || w == p.lastCommit {
+		return 0, false
+	}
+	return w, true
+}
+
+func (p *partition) committed(w int64) {
+	p.mu.Lock()
+	p.lastCommit = w
+	p.mu.Unlock()
+}
+
+// finish marks offset as done; the watermark may move past it.
+func (p *partition) finish(offset int64) {
+	p.mu.Lock()
+	p.track.finish(offset)
+	p.mu.Unlock()
+	select {
+	case p.space <- struct{}{}:
+	default:
+	}
+}
+
+// ---- fetcher ----
+
+func (p *partition) fetch() {
+	s := p.g.m.s
+	ctx := p.fetchCtx
+	offset := p.from
+	unknown := 0
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 && !sleepCtx(ctx, backoff(attempt)) {
+			return
+		}
+		tr := s.transport()
+		conn, pos, err := p.connect(ctx, tr, offset)
+		if err != nil {
+			tr.CloseIdleConnections()
+			if ctx.Err() != nil {
+				return
+			}
+			if isFatal(err) {
+				p.fail(err)
+				return
+			}
+			if errors.Is(err, kafka.UnknownTopicOrPartition) {
+				if unknown++; unknown >= 10 {
+					p.fail(err)
+					return
+				}
+			}
+			p.log.Warn("connecting to the partition leader failed; retrying", "attempt", attempt+1, "err", err)
+			continue
+		}
+		unknown = 0
+		if pos != offset {
+			offset = pos
+			if !p.send(fetched{next: pos}) {
+				conn.Close()
+				tr.CloseIdleConnections()
+				return
+			}
+		}
+		// The connection only resolved the position: fetches go through
+		// the Transport (fetch.go).
+		conn.Close()
+		before := offset
+		offset, err = p.readLoop(ctx, tr, offset)
+		tr.CloseIdleConnections()
+		if ctx.Err() != nil {
+			return
+		}
+		if isFatal(err) {
+			p.fail(err)
+			return
+		}
+		if offset > before {
+			// The connection made progress: reconnect without growing the
+			// backoff. A connection that keeps failing at once backs off.
+			attempt = 0
+		}
+		p.log.Debug("fetch connection ended; reconnecting", "offset", offset, "err", err)
+	}
+}
+
+// fail ends Consume with err, naming the partition.
+func (p *partition) fail(err error) {
+	p.g.fail(fmt.Errorf("kafka: topic %q partition %d: %w", p.g.m.s.cfg.Topic, p.id, err))
+}
+
+// connect dials the partition leader and positions at offset, resolving
+// FirstOffset/LastOffset and offsets that fell out of retention. Under
+// read_committed LastOffset is the last stable offset, asked through tr:
+// the end of the partition would pass the records of an open transaction,
+// which then would never be read.
+func (p *partition) connect(ctx context.Context, tr *kafka.Transport, offset int64) (*kafka.Conn, int64, error) {
+	s := p.g.m.s
+	var err error
+	for _, b := range s.cfg.Brokers {
+		var conn *kafka.Conn
+		dctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+		conn, err = s.dialer.DialLeader(dctx, "tcp", b, s.cfg.Topic, p.id)
+		cancel()
+		if err != nil {
+			continue
+		}
+		_ = conn.SetDeadline(time.Now().Add(s.cfg.NetworkTimeout))
+		first, last, oerr := conn.ReadOffsets()
+		if oerr == nil && offset == kafka.LastOffset && s.cfg.Isolation == IsolationReadCommitted {
+			last, oerr = p.lastStable(ctx, tr)
+		}
+		if oerr != nil {
+			conn.Close()
+			return nil, 0, oerr
+		}
+		switch {
+		case offset == kafka.FirstOffset:
+			offset = first
+		case offset == kafka.LastOffset:
+			offset = last
+		case offset < first:
+			p.log.Warn("committed offset is before the first retained offset: messages were deleted unprocessed", "offset", offset, "first", first)
+			offset = first
+		case offset > last:
+			p.log.Warn("committed offset is past the end of the partition; starting at the end", "offset", offset, "last", last)
+			offset = last
+		}
+		if _, serr := conn.Seek(offset, kafka.SeekAbsolute|kafka.SeekDontCheck); serr != nil {
+			conn.Close()
+			return nil, 0, serr
+		}
+		_ = conn.SetDeadline(time.Time{})
+		return conn, offset, nil
+	}
+	return nil, 0, err
+}
+
+// readLoop fetches batches until the transport must be replaced or ctx
+// ends. It returns the offset to resume from.
+func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset int64) (int64, error) {
+	for {
+		if ctx.Err() != nil {
+			return offset, ctx.Err()
+		}
+		// fetchOnce is bounded by MaxWait + NetworkTimeout and returns at
+		// once when ctx ends.
+		msgs, next, err := p.fetchOnce(ctx, tr, offset)
+		if len(msgs) > 0 || next > offset {
+			if !p.send(fetched{msgs: msgs, next: next}) {
+				return next, ctx.Err()
+			}
+			offset = next
+		}
+		switch {
+		case err == nil, errors.Is(err, kafka.RequestTimedOut):
+			continue
+		case errors.Is(err, kafka.OffsetOutOfRange):
+			// Reconnecting re-resolves the position against the retained range.
+			return offset, err
+		default:
+			return offset, err
+		}
+	}
+}
+
+// send hands f to the dispatcher; false when stopping.
+func (p *partition) send(f fetched) bool {
+	select {
+	case p.batches <- f:
+		return true
+	case <-p.stopCh:
+		return false
+	}
+}
+
+func backoff(attempt int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < attempt && d < 5*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 5*time.Second)
+}
+
+// ---- dispatcher ----
+
+func (p *partition) dispatch() {
+	s := p.g.m.s
+	limit := s.cfg.BatchSize
+	for {
+		var f fetched
+		select {
+		case <-p.stopCh:
+			return
+		case f = <-p.batches:
+		}
+		if p.stopped() {
+			return
+		}
+		for len(f.msgs) > 0 {
+			n := min(len(f.msgs), limit)
+			chunk := f.msgs[:n]
+			f.msgs = f.msgs[n:]
+			if !p.waitSpace(s.cfg.MaxUnfinished) {
+				return
+			}
+			batch := make([]consumer.Delivery, len(chunk))
+			ds := make([]*delivery, len(chunk))
+			p.mu.Lock()
+			for i := range chunk {
+				ds[i] = newDelivery(p, &chunk[i], 1)
+				batch[i] = ds[i]
+				p.track.add(chunk[i].Offset)
+			}
+			p.mu.Unlock()
+			p.g.m.r.Prepare(p.workCtx, batch)
+			p.enqueue(ds)
+		}
+		p.mu.Lock()
+		p.track.advance(f.next)
+		p.mu.Unlock()
+	}
+}
+
+// waitSpace blocks while limit or more offsets are unfinished (counted from
+// the oldest unfinished one): the partition never runs, and claims, far ahead
+// of its oldest unfinished message.
+func (p *partition) waitSpace(limit int) bool {
+	for {
+		p.mu.Lock()
+		n := p.track.pending()
+		p.mu.Unlock()
+		if n < limit {
+			return true
+		}
+		select {
+		case <-p.space:
+		case <-p.stopCh:
+			return false
+		}
+	}
+}
+
+func (p *partition) enqueue(ds []*delivery) {
+	keyed := p.g.m.s.cfg.Ordering == OrderingKey
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range ds {
+		key := ""
+		if keyed {
+			if len(d.msg.Key) == 0 {
+				// No key, no order to keep: a lane of its own.
+				p.lanes.Go(func() { p.runLane(&lane{queue: []*delivery{d}}, false) })
+				continue
+			}
+			key = string(d.msg.Key)
+		}
+		if l, ok := p.lanesByID[key]; ok {
+			l.queue = append(l.queue, d)
+			continue
+		}
+		l := &lane{key: key, queue: []*delivery{d}}
+		p.lanesByID[key] = l
+		p.lanes.Go(func() { p.runLane(l, true) })
+	}
+}
+
+// ---- lanes ----
+
+func (p *partition) runLane(l *lane, registered bool) {
+	limit := 1
+	if p.g.m.r.Batching() {
+		limit = p.g.m.s.cfg.BatchSize
+	}
+	for {
+		p.mu.Lock()
+		if len(l.queue) == 0 {
+			if registered {
+				delete(p.lanesByID, l.key)
+			}
+			p.mu.Unlock()
+			return
+		}
+		if limit == 1 || len(l.queue) == 1 {
+			d := l.queue[0]
+			l.queue[0] = nil
+			l.queue = l.queue[1:]
+			p.mu.Unlock()
+			p.deliver(d)
+			continue
+		}
+		n := min(len(l.queue), limit)
+		run := make([]*delivery, n)
+		copy(run, l.queue[:n])
+		clear(l.queue[:n])
+		l.queue = l.queue[n:]
+		p.mu.Unlock()
+		p.deliverRun(run)
+	}
+}
+
+// deliverRun runs a lane's run in one ProcessBatch call, then retries its
+// nakked deliveries in place, in order, each until it is acked. It returns
+// with the run's offsets finished, or some unfinished when the partition
+// stops.
+func (p *partition) deliverRun(run []*delivery) {
+	m := p.g.m
+	if p.stopped() {
+		p.abandonAll(run)
+		return
+	}
+	select {
+	case m.sem <- struct{}{}:
+	case <-p.stopCh:
+		p.abandonAll(run)
+		return
+	}
+	m.procs.processBatch(p.workCtx, run)
+	<-m.sem
+	for _, d := range run {
+		st, delay := d.outcome()
+		if st == settledAck {
+			continue
+		}
+		next, ok := p.again(d, st, delay)
+		if !ok {
+			return
+		}
+		p.deliver(next)
+	}
+}
+
+func (p *partition) abandonAll(run []*delivery) {
+	for _, d := range run {
+		p.abandon(d)
+	}
+}
+
+// deliver runs d to settlement, retrying in place while it is nakked. It
+// returns with d's offset finished, or unfinished when the partition stops.
+func (p *partition) deliver(d *delivery) {
+	m := p.g.m
+	for {
+		if p.stopped() {
+			p.abandon(d)
+			return
+		}
+		select {
+		case m.sem <- struct{}{}:
+		case <-p.stopCh:
+			p.abandon(d)
+			return
+		}
+		m.procs.process(p.workCtx, d)
+		<-m.sem
+		st, delay := d.outcome()
+		if st == settledAck {
+			return
+		}
+		var ok bool
+		if d, ok = p.again(d, st, delay); !ok {
+			return
+		}
+	}
+}
+
+// again waits out the delay of a processed delivery that was not acked and
+// returns its next attempt, or false when the partition stops (its offset
+// stays unfinished and uncommitted).
+func (p *partition) again(d *delivery, st settlement, delay time.Duration) (*delivery, bool) {
+	if st != settledNak {
+		if p.workCtx.Err() != nil {
+			return nil, false
+		}
+		delay = time.Second
+		p.log.Error("processor returned without settling the delivery; retrying", "offset", d.msg.Origin.Offset, "delay", delay)
+	}
+	if p.stopped() || p.workCtx.Err() != nil {
+		return nil, false
+	}
+	if delay > 0 {
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-p.stopCh:
+			t.Stop()
+			return nil, false
+		}
+	}
+	return d.retry(), true
+}
+
+// abandon hands a delivery that will not run to Process with a cancelled
+// context (the contract of consumer.Processor.Prepare: a prepared delivery is
+// always processed once), so the processor releases what it prepared. Its
+// offset stays unfinished.
+func (p *partition) abandon(d *delivery) {
+	ctx, cancel := context.WithCancelCause(p.workCtx)
+	cancel(p.stopCause)
+	p.g.m.r.Process(ctx, d)
+}
+
+// ---- offset tracking ----
+
+// tracker finds the lowest unfinished offset of a partition. Offsets are
+// added in increasing order (with gaps: compaction, transaction markers) and
+// finished in any order.
+type tracker struct {
+	offs []int64 // unfinished or finished-but-behind-an-unfinished, ascending
+	done []bool
+	head int
+	next int64 // the offset after the last one dispatched; -1 until known
+}
+
+func (t *tracker) add(off int64) {
+	t.offs = append(t.offs, off)
+	t.done = append(t.done, false)
+	if off+1 > t.next {
+		t.next = off + 1
+	}
+}
+
+func (t *tracker) advance(next int64) {
+	if next > t.next {
+		t.next = next
+	}
+}
+
+func (t *tracker) finish(off int64) {
+	live := t.offs[t.head:]
+	i := sort.Search(len(live), func(i int) bool { return live[i] >= off })
+	if i == len(live) || live[i] != off {
+		return
+	}
+	t.done[t.head+i] = true
+	for t.head < len(t.offs) && t.done[t.head] {
+		t.head++
+	}
+	if t.head == len(t.offs) {
+		t.offs, t.done, t.head = t.offs[:0], t.done[:0], 0
+	} else if t.head > 1024 && t.head*2 > len(t.offs) {
+		n := copy(t.offs, t.offs[t.head:])
+		copy(t.done, t.done[t.head:])
+		t.offs, t.done, t.head = t.offs[:n], t.done[:n], 0
+	}
+}
+
+// pending counts offsets from the lowest unfinished one on.
+func (t *tracker) pending() int { return len(t.offs) - t.head }
+
+// watermark is the offset to commit: the lowest unfinished offset, or the
+// next offset to read when everything dispatched has finished.
+func (t *tracker) watermark() int64 {
+	if t.head < len(t.offs) {
+		return t.offs[t.head]
+	}
+	return t.next
+}

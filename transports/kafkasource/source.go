@@ -1,0 +1,484 @@
+package kafkasource
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafka "github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/dedupworker/consumer"
+)
+
+// ErrRevoked is the cause of a Process context cancelled because its
+// partition was revoked in a rebalance and RevokeTimeout ran out (SPEC §8.2).
+var ErrRevoked = errors.New("kafka: partition revoked")
+
+// ErrStopping is the cause of the already-cancelled context with which
+// deliveries that were fetched (and prepared) but had not started are handed
+// to Runner.Process when the source stops or loses their partition: the
+// processor releases their claims and the offsets stay uncommitted.
+var ErrStopping = errors.New("kafka: source stopping: delivery not started")
+
+// Source consumes one topic as a member of a Kafka consumer group and
+// implements consumer.Source. Create it with New.
+type Source struct {
+	cfg    Config
+	dialer *kafka.Dialer
+	log    *slog.Logger
+
+	noCommit atomic.Bool // tests: simulate a crash before any commit
+	noKeeper atomic.Bool // tests: run without the group keeper (group.go)
+}
+
+var _ consumer.Source = (*Source)(nil)
+
+// New validates cfg, fills in its defaults and returns a Source. It does not
+// connect: Consume does.
+func New(cfg Config) (*Source, error) {
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	d, err := cfg.dialer()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Brokers = append([]string(nil), cfg.Brokers...)
+	return &Source{
+		cfg:    cfg,
+		dialer: d,
+		log:    cfg.Logger.With("transport", "kafka", "topic", cfg.Topic, "group", cfg.GroupID),
+	}, nil
+}
+
+// Consume joins the group and processes the partitions assigned to this
+// member until ctx is cancelled or the source cannot go on (see
+// consumer.Source). On cancellation it stops fetching, waits for the
+// deliveries it handed to r.Process, commits the finished offsets, leaves
+// the group and returns nil. It returns an error for an unknown topic, a
+// refused authentication or a configuration the broker rejects.
+//
+// Consume may be called again after it returned; calls must not overlap.
+func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
+	if err := s.checkTopic(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	dlq := s.newDeadLetterWriter()
+	defer func() {
+		if dlq != nil {
+			if err := dlq.close(); err != nil {
+				s.log.Warn("closing the dead-letter writer", "err", err)
+			}
+		}
+	}()
+
+	gc := s.newGroupClient()
+	defer gc.close()
+	keep := newKeeper(gc)
+	defer keep.stop()
+	newGroup := func() (*kafka.ConsumerGroup, error) {
+		return kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+			ID:                s.cfg.GroupID,
+			Brokers:           s.cfg.Brokers,
+			Dialer:            s.dialer,
+			Topics:            []string{s.cfg.Topic},
+			HeartbeatInterval: s.cfg.HeartbeatInterval,
+			SessionTimeout:    s.cfg.SessionTimeout,
+			RebalanceTimeout:  s.cfg.RebalanceTimeout,
+			JoinGroupBackoff:  time.Second,
+			StartOffset:       s.cfg.startOffset(),
+			// Bounds every coordinator request; JoinGroup waits this plus
+			// RebalanceTimeout (see group.go).
+			Timeout:     s.cfg.groupTimeout(),
+			Logger:      kafkaLogger(s.log, slog.LevelDebug),
+			ErrorLogger: kafkaLogger(s.log, slog.LevelDebug),
+		})
+	}
+	cg, err := newGroup()
+	if err != nil {
+		return fmt.Errorf("kafka: consumer group %q: %w", s.cfg.GroupID, err)
+	}
+
+	m := &member{
+		s:   s,
+		r:   r,
+		dlq: dlq,
+		// Member-wide cap on deliveries in Process (SPEC §8.1).
+		sem:   make(chan struct{}, max(r.Concurrency(), 1)),
+		base:  context.WithoutCancel(ctx),
+		procs: newProcPool(r, max(r.Concurrency(), 1)),
+	}
+	// Every generation's lanes returned before Consume does: the pool's
+	// goroutines are idle.
+	defer m.procs.close()
+	var fatal error
+	// The member id kafka-go rejoins with: the keeper heartbeats it while
+	// the member drains, and the source leaves with it when kafka-go
+	// forgets it.
+	var lastMember string
+	for ctx.Err() == nil {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			if isFatal(err) {
+				fatal = fmt.Errorf("kafka: joining group %q: %w", s.cfg.GroupID, err)
+				break
+			}
+			if errors.Is(err, kafka.RebalanceInProgress) {
+				// From SyncGroup: kafka-go keeps its member id and
+				// rejoins with it.
+				s.log.Debug("rebalance in progress; rejoining", "err", err)
+				continue
+			}
+			s.log.Warn("joining the group failed; retrying", "err", err)
+			keep.stop()
+			if lastMember != "" {
+				// kafka-go forgot the member id (a failed JoinGroup
+				// returns none) and joins again as a new member without
+				// leaving: leave for it, or the old member stays in the
+				// group until its session expires and the next rebalance
+				// waits for it. When kafka-go left with it already, the
+				// coordinator answers UnknownMemberId.
+				lctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+				if lerr := gc.leave(lctx, lastMember); lerr != nil && !errors.Is(lerr, kafka.UnknownMemberId) {
+					s.log.Debug("leaving with the forgotten member id failed", "member", lastMember, "err", lerr)
+				}
+				cancel()
+				lastMember = ""
+			}
+			continue
+		}
+		// kafka-go heartbeats during the generation; the keeper from
+		// its end.
+		keep.stop()
+		lastMember = gen.MemberID
+		g := m.newGeneration(gen)
+		stopKeepOnEnd := context.AfterFunc(g.gctx, func() { keep.keep(gen.MemberID, gen.ID) })
+		revoked, err := g.run(ctx)
+		if err != nil {
+			fatal = err
+		}
+		if revoked {
+			// The generation ended by itself (rebalance): its work is
+			// drained and committed; join the next one.
+			g.release()
+			continue
+		}
+		// Stopping (ctx cancelled or a fatal error): the generation is still
+		// alive, so its heartbeats kept the member in the group while it
+		// drained and committed. Now leave: Close ends the generation, whose
+		// end must not be released before Close began, or the group would
+		// rejoin once before leaving.
+		stopKeepOnEnd()
+		keep.stop()
+		closed := make(chan struct{})
+		go func() {
+			_ = cg.Close()
+			close(closed)
+		}()
+		<-g.gctx.Done()
+		g.release()
+		<-closed
+		return fatal
+	}
+	// Stopped while joining. Close leaves the group, after kafka-go's
+	// pending JoinGroup returns (by its deadline, NetworkTimeout +
+	// 2×RebalanceTimeout): wait for it only NetworkTimeout, then let it
+	// finish in the background.
+	closed := make(chan struct{})
+	go func() {
+		_ = cg.Close()
+		close(closed)
+	}()
+	t := time.NewTimer(s.cfg.NetworkTimeout)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		s.log.Debug("stopped while joining: leaving the group in the background")
+	}
+	return fatal
+}
+
+// checkTopic fails when the topic does not exist after a few tries (a topic
+// may be created concurrently with the consumer's start), or when the
+// brokers refuse the credentials. Brokers that do not answer are waited for,
+// as the group and the fetchers wait for them later, until ctx ends.
+func (s *Source) checkTopic(ctx context.Context) error {
+	unknown := 0
+	for attempt := 1; ; attempt++ {
+		parts, err := s.lookupPartitions(ctx)
+		var kerr kafka.Error
+		switch {
+		case err == nil && len(parts) > 0:
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case isFatal(err):
+			return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+		case err == nil || errors.As(err, &kerr):
+			if err == nil {
+				err = kafka.UnknownTopicOrPartition
+			}
+			if unknown++; unknown >= 5 {
+				return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+			}
+			s.log.Debug("topic not available yet", "attempt", attempt, "err", err)
+		default:
+			s.log.Warn("brokers do not answer; retrying", "brokers", s.cfg.Brokers, "attempt", attempt, "err", err)
+		}
+		if !sleepCtx(ctx, backoff(attempt+1)) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (s *Source) lookupPartitions(ctx context.Context) ([]kafka.Partition, error) {
+	var err error
+	for _, b := range s.cfg.Brokers {
+		c, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+		var parts []kafka.Partition
+		parts, err = s.dialer.LookupPartitions(c, "tcp", b, s.cfg.Topic)
+		cancel()
+		if err == nil {
+			return parts, nil
+		}
+		var kerr kafka.Error
+		if errors.As(err, &kerr) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+// isFatal reports whether err cannot be fixed by retrying: refused
+// credentials, a missing authorization, a configuration the broker rejects,
+// a TLS certificate that does not verify.
+func isFatal(err error) bool {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState,
+			kafka.GroupAuthorizationFailed, kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed,
+			kafka.InvalidSessionTimeout, kafka.InvalidGroupId, kafka.InconsistentGroupProtocol:
+			return true
+		}
+		return false
+	}
+	var (
+		unknownAuthority x509.UnknownAuthorityError
+		hostname         x509.HostnameError
+		certInvalid      x509.CertificateInvalidError
+		verify           *tls.CertificateVerificationError
+		recordHeader     tls.RecordHeaderError
+	)
+	return errors.As(err, &unknownAuthority) || errors.As(err, &hostname) || errors.As(err, &certInvalid) ||
+		errors.As(err, &verify) || errors.As(err, &recordHeader)
+}
+
+// member is the state of one Consume call that outlives generations.
+type member struct {
+	s     *Source
+	r     consumer.Runner
+	dlq   *deadLetterWriter
+	sem   chan struct{}
+	base  context.Context // Consume's ctx without its cancellation: the root of Process contexts
+	procs *procPool       // runs Process for lanes holding a sem slot
+}
+
+// generation is this member's share of one group generation: its assigned
+// partitions, their fetchers and lanes, and the committer.
+type generation struct {
+	m     *member
+	gen   *kafka.Generation
+	gctx  context.Context // done when the generation ends (rebalance or Close)
+	hold  chan struct{}   // closed by release: lets the generation end
+	parts []*partition
+
+	fatalOnce sync.Once
+	fatal     chan error // first unrecoverable fetch error
+
+	commitMu sync.Mutex
+}
+
+func (m *member) newGeneration(gen *kafka.Generation) *generation {
+	g := &generation{
+		m:     m,
+		gen:   gen,
+		hold:  make(chan struct{}),
+		fatal: make(chan error, 1),
+	}
+	// A function started on the generation keeps it from completing until
+	// it returns: kafka-go waits for it before rejoining. Holding it open
+	// until release lets this member drain and commit with the generation's
+	// still-valid member id and generation id, on revoke and on shutdown.
+	got := make(chan context.Context, 1)
+	gen.Start(func(ctx context.Context) {
+		got <- ctx
+		<-g.hold
+	})
+	g.gctx = <-got
+	return g
+}
+
+func (g *generation) release() { close(g.hold) }
+
+func (g *generation) fail(err error) {
+	g.fatalOnce.Do(func() { g.fatal <- err })
+}
+
+// run processes the generation's partitions until it ends (revoked=true) or
+// ctx is cancelled or a fetch fails for good (revoked=false). Either way,
+// when run returns, every delivery it handed out has returned from Process
+// and the finished offsets are committed.
+func (g *generation) run(ctx context.Context) (revoked bool, fatal error) {
+	s := g.m.s
+	assigned := g.gen.Assignments[s.cfg.Topic]
+	ids := make([]int, 0, len(assigned))
+	for _, a := range assigned {
+		p := newPartition(g, a.ID, a.Offset)
+		g.parts = append(g.parts, p)
+		ids = append(ids, a.ID)
+	}
+	s.log.Info("generation started", "generation", g.gen.ID, "member", g.gen.MemberID, "partitions", ids)
+	for _, p := range g.parts {
+		p.start()
+	}
+
+	commitDone := make(chan struct{})
+	var commitWG sync.WaitGroup
+	commitWG.Go(func() {
+		t := time.NewTicker(s.cfg.CommitInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-commitDone:
+				return
+			case <-t.C:
+				g.commit()
+			}
+		}
+	})
+
+	select {
+	case <-ctx.Done():
+	case <-g.gctx.Done():
+		revoked = true
+	case fatal = <-g.fatal:
+	}
+	// Deliveries not started yet are handed over cancelled (ErrStopping).
+	for _, p := range g.parts {
+		p.stop(ErrStopping)
+	}
+
+	// Drain: every goroutine of every partition returns. A revoked
+	// generation gives in-flight work RevokeTimeout, then cancels it; a
+	// stopping one waits, bounded by the worker's own drain deadline on the
+	// Process contexts — unless the generation ends meanwhile.
+	done := make(chan struct{})
+	go func() {
+		for _, p := range g.parts {
+			p.wait()
+		}
+		close(done)
+	}()
+	var timeout <-chan time.Time
+	if revoked {
+		t := time.NewTimer(s.cfg.RevokeTimeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	gctxDone := g.gctx.Done()
+	if revoked {
+		gctxDone = nil
+	}
+drain:
+	for {
+		select {
+		case <-done:
+			break drain
+		case <-gctxDone:
+			gctxDone = nil
+			t := time.NewTimer(s.cfg.RevokeTimeout)
+			defer t.Stop()
+			timeout = t.C
+		case <-timeout:
+			s.log.Warn("revoke timeout: cancelling in-flight deliveries", "generation", g.gen.ID, "timeout", s.cfg.RevokeTimeout)
+			for _, p := range g.parts {
+				p.cancelWork(ErrRevoked)
+			}
+			timeout = nil
+		}
+	}
+	close(commitDone)
+	commitWG.Wait()
+	g.commit()
+	for _, p := range g.parts {
+		p.cancelWork(context.Canceled)
+	}
+	s.log.Info("generation ended", "generation", g.gen.ID, "revoked", revoked)
+	return revoked, fatal
+}
+
+// commit commits, for every partition whose watermark moved, the lowest
+// offset not yet finished (SPEC §8.1).
+func (g *generation) commit() {
+	g.commitMu.Lock()
+	defer g.commitMu.Unlock()
+	if g.m.s.noCommit.Load() {
+		return
+	}
+	offsets := make(map[int]int64)
+	for _, p := range g.parts {
+		if w, ok := p.toCommit(); ok {
+			offsets[p.id] = w
+		}
+	}
+	if len(offsets) == 0 {
+		return
+	}
+	topic := g.m.s.cfg.Topic
+	// CommitOffsets is bounded by the group's network timeout.
+	if err := g.gen.CommitOffsets(map[string]map[int]int64{topic: offsets}); err != nil {
+		g.m.s.log.Warn("committing offsets failed; they will be delivered again", "generation", g.gen.ID, "offsets", offsets, "err", err)
+		return
+	}
+	for _, p := range g.parts {
+		if w, ok := offsets[p.id]; ok {
+			p.committed(w)
+		}
+	}
+	g.m.s.log.Debug("committed", "generation", g.gen.ID, "offsets", offsets)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// kafkaLogger adapts kafka-go's Printf-style logger to slog.
+func kafkaLogger(l *slog.Logger, level slog.Level) kafka.Logger {
+	return kafka.LoggerFunc(func(format string, args ...any) {
+		if l.Enabled(context.Background(), level) {
+			l.Log(context.Background(), level, fmt.Sprintf(format, args...), "component", "kafka-go")
+		}
+	})
+}

@@ -1,0 +1,85 @@
+package kafkasource_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
+)
+
+// TestTLS consumes from a real broker's SASL_SSL listener, and fails Run
+// with the cause when the broker's certificate does not verify.
+func TestTLS(t *testing.T) {
+	t.Parallel()
+	sec := testenv.RealKafkaSecurity(t)
+	e := newEnv(t, 1)
+	brokers := sec.SASLTLS
+	pem, err := os.ReadFile(sec.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("no certificate in %s", sec.CAFile)
+	}
+	user := sec.Users["SCRAM-SHA-256"]
+	auth := &kafkasource.SASL{Mechanism: kafkasource.SASLScramSHA256, Username: user[0], Password: user[1]}
+	mech, err := scram.Mechanism(scram.SHA256, user[0], user[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientTLS := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
+		Transport: &kafkago.Transport{TLS: clientTLS, SASL: mech}}
+	if err := w.WriteMessages(context.Background(), kafkago.Message{Value: []byte("secret")}); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+
+	src, err := kafkasource.New(kafkasource.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group, TLS: clientTLS, SASL: auth,
+		SessionTimeout: time.Second, Logger: testenv.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	r := run(t, worker(t, "tls", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		select {
+		case got <- string(m.Payload):
+		default:
+		}
+		return nil, nil
+	})))
+	select {
+	case p := <-got:
+		if p != "secret" {
+			t.Errorf("payload %q", p)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("nothing consumed over TLS")
+	}
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	untrusted, err := kafkasource.New(kafkasource.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group + "-untrusted", SASL: auth,
+		TLS: &tls.Config{MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = worker(t, "tls", untrusted, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("Run with an untrusted broker certificate = %v, want an error naming the certificate", err)
+	}
+}

@@ -1,0 +1,66 @@
+// Package nats is the NATS JetStream transport of dedupworker: a
+// consumer.Source over a durable pull consumer of nats.go's jetstream package.
+//
+// The Source binds to the durable consumer named in Config when it exists,
+// and creates it when it does not (AckExplicit, AckWait from Config,
+// MaxDeliver unlimited because the worker counts attempts, and MaxAckPending
+// from Config or the handler's concurrency; SPEC §9.2). An existing consumer
+// follows Config's AckWait and a larger MaxAckPending (SPEC §11.5).
+//
+// It keeps one pull subscription open for the whole of Consume (jetstream's
+// Consume, whose callback only hands each message on): the server pushes
+// messages as they arrive, without a request round trip per batch. The
+// subscription pulls at most Config.Batch messages (default: the handler's
+// concurrency) ahead and pulls more only as the Source takes them, so the
+// client holds at most about twice that many not yet started (what the library
+// buffered and what it handed on), however large the consumer's MaxAckPending.
+// Whenever a processing slot is free the Source waits for a message, then
+// takes every message already received, up to the free slots and Config.Batch,
+// without waiting for more: a quiet stream's message is not held back to fill
+// a batch. Under load the next batch grows while the previous one is being
+// claimed, and when fewer than half of Config.Batch slots are free a small
+// batch waits up to 2ms for slots in use to come free, so that a busy handler
+// is fed in batches of useful size. It shows each batch to the processor once
+// (consumer.Runner.Prepare, so the deduplication engine claims a whole batch
+// in one Redis round trip, SPEC §4.4) and runs each delivery on a pool of at
+// most Runner.Concurrency goroutines. On cancellation the subscription is drained:
+// the server is told to stop sending, whatever it sent before is still
+// received, and every message received but not started is nakked for prompt
+// redelivery.
+//
+// A Delivery maps the transport-neutral obligations onto JetStream:
+//
+//	Ack        Ack, or DoubleAck when Config.AckSync is set
+//	Nak        NakWithDelay(delay), or Nak when delay is zero
+//	Heartbeat  InProgress (resets AckWait while a handler runs or a
+//	           duplicate waits for its key's owner)
+//	Attempt    the NumDelivered of the message metadata
+//	DeadLetter publish to Config.DeadLetterSubject (see below)
+//
+// Dead letters carry the original payload and headers (except the
+// server-reserved "Nats-" headers other than Nats-Msg-Id, which would make the
+// publish fail or roll up the dead-letter stream) plus the headers of
+// consumer.DeadLetter.Headers. When a JetStream stream captures the
+// dead-letter subject, the publish waits for the stream's acknowledgement,
+// so a dead letter that was not stored is retried rather than lost. When no
+// stream captures it, the message is published on core NATS and the
+// connection flushed: then only subscribers present at that moment see it,
+// which the Source logs once at start.
+//
+// JetStream does not store the reply subject of a published message, so a
+// request/reply over a stream carries the requester's inbox in the
+// Dedup-Reply-To header (HeaderReplyTo). Reply answers such a message; an
+// idempotency OnDuplicate hook can use it to answer a repeated request with
+// the stored result.
+//
+// The nats.Conn reconnects by itself (configure it with nats.MaxReconnects(-1)
+// for a long-running worker); the subscription survives a reconnect and the
+// jetstream library renews its pull request on the new connection, as it
+// does when the server's idle heartbeats stop for Config.FetchMaxWait (at
+// least 1s). A closed connection ends Consume with an error. A
+// stream or consumer deleted before or during the run ends Consume with an
+// error naming both (it wraps jetstream.ErrStreamNotFound or
+// jetstream.ErrConsumerNotFound); the Source looks the consumer up when the
+// server reports it deleted, when a pull request gets no responder or no
+// heartbeat, and every few seconds while no message arrives.
+package natssource

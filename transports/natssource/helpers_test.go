@@ -1,0 +1,205 @@
+package natssource_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+)
+
+// forEachServer runs f as a subtest against every NATS server of SPEC §10.
+func forEachServer(t *testing.T, f func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, srv := range testenv.NATSServers() {
+		t.Run(srv.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, newEnv(t, srv.URL(t)))
+		})
+	}
+}
+
+// env is one test's connection and its own stream.
+type env struct {
+	url    string
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream string // also the subject prefix, lowercased
+	subj   string
+}
+
+func newEnv(t *testing.T, url string) *env {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{url: url, nc: nc, js: js, stream: testenv.UniqueName(t, "T")}
+	e.subj = strings.ToLower(e.stream)
+	e.createStream(t, e.stream, e.subj+".>")
+	return e
+}
+
+func (e *env) createStream(t *testing.T, name string, subjects ...string) {
+	t.Helper()
+	ctx := ctxT(t, 5*time.Second)
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatalf("create stream %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Logf("delete stream %s: %v", name, err)
+		}
+	})
+}
+
+// publish publishes n messages "m<i>" on <subj>.<i%3>, each with header
+// Idempotency-Key k<i>, and waits for their stream acks.
+func (e *env) publish(t *testing.T, n int) {
+	t.Helper()
+	ctx := ctxT(t, 30*time.Second)
+	futs := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		m := nats.NewMsg(fmt.Sprintf("%s.%d", e.subj, i%3))
+		m.Data = fmt.Appendf(nil, "m%d", i)
+		m.Header.Set("Idempotency-Key", fmt.Sprintf("k%d", i))
+		f, err := e.js.PublishMsgAsync(m)
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		futs = append(futs, f)
+	}
+	for _, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("publish: %v", err)
+		case <-ctx.Done():
+			t.Fatal("publish: no stream ack")
+		}
+	}
+}
+
+func (e *env) consumerInfo(t *testing.T, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	ctx := ctxT(t, 5*time.Second)
+	c, err := e.js.Consumer(ctx, e.stream, name)
+	if err != nil {
+		t.Fatalf("consumer %s: %v", name, err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatalf("consumer info: %v", err)
+	}
+	return info
+}
+
+// drained waits until the consumer has delivered and settled everything.
+func (e *env) drained(t *testing.T, name string, timeout time.Duration) {
+	t.Helper()
+	testenv.EventuallyNil(t, timeout, "consumer "+name+" drained", func() error {
+		ctx := ctxT(t, 5*time.Second)
+		c, err := e.js.Consumer(ctx, e.stream, name)
+		if err != nil { // not created yet
+			return err
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending != 0 || info.NumAckPending != 0 || info.NumRedelivered != 0 {
+			return fmt.Errorf("pending %d, ack pending %d, redelivered %d", info.NumPending, info.NumAckPending, info.NumRedelivered)
+		}
+		return nil
+	})
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// run starts a worker with one handler on src and returns a handle; the
+// test's cleanup stops it if the test did not.
+func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *testenv.Running {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = testenv.Logger(t)
+	}
+	w := consumer.NewWorker(cfg)
+	if err := w.Handle("h", src, h, opts...); err != nil {
+		t.Fatal(err)
+	}
+	return testenv.Go(t, w.Run)
+}
+
+// seen records handler runs by payload.
+type seen struct {
+	mu   sync.Mutex
+	runs map[string][]int // payload -> attempts (from the source's Attempt via the recorder processor) or run counts
+	n    int
+}
+
+func newSeen() *seen { return &seen{runs: map[string][]int{}} }
+
+func (s *seen) add(payload string, attempt int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.runs[payload] = append(s.runs[payload], attempt)
+	s.n++
+}
+
+func (s *seen) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+func (s *seen) get(payload string) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]int(nil), s.runs[payload]...)
+}
+
+// tempDir is a directory for the Example's embedded server, removed by
+// TestMain.
+func tempDir() string {
+	exampleDirOnce.Do(func() {
+		d, err := os.MkdirTemp("", "natstr-example-")
+		if err != nil {
+			panic(err)
+		}
+		exampleDir = d
+	})
+	return exampleDir
+}
+
+var (
+	exampleDirOnce sync.Once
+	exampleDir     string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if exampleDir != "" {
+		_ = os.RemoveAll(exampleDir)
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,541 @@
+package natssource
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/gopool"
+)
+
+// Source consumes a JetStream durable pull consumer for one handler. It
+// implements consumer.Source. One Source feeds one registered handler; a
+// second concurrent Consume fails.
+type Source struct {
+	js  jetstream.JetStream
+	cfg Config
+	log *slog.Logger
+
+	consuming atomic.Bool
+
+	dlMu   sync.Mutex
+	dlMode dlMode
+}
+
+type dlMode int
+
+const (
+	dlUnknown dlMode = iota // not resolved yet
+	dlStream                // a stream captures the subject: JetStream publish
+	dlCore                  // no stream: core publish and flush
+)
+
+var _ consumer.Source = (*Source)(nil)
+
+// New returns a Source reading cfg.Consumer of cfg.Stream through js. It
+// validates cfg (errors wrap ErrInvalidConfig and name the field) and makes
+// no network call: the consumer is bound or created when Consume starts,
+// because its MaxAckPending follows the handler's concurrency.
+func New(js jetstream.JetStream, cfg Config) (*Source, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: jetstream.JetStream is nil", ErrInvalidConfig)
+	}
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Source{
+		js:  js,
+		cfg: cfg,
+		log: cfg.Logger.With("stream", cfg.Stream, "consumer", cfg.Consumer),
+	}, nil
+}
+
+// Config returns the Source's configuration with defaults filled in.
+func (s *Source) Config() Config { return s.cfg }
+
+// Reply answers m's requester (see the package-level Reply) on the Source's
+// connection.
+func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) error {
+	return Reply(ctx, s.js.Conn(), m, data)
+}
+
+// Consume binds to (or creates) the durable consumer and runs its messages on
+// r until ctx is cancelled, per the consumer.Source contract. It keeps one
+// pull subscription open for the whole run (jetstream's Consume), which
+// pulls at most Config.Batch messages (default: r.Concurrency()) ahead and
+// more only as they are taken. Whenever a processing slot is free it waits
+// for a message, then takes every message already received, up to the free
+// slots and Config.Batch, without waiting for more messages; the batch
+// grows while the previous one is being claimed, and when the pool is so
+// busy that fewer than half of Config.Batch slots are free it waits up to
+// 2ms for slots to come free. It calls r.Prepare once per batch and runs
+// every delivery with r.Process and context.WithoutCancel(ctx) on a pool of
+// at most r.Concurrency() goroutines; when the runner batches
+// (r.Batching), each batch goes to one r.ProcessBatch call instead.
+// Messages received while every slot is busy wait in the client's buffer.
+//
+// It notices cancellation at once: it then ends the subscription (a drain:
+// the server is told to stop sending, and what it sent before that is still
+// received, waiting at most Config.RequestTimeout), naks every message
+// received but not started, waits for every Process call to return, flushes
+// the connection and returns nil. It returns an error when the stream or the
+// consumer does not exist or disappears, when the consumer cannot be used (a
+// push consumer, an ack policy other than explicit), or when the connection
+// is closed for good.
+func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
+	if !s.consuming.CompareAndSwap(false, true) {
+		return fmt.Errorf("dedup: nats: stream %q consumer %q: already consuming: one Source feeds one handler", s.cfg.Stream, s.cfg.Consumer)
+	}
+	defer s.consuming.Store(false)
+
+	n := r.Concurrency()
+	if n < 1 {
+		n = 1
+	}
+	batch := s.cfg.Batch
+	if batch == 0 || batch > n {
+		batch = n
+	}
+	cons, err := s.bind(ctx, n)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	s.log.Info("consuming", "handler", r.Name(), "concurrency", n, "batch", batch)
+
+	// After the last Process returned: push the acks and naks still
+	// buffered in the connection out to the server, so that work done
+	// before the stop is not redelivered (SPEC §8.3).
+	defer s.flush()
+	slots := make(chan struct{}, n) // a token per delivery being processed
+	workCtx := context.WithoutCancel(ctx)
+	batching := r.Batching()
+	// Deliveries run on long-lived goroutines, one per slot at most; a
+	// delivery holds its slot until Process returned.
+	// A call is one delivery (Process) or, when the runner batches, a
+	// whole prepared batch (ProcessBatch: JetStream keeps no order, so the
+	// fetch is one run); it holds a slot per delivery.
+	p := gopool.New(n, func(ds []consumer.Delivery) {
+		defer func() {
+			for range ds {
+				<-slots
+			}
+		}()
+		if len(ds) == 1 {
+			r.Process(workCtx, ds[0])
+			return
+		}
+		r.ProcessBatch(workCtx, ds)
+	})
+	defer p.Close() // every Process returned before the flush
+	// A batch is claimed (Prepare: a round trip to the store) and handed to
+	// the pool by a goroutine of its own, so that receiving the next batch
+	// overlaps that claim instead of following it. Batches go one at a time
+	// and in order; while the claim of one runs, the next one grows.
+	prepared := make(chan []consumer.Delivery)
+	prepDone := make(chan struct{})
+	go func() {
+		defer close(prepDone)
+		for ds := range prepared {
+			r.Prepare(workCtx, ds)
+			if batching {
+				p.Run(ds)
+				continue
+			}
+			for i := range ds {
+				p.Run(ds[i : i+1 : i+1])
+			}
+		}
+	}()
+	defer func() { // runs first: every prepared batch is in the pool before it closes
+		close(prepared)
+		<-prepDone
+	}()
+
+	rc := newReceiver(s, cons, batch)
+	var (
+		ds       []consumer.Delivery // received, holding slots, not yet handed to the prep goroutine
+		held     bool                // a slot is taken for the next message
+		failures int                 // subscriptions that ended by themselves in a row
+		restart  *time.Timer         // set while no subscription is open
+		idle     = true              // no message since the last tick
+	)
+	// stop ends the subscription and hands back what was received and not
+	// started; the deferred calls then wait for the pool and flush.
+	stop := func(err error) error {
+		if held {
+			<-slots
+		}
+		if restart != nil {
+			restart.Stop()
+		}
+		rc.end()
+		for _, d := range ds {
+			<-slots
+			s.nakAll(d.(*delivery).msg)
+		}
+		return err
+	}
+	if err := rc.subscribe(); err != nil {
+		if fatal := s.subscribeFailed(err); fatal != nil {
+			return stop(fatal)
+		}
+		failures++
+		restart = time.NewTimer(consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second))
+	}
+	half := (batch + 1) / 2
+	linger := time.NewTimer(batchLinger)
+	linger.Stop()
+	defer linger.Stop()
+	var lingering, lingered bool // a small batch waits for slots; it waited long enough
+	// An idle consumer gets no error when it is deleted on some servers:
+	// look it up now and then.
+	tick := time.NewTicker(idleCheckEvery)
+	defer tick.Stop()
+	for {
+		if ctx.Err() != nil { // select below picks at random among ready cases
+			return stop(nil)
+		}
+		var (
+			slotC chan<- struct{}
+			inC   <-chan jetstream.Msg
+			sendC chan<- []consumer.Delivery
+			restC <-chan time.Time
+		)
+		switch {
+		case held:
+			inC = rc.in
+		case len(ds) < batch:
+			slotC = slots
+		}
+		if len(ds) > 0 {
+			// A busy pool is fed in batches of useful size (one batch
+			// claim each) rather than a few messages per claim: while the
+			// batch is under half of Config.Batch and the free slots cannot
+			// make it so, it waits up to batchLinger for slots in use to
+			// come free. A quiet stream's message is never held back: its
+			// pool has its slots free.
+			if len(ds)+n-len(slots) >= half || lingered {
+				sendC = prepared
+			} else if !lingering {
+				linger.Reset(batchLinger)
+				lingering = true
+			}
+		}
+		if restart != nil {
+			restC = restart.C
+		}
+		var lingerC <-chan time.Time
+		if lingering && !lingered {
+			lingerC = linger.C
+		}
+		select {
+		case <-ctx.Done():
+			return stop(nil)
+		case slotC <- struct{}{}:
+			held = true
+		case m := <-inC:
+			held = false
+			idle = false
+			failures = 0
+			ds = append(ds, s.newDelivery(m))
+			ds = rc.takeBuffered(ds, slots, batch)
+		case sendC <- ds:
+			ds = nil
+			if lingering && !lingered {
+				linger.Stop()
+			}
+			lingering, lingered = false, false
+		case <-lingerC:
+			lingered = true
+		case err := <-rc.errs:
+			if fatal := s.consumeError(ctx, cons, err); fatal != nil {
+				return stop(fatal)
+			}
+		case <-rc.closed:
+			// The subscription ended by itself: the library stops it on a
+			// terminal status (the consumer was deleted, the server refused
+			// the request) and when the connection closes.
+			rc.ended()
+			if fatal := s.subscriptionEnded(ctx, cons); fatal != nil {
+				return stop(fatal)
+			}
+			failures++
+			delay := consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second)
+			s.log.Warn("the pull subscription ended; subscribing again", "handler", r.Name(), "attempt", failures, "delay", delay)
+			restart = time.NewTimer(delay)
+		case <-restC:
+			restart = nil
+			if err := rc.subscribe(); err != nil {
+				if fatal := s.subscribeFailed(err); fatal != nil {
+					return stop(fatal)
+				}
+				failures++
+				delay := consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second)
+				s.log.Warn("subscribing failed; retrying", "handler", r.Name(), "attempt", failures, "delay", delay, "err", err)
+				restart = time.NewTimer(delay)
+			}
+		case <-tick.C:
+			if idle && s.js.Conn().IsConnected() {
+				if fatal := s.checkGone(ctx, cons); fatal != nil {
+					return stop(fatal)
+				}
+			}
+			idle = true
+		}
+	}
+}
+
+// receiver is Consume's pull subscription: jetstream's Consume with a
+// callback that only hands each message on to in, waiting for room there.
+// While the callback waits the library counts the message as not yet
+// delivered and asks the server for no more, so the client holds at most
+// the subscription's PullMaxMessages plus cap(in) messages not started.
+type receiver struct {
+	s    *Source
+	cons jetstream.Consumer
+	opts []jetstream.PullConsumeOpt
+	in   chan jetstream.Msg
+	errs chan error    // from the library's error handler; full means one is waiting already
+	quit chan struct{} // closed at stop: the callback naks instead of waiting for room
+
+	cc     jetstream.ConsumeContext // nil while no subscription is open
+	closed <-chan struct{}          // cc.Closed(); nil while no subscription is open
+}
+
+func newReceiver(s *Source, cons jetstream.Consumer, batch int) *receiver {
+	rc := &receiver{
+		s:    s,
+		cons: cons,
+		in:   make(chan jetstream.Msg, batch),
+		errs: make(chan error, 1),
+		quit: make(chan struct{}),
+	}
+	rc.opts = []jetstream.PullConsumeOpt{
+		jetstream.PullMaxMessages(batch),
+		jetstream.PullExpiry(s.pullExpiry()),
+		jetstream.ConsumeErrHandler(rc.onError),
+	}
+	return rc
+}
+
+// pullExpiry is how long one pull request waits on the server: FetchMaxWait,
+// at least the library's minimum of a second. The server heartbeats a
+// waiting request every half of it.
+func (s *Source) pullExpiry() time.Duration {
+	return max(s.cfg.FetchMaxWait, time.Second)
+}
+
+func (rc *receiver) subscribe() error {
+	cc, err := rc.cons.Consume(rc.handle, rc.opts...)
+	if err != nil {
+		return err
+	}
+	rc.cc, rc.closed = cc, cc.Closed()
+	return nil
+}
+
+// handle is the subscription's callback. It runs on the subscription's own
+// goroutine, one message at a time.
+func (rc *receiver) handle(m jetstream.Msg) {
+	select {
+	case rc.in <- m:
+	case <-rc.quit:
+		rc.s.nakAll(m)
+	}
+}
+
+func (rc *receiver) onError(_ jetstream.ConsumeContext, err error) {
+	select {
+	case rc.errs <- err:
+	default: // Consume has one to look at already
+	}
+}
+
+// ended forgets a subscription that ended by itself.
+func (rc *receiver) ended() {
+	rc.cc, rc.closed = nil, nil
+}
+
+// takeBuffered appends to ds the messages already received, each with a
+// free slot, until ds holds max or either runs out. It never waits.
+func (rc *receiver) takeBuffered(ds []consumer.Delivery, slots chan struct{}, max int) []consumer.Delivery {
+	for len(ds) < max {
+		select {
+		case slots <- struct{}{}:
+		default:
+			return ds
+		}
+		select {
+		case m := <-rc.in:
+			ds = append(ds, rc.s.newDelivery(m))
+		default:
+			<-slots
+			return ds
+		}
+	}
+	return ds
+}
+
+// end drains the subscription: the library unsubscribes and flushes, so the
+// server sends nothing more and what it sent before is received; every
+// message received meanwhile or still waiting in in is nakked. It waits at
+// most RequestTimeout for the drain (the connection may be down); a message
+// still on its way after that is redelivered after AckWait.
+func (rc *receiver) end() {
+	close(rc.quit)
+	if rc.cc != nil {
+		rc.cc.Drain()
+		t := time.NewTimer(rc.s.cfg.RequestTimeout)
+		defer t.Stop()
+	wait:
+		for {
+			select {
+			case m := <-rc.in:
+				rc.s.nakAll(m)
+			case <-rc.closed:
+				break wait
+			case <-t.C:
+				rc.s.log.Warn("the pull subscription did not drain in time; messages still on their way are redelivered after AckWait", "timeout", rc.s.cfg.RequestTimeout)
+				break wait
+			}
+		}
+		rc.ended()
+	}
+	for {
+		select {
+		case m := <-rc.in:
+			rc.s.nakAll(m)
+		default:
+			return
+		}
+	}
+}
+
+// consumeError decides whether an error the subscription reported ends
+// Consume. It returns the error to return, or nil to go on; the library
+// itself pulls again after a missed heartbeat or a reconnect.
+func (s *Source) consumeError(ctx context.Context, cons jetstream.Consumer, err error) error {
+	nc := s.js.Conn()
+	if errors.Is(err, nats.ErrConnectionClosed) || nc.IsClosed() {
+		return s.closedErr(err)
+	}
+	if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) ||
+		errors.Is(err, jetstream.ErrNoHeartbeat) && nc.IsConnected() {
+		s.log.Debug("pull subscription error; checking the consumer", "err", err)
+		return s.checkGone(ctx, cons)
+	}
+	s.log.Debug("pull subscription error", "err", err)
+	return nil
+}
+
+// subscriptionEnded returns the error that ended the subscription when it
+// cannot be opened again.
+func (s *Source) subscriptionEnded(ctx context.Context, cons jetstream.Consumer) error {
+	if s.js.Conn().IsClosed() {
+		return s.closedErr(nats.ErrConnectionClosed)
+	}
+	return s.checkGone(ctx, cons)
+}
+
+func (s *Source) subscribeFailed(err error) error {
+	if errors.Is(err, nats.ErrConnectionClosed) || s.js.Conn().IsClosed() {
+		return s.closedErr(err)
+	}
+	return nil
+}
+
+func (s *Source) closedErr(err error) error {
+	return fmt.Errorf("dedup: nats: stream %q consumer %q: connection closed: %w", s.cfg.Stream, s.cfg.Consumer, err)
+}
+
+// batchLinger is how long a small batch waits for slots in use to come free
+// while the pool is busy (see Consume).
+const batchLinger = 2 * time.Millisecond
+
+// idleCheckEvery is how often an idle Source checks that its consumer still
+// exists.
+const idleCheckEvery = 5 * time.Second
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Source) flush() {
+	nc := s.js.Conn()
+	if !nc.IsConnected() {
+		return
+	}
+	if err := nc.FlushTimeout(s.cfg.RequestTimeout); err != nil {
+		s.log.Warn("flushing acks at stop failed; unacked messages are redelivered", "err", err)
+	}
+}
+
+// nakAll hands back messages received and not started, for prompt
+// redelivery. Failures are logged once per call.
+func (s *Source) nakAll(msgs ...jetstream.Msg) {
+	failed := 0
+	var last error
+	for _, m := range msgs {
+		if err := m.Nak(); err != nil {
+			failed++
+			last = err
+		}
+	}
+	if failed > 0 {
+		s.log.Warn("nak of unstarted messages failed; they are redelivered after AckWait", "messages", failed, "err", last)
+	}
+}
+
+// checkGone looks the consumer up and returns an error naming stream and
+// consumer when it or its stream no longer exists; nil otherwise (also when
+// the lookup itself fails: that is retried).
+func (s *Source) checkGone(ctx context.Context, cons jetstream.Consumer) error {
+	c, cancel := s.withTimeout(ctx)
+	defer cancel()
+	_, err := cons.Info(c)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return s.goneErr(err)
+	}
+	if s.js.Conn().IsClosed() {
+		return s.closedErr(err)
+	}
+	if ctx.Err() == nil {
+		s.log.Warn("consumer lookup failed; retrying", "err", err)
+	}
+	return nil
+}
+
+func (s *Source) goneErr(err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("dedup: nats: stream %q (consumer %q) does not exist: %w", s.cfg.Stream, s.cfg.Consumer, err)
+	}
+	return fmt.Errorf("dedup: nats: consumer %q of stream %q does not exist: %w", s.cfg.Consumer, s.cfg.Stream, err)
+}
+
+// withTimeout bounds ctx by Config.RequestTimeout when it has no deadline.
+func (s *Source) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return withDefaultTimeout(ctx, s.cfg.RequestTimeout)
+}
