@@ -30,7 +30,19 @@ type (
 	// Middleware wraps a Handler with a cross-cutting concern; it runs
 	// after the claim, only when the handler does (see consumer.Middleware).
 	Middleware = consumer.Middleware
+	// BatchHandler does the work for a run of messages in one call (SPEC
+	// §11.4): one Result per message, and each message completes, retries
+	// or dead-letters on its own (see consumer.BatchHandler).
+	BatchHandler = consumer.BatchHandler
+	// BatchFunc adapts a function to a Handler that is also a BatchHandler.
+	BatchFunc = consumer.BatchFunc
+	// Result is a batch handler's outcome for one message.
+	Result = consumer.Result
 )
+
+// Batched returns a Handler that runs one message with h and a run with b:
+// what a Middleware around a batch handler returns to keep it one.
+func Batched(h Handler, b BatchHandler) Handler { return consumer.Batched(h, b) }
 
 // Permanent wraps err so that the message is dead-lettered without further
 // attempts.

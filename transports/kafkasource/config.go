@@ -110,9 +110,9 @@ type Config struct {
 	// key ordering runs ahead of a slow key (and how many claims wait), the
 	// messages a crash or a rebalance redelivers, and the memory held: every
 	// fetched message is in memory until it is finished. Default BatchSize
-	// with partition ordering, 4×BatchSize with key ordering (at 10× a worker
-	// with 8 partitions held 113 MB RSS at full speed, at 4× 85 MB, at no
-	// cost in throughput: cmd/dedupbench --kafka-unfinished).
+	// with partition ordering, 4×BatchSize with key ordering: the memory a
+	// larger bound holds buys no throughput (measured with cmd/dedupbench
+	// --kafka-unfinished).
 	MaxUnfinished int
 	// FetchMaxBytes caps the size of one fetch response. Default 1 MiB.
 	FetchMaxBytes int
