@@ -4,6 +4,12 @@
 // through which transports (transports/kafkasource, transports/natssource) and the
 // deduplication engine (package idempotency) meet.
 //
+// Handler authors start from the module's root package, dedupworker, which
+// names what they use (Message, Handler, BatchHandler, Middleware,
+// Permanent, RetryAfter, the Worker and its options); this package is the
+// contract behind it, for those who write a transport, a processor or a
+// wrapper, and for a Worker without the engine.
+//
 // The package imports only the standard library. Transports implement Source
 // and Delivery; the engine makes a Processor for each Handler
 // (WithProcessor). Without one a Handler runs at least once, exactly as the
