@@ -80,6 +80,13 @@ type Config struct {
 	// duplicates included, such as a trace span per delivery
 	// (consumer/tracing's Tracer.Wrap).
 	Wrap []consumer.ProcessorWrapper
+	// Clock schedules lease renewals (idempotency.Config.Clock); tests pass
+	// idempotency/idempotencytest's fake. Default: the system clock.
+	Clock idempotency.Clock
+	// Retry is how handlers registered WithoutDedup retry failures; the
+	// deduplicated ones use WithDedup(idempotency.WithBackoff(...)).
+	// Default consumer.DefaultRetryPolicy.
+	Retry consumer.RetryPolicy
 }
 
 // Worker runs deduplicated handlers: each message's idempotency key is
@@ -98,7 +105,7 @@ type Worker struct {
 // NewWorker returns a Worker that deduplicates against store. The store is
 // the caller's: the Worker never closes it.
 func NewWorker(store Store, cfg Config) (*Worker, error) {
-	e, err := idempotency.New(store, idempotency.Config{Logger: cfg.Logger, Hooks: cfg.Hooks, StoreTimeout: cfg.StoreTimeout})
+	e, err := idempotency.New(store, idempotency.Config{Logger: cfg.Logger, Hooks: cfg.Hooks, StoreTimeout: cfg.StoreTimeout, Clock: cfg.Clock})
 	if err != nil {
 		return nil, err
 	}
@@ -106,7 +113,7 @@ func NewWorker(store Store, cfg Config) (*Worker, error) {
 		engine: e,
 		w: consumer.NewWorker(consumer.Config{
 			Logger: cfg.Logger, Hooks: cfg.Hooks, ShutdownTimeout: cfg.ShutdownTimeout,
-			Middleware: cfg.Middleware, Wrap: cfg.Wrap,
+			Middleware: cfg.Middleware, Wrap: cfg.Wrap, Retry: cfg.Retry,
 		}),
 	}, nil
 }

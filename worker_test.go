@@ -139,3 +139,34 @@ func TestRetriedUntilDone(t *testing.T) {
 		t.Fatalf("%d deliveries, the last %s; want 3, the last acked", len(ds), st)
 	}
 }
+
+// Config.Retry reaches the handlers registered WithoutDedup: with one
+// attempt allowed, the first failure is dead-lettered instead of retried
+// with the default backoff.
+func TestConfigRetryReachesHandlersWithoutDedup(t *testing.T) {
+	src := consumertest.NewSource(consumertest.NewMessage("k", "x"))
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{
+		Retry: consumer.RetryPolicy{MaxAttempts: 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := dedupworker.HandlerFunc(func(context.Context, *dedupworker.Message) ([]byte, error) {
+		return nil, errors.New("transient")
+	})
+	if err := w.Handle("h", src, fail, dedupworker.WithoutDedup()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ds := src.Deliveries()
+	if len(ds) != 1 {
+		t.Fatalf("%d deliveries, want 1: the failure was retried", len(ds))
+	}
+	if dl := ds[0].ExpectDeadLettered(t); dl.Reason != consumer.ReasonMaxAttempts {
+		t.Fatalf("dead letter %+v, want reason %s", dl, consumer.ReasonMaxAttempts)
+	}
+}
