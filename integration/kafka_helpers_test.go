@@ -306,7 +306,11 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *testenv.Runnin
 	if spec.concurrency == 0 {
 		spec.concurrency = 16
 	}
-	w := consumer.NewWorker(consumer.Config{Logger: testenv.Logger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second})
+	wcfg := consumer.Config{Logger: testenv.Logger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second}
+	if spec.spy != nil {
+		wcfg.Wrap = []consumer.ProcessorWrapper{spec.spy.wrap}
+	}
+	w := consumer.NewWorker(wcfg)
 	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithProcessor(dedup)); err != nil {
 		t.Fatal(err)
 	}
