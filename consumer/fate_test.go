@@ -30,7 +30,7 @@ func TestDecide(t *testing.T) {
 		want    consumer.Action
 		reason  string
 		// delay is the exact delay of a retry, or the un-jittered backoff
-		// (±20 %) when backoff is set.
+		// (by up to a fifth either way) when backoff is set.
 		delay   time.Duration
 		backoff bool
 	}{

@@ -19,7 +19,7 @@ type renewalResults chan string
 func (r renewalResults) OnLeaseRenewal(_, result string) { r <- result }
 
 // The engine sends a running handler's lease renewals when its Clock says
-// they are due (a third of the lease, ±10 %), not before, and none once the
+// they are due (a third of the lease, give or take a tenth), not before, and none once the
 // handler returned. The renewals themselves go to real Redis.
 func TestEngineRenewsOnItsClock(t *testing.T) {
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: testenv.RandID()})

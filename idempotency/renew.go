@@ -72,7 +72,7 @@ func (r *renewer) once() (time.Duration, bool) {
 	return jitter(interval), true
 }
 
-// jitter returns d ±10 %.
+// jitter returns d moved by up to a tenth either way.
 func jitter(d time.Duration) time.Duration {
 	if d <= 0 {
 		return d
