@@ -29,8 +29,8 @@ func TestDecide(t *testing.T) {
 		p       consumer.RetryPolicy
 		want    consumer.Action
 		reason  string
-		// delay is the exact delay of a retry, or the un-jittered backoff
-		// (by up to a fifth either way) when backoff is set.
+		// delay is the exact delay of a retry, or, when backoff is set, the
+		// backoff before its jitter (up to a fifth either way).
 		delay   time.Duration
 		backoff bool
 	}{
