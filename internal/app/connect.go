@@ -50,17 +50,13 @@ func openStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks co
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if d := rc.Durability; d.Replicas > 0 && d.Timeout.D() >= readTimeout(client) {
-		client.Close()
-		return nil, nil, nil, fmt.Errorf("redis.durability.timeout %s: must be shorter than the Redis read timeout %s, which bounds each write's pipeline with its WAIT", d.Timeout, readTimeout(client))
-	}
 	log.Info("connected to the store", "deployment", deploymentKind(client, rc), "namespace", rc.Namespace)
 	opts := rc.StoreOptions()
 	opts.Logger, opts.Hooks = log, hooks
 	s, err := redisbackend.New(client, opts)
 	if err != nil {
 		client.Close()
-		return nil, nil, nil, fmt.Errorf("redis.namespace: %w", err) // redis.durability is validated by config
+		return nil, nil, nil, rc.StoreError(err) // the rest of the options were validated with the config
 	}
 	return s, client, func() error {
 		err := s.Close() // New does not own a client it was given
@@ -69,18 +65,6 @@ func openStore(ctx context.Context, rc *config.Redis, log *slog.Logger, hooks co
 		}
 		return err
 	}, nil
-}
-
-// readTimeout is the client's read timeout: the longest a pipeline may
-// wait for its replies.
-func readTimeout(client redis.UniversalClient) time.Duration {
-	switch c := client.(type) {
-	case *redis.Client:
-		return c.Options().ReadTimeout
-	case *redis.ClusterClient:
-		return c.Options().ReadTimeout
-	}
-	return redisbackend.DefaultIOTimeout
 }
 
 // deploymentKind is how the client of rc reaches Redis: standalone, cluster

@@ -406,7 +406,7 @@ func TestOpenStoreDurabilityTimeoutUnderReadTimeout(t *testing.T) {
 	rc := testRedis(testenv.Redis(t), "durto-"+testenv.RandID())
 	rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(3 * time.Second)}
 	_, _, err := OpenStore(testCtx(t), &rc, slog.New(slog.DiscardHandler))
-	if err == nil || !strings.Contains(err.Error(), "redis.durability.timeout 3s: must be shorter than the Redis read timeout 3s") {
+	if err == nil || !strings.Contains(err.Error(), "redis.durability.timeout: 3s: must be shorter than the client's read timeout 3s") {
 		t.Fatalf("durability timeout 3s with read timeout 3s: %v, want an error naming redis.durability.timeout", err)
 	}
 	rc.Durability.Timeout = config.Duration(2 * time.Second)

@@ -159,6 +159,14 @@ var storeFields = fieldTable{
 	"LocalCache.TTL":      {path: "local_cache.ttl"},
 }
 
+// StoreError is err, returned by redisbackend.New for the options
+// StoreOptions built, at the YAML path (under redis) of the field it names:
+// for the checks New alone can make, against the client (the durability
+// timeout against the client's read timeout).
+func (r *Redis) StoreError(err error) error {
+	return libraryError(err, "redis", storeFields, nil)
+}
+
 // indexSuffix splits "Brokers[1]" into "Brokers" and "[1]".
 var indexSuffix = regexp.MustCompile(`^(.*?)((?:\[\d+\])*)$`)
 
