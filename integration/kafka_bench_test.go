@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
@@ -67,7 +67,7 @@ func BenchmarkKafkaThroughput(b *testing.B) {
 
 func kafkaBenchReader(b *testing.B, h *kafkaHarness, n int) time.Duration {
 	start := time.Now()
-	r := kafkago.NewReader(kafkago.ReaderConfig{
+	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers: h.brokers, GroupID: h.group, Topic: h.topic,
 		MaxWait: 100 * time.Millisecond, CommitInterval: time.Second,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/testcontainers/testcontainers-go"
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 
@@ -150,23 +150,23 @@ func (p kafkaPlan) unique() int {
 
 func (h *kafkaHarness) produce(t testing.TB, topic string, p kafkaPlan) {
 	t.Helper()
-	w := &kafkago.Writer{
-		Addr:         kafkago.TCP(h.brokers...),
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(h.brokers...),
 		Topic:        topic,
-		Balancer:     kafkago.BalancerFunc(func(m kafkago.Message, _ ...int) int { return m.Partition }),
+		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
 		BatchTimeout: time.Millisecond,
 		BatchSize:    1000,
-		RequiredAcks: kafkago.RequireAll,
+		RequiredAcks: kafka.RequireAll,
 	}
 	defer w.Close()
-	msgs := make([]kafkago.Message, len(p))
+	msgs := make([]kafka.Message, len(p))
 	for i, m := range p {
-		msgs[i] = kafkago.Message{Partition: m.partition, Value: []byte(m.value)}
+		msgs[i] = kafka.Message{Partition: m.partition, Value: []byte(m.value)}
 		if m.key != "" {
 			msgs[i].Key = []byte(m.key)
 		}
 		if m.idem != "" {
-			msgs[i].Headers = []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(m.idem)}}
+			msgs[i].Headers = []kafka.Header{{Key: "Idempotency-Key", Value: []byte(m.idem)}}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -184,8 +184,8 @@ func (h *kafkaHarness) committed(t testing.TB) map[int]int64 {
 	for i := range parts {
 		parts[i] = i
 	}
-	cl := &kafkago.Client{Addr: kafkago.TCP(h.brokers...), Timeout: 10 * time.Second}
-	resp, err := cl.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: h.group, Topics: map[string][]int{h.topic: parts}})
+	cl := &kafka.Client{Addr: kafka.TCP(h.brokers...), Timeout: 10 * time.Second}
+	resp, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: h.group, Topics: map[string][]int{h.topic: parts}})
 	if err != nil {
 		t.Errorf("offset fetch: %v", err)
 		return nil
@@ -201,11 +201,11 @@ func (h *kafkaHarness) ends(t testing.TB, topic string, partitions int) map[int]
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for p := range partitions {
-		req.Topics[topic] = append(req.Topics[topic], kafkago.LastOffsetOf(p))
+		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
 	}
-	cl := &kafkago.Client{Addr: kafkago.TCP(h.brokers...), Timeout: 10 * time.Second}
+	cl := &kafka.Client{Addr: kafka.TCP(h.brokers...), Timeout: 10 * time.Second}
 	resp, err := cl.ListOffsets(ctx, req)
 	if err != nil {
 		t.Fatalf("list offsets: %v", err)
@@ -233,17 +233,17 @@ func (h *kafkaHarness) atEnds(t *testing.T, timeout time.Duration) {
 }
 
 // readAll reads every message of a single-partition topic.
-func (h *kafkaHarness) readAll(t *testing.T, topic string) []kafkago.Message {
+func (h *kafkaHarness) readAll(t *testing.T, topic string) []kafka.Message {
 	t.Helper()
 	end := h.ends(t, topic, 1)[0]
 	if end == 0 {
 		return nil
 	}
-	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: h.brokers, Topic: topic, MaxWait: 100 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: h.brokers, Topic: topic, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var out []kafkago.Message
+	var out []kafka.Message
 	for {
 		m, err := r.FetchMessage(ctx)
 		if err != nil {

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
@@ -419,11 +419,11 @@ func TestKafkaKcat(t *testing.T) {
 				t.Fatalf("kcat produce: %v\n%s", err, b)
 			}
 		}
-		fw := &kafkago.Writer{Addr: kafkago.TCP(h.brokers...), Topic: out, BatchTimeout: time.Millisecond, RequiredAcks: kafkago.RequireAll}
+		fw := &kafka.Writer{Addr: kafka.TCP(h.brokers...), Topic: out, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
 		defer fw.Close()
 		forward := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-			hs := []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(m.Header.Get("Idempotency-Key"))}, {Key: "Origin", Value: []byte(m.Header.Get("Origin"))}}
-			return nil, fw.WriteMessages(ctx, kafkago.Message{Key: m.Key, Value: m.Payload, Headers: hs})
+			hs := []kafka.Header{{Key: "Idempotency-Key", Value: []byte(m.Header.Get("Idempotency-Key"))}, {Key: "Origin", Value: []byte(m.Header.Get("Origin"))}}
+			return nil, fw.WriteMessages(ctx, kafka.Message{Key: m.Key, Value: m.Payload, Headers: hs})
 		})
 		r := h.start(t, kafkaWorkerSpec{handler: forward})
 		h.atEnds(t, 60*time.Second)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -161,7 +161,7 @@ func TestRedriveKafkaEndToEnd(t *testing.T) {
 	testenv.CreateKafkaTopic(t, brokers, topic, 3)
 	testenv.CreateKafkaTopic(t, brokers, dlq, 2)
 	t.Cleanup(func() { kafkaDeleteNamespace(testenv.RedisClient(t), ns) })
-	client := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second}
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	redriveE2E(t, redriveCase{
 		config: func(action string) string {
 			return fmt.Sprintf(`
@@ -178,13 +178,13 @@ handlers:
 `, testenv.Redis(t), ns, brokers[0], topic, group, action, dlq)
 		},
 		publish: func(t *testing.T, keys []string) {
-			w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, Balancer: &kafkago.Hash{},
-				BatchTimeout: time.Millisecond, RequiredAcks: kafkago.RequireAll}
+			w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
+				BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
 			defer w.Close()
-			msgs := make([]kafkago.Message, len(keys))
+			msgs := make([]kafka.Message, len(keys))
 			for i, k := range keys {
-				msgs[i] = kafkago.Message{Key: []byte("entity-" + k), Value: []byte("payload of " + k),
-					Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}, {Key: "X-Trace", Value: []byte("t-" + k)}}}
+				msgs[i] = kafka.Message{Key: []byte("entity-" + k), Value: []byte("payload of " + k),
+					Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(k)}, {Key: "X-Trace", Value: []byte("t-" + k)}}}
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -202,7 +202,7 @@ handlers:
 		untouched: func(t *testing.T) string {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			of, err := client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group + "-redrive", Topics: map[string][]int{dlq: {0, 1}}})
+			of, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group + "-redrive", Topics: map[string][]int{dlq: {0, 1}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -460,15 +460,15 @@ func natsStreamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstrea
 }
 
 // kafkaEnds returns the high watermark of each of topic's partitions.
-func kafkaEnds(t *testing.T, c *kafkago.Client, topic string, partitions int) map[int]int64 {
+func kafkaEnds(t *testing.T, c *kafka.Client, topic string, partitions int) map[int]int64 {
 	t.Helper()
-	reqs := make([]kafkago.OffsetRequest, partitions)
+	reqs := make([]kafka.OffsetRequest, partitions)
 	for p := range partitions {
-		reqs[p] = kafkago.LastOffsetOf(p)
+		reqs[p] = kafka.LastOffsetOf(p)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := c.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
+	res, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,16 +486,16 @@ func kafkaEnds(t *testing.T, c *kafkago.Client, topic string, partitions int) ma
 type kafkaRecord struct {
 	Offset     int64
 	Key, Value []byte
-	Headers    []kafkago.Header
+	Headers    []kafka.Header
 }
 
 // kafkaRecords reads partition p of topic from offset 0 to end.
-func kafkaRecords(t *testing.T, c *kafkago.Client, topic string, p int, end int64) []kafkaRecord {
+func kafkaRecords(t *testing.T, c *kafka.Client, topic string, p int, end int64) []kafkaRecord {
 	t.Helper()
 	var out []kafkaRecord
 	for pos := int64(0); pos < end; {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		res, err := c.Fetch(ctx, &kafkago.FetchRequest{Topic: topic, Partition: p, Offset: pos, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: time.Second})
+		res, err := c.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: pos, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: time.Second})
 		cancel()
 		if err == nil {
 			err = res.Error
@@ -512,8 +512,8 @@ func kafkaRecords(t *testing.T, c *kafkago.Client, topic string, p int, end int6
 			if r.Offset < pos {
 				continue
 			}
-			k, _ := kafkago.ReadAll(r.Key)
-			v, _ := kafkago.ReadAll(r.Value)
+			k, _ := kafka.ReadAll(r.Key)
+			v, _ := kafka.ReadAll(r.Value)
 			out = append(out, kafkaRecord{Offset: r.Offset, Key: k, Value: v, Headers: r.Headers})
 			pos = r.Offset + 1
 		}

@@ -27,7 +27,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/idemkit/dedupworker/idempotency"
@@ -551,11 +551,11 @@ func TestSecurityBinaryKafkaSCRAM(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := natsPlanWithDuplicates(20, 10)
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, BatchTimeout: time.Millisecond,
-		Transport: &kafkago.Transport{SASL: mech}}
-	var msgs []kafkago.Message
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: time.Millisecond,
+		Transport: &kafka.Transport{SASL: mech}}
+	var msgs []kafka.Message
 	for _, k := range keys {
-		msgs = append(msgs, kafkago.Message{Value: []byte("x"), Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}}})
+		msgs = append(msgs, kafka.Message{Value: []byte("x"), Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(k)}}})
 	}
 	if err := w.WriteMessages(natsCtx(t, 30*time.Second), msgs...); err != nil {
 		t.Fatal(err)

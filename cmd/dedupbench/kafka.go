@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
@@ -54,8 +54,8 @@ func (t *kafkaTransport) name() string { return "kafka" }
 
 func topic(id string) string { return "dedupbench-" + id }
 
-func (t *kafkaTransport) client() *kafkago.Client {
-	return &kafkago.Client{Addr: kafkago.TCP(t.brokers...), Timeout: 10 * time.Second}
+func (t *kafkaTransport) client() *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(t.brokers...), Timeout: 10 * time.Second}
 }
 
 func (t *kafkaTransport) create(ctx context.Context, id string) error {
@@ -63,13 +63,13 @@ func (t *kafkaTransport) create(ctx context.Context, id string) error {
 	defer cancel()
 	cl := t.client()
 	name := topic(id)
-	tc := kafkago.TopicConfig{Topic: name, NumPartitions: kafkaPartitions, ReplicationFactor: 1}
+	tc := kafka.TopicConfig{Topic: name, NumPartitions: kafkaPartitions, ReplicationFactor: 1}
 	if t.soak {
 		// Bounded broker memory over a soak (kfake applies it on
 		// ApplyRetention, which the soak calls).
-		tc.ConfigEntries = []kafkago.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "60000"}}
+		tc.ConfigEntries = []kafka.ConfigEntry{{ConfigName: "retention.ms", ConfigValue: "60000"}}
 	}
-	resp, err := cl.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{tc}})
+	resp, err := cl.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{tc}})
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (t *kafkaTransport) create(ctx context.Context, id string) error {
 		return err
 	}
 	for {
-		md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{name}})
+		md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{name}})
 		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == kafkaPartitions {
 			return nil
 		}
@@ -92,25 +92,25 @@ func (t *kafkaTransport) create(ctx context.Context, id string) error {
 func (t *kafkaTransport) destroy(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, _ = t.client().DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{topic(id)}})
+	_, _ = t.client().DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic(id)}})
 }
 
 func (t *kafkaTransport) publish(ctx context.Context, id string, keys []string, rate float64) error {
-	w := &kafkago.Writer{
-		Addr: kafkago.TCP(t.brokers...), Topic: topic(id), Balancer: &kafkago.RoundRobin{},
-		BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafkago.RequireOne,
+	w := &kafka.Writer{
+		Addr: kafka.TCP(t.brokers...), Topic: topic(id), Balancer: &kafka.RoundRobin{},
+		BatchSize: 1000, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireOne,
 		WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
 	}
 	defer func() { _ = w.Close() }()
-	msgs := make([]kafkago.Message, 0, 1000)
+	msgs := make([]kafka.Message, 0, 1000)
 	return pace(ctx, len(keys), rate, func(lo, hi int) error {
 		for lo < hi {
 			end := min(hi, lo+1000)
 			msgs = msgs[:0]
 			for _, k := range keys[lo:end] {
-				m := kafkago.Message{Value: payload(k), Headers: []kafkago.Header{{Key: keyHeader, Value: []byte(k)}}}
+				m := kafka.Message{Value: payload(k), Headers: []kafka.Header{{Key: keyHeader, Value: []byte(k)}}}
 				if rate > 0 {
-					m.Headers = append(m.Headers, kafkago.Header{Key: tsHeader, Value: []byte(strconv.FormatInt(time.Now().UnixNano(), 10))})
+					m.Headers = append(m.Headers, kafka.Header{Key: tsHeader, Value: []byte(strconv.FormatInt(time.Now().UnixNano(), 10))})
 				}
 				msgs = append(msgs, m)
 			}
@@ -126,16 +126,16 @@ func (t *kafkaTransport) publish(ctx context.Context, id string, keys []string, 
 	})
 }
 
-func (t *kafkaTransport) reader(id string) *kafkago.Reader {
-	return kafkago.NewReader(kafkago.ReaderConfig{
+func (t *kafkaTransport) reader(id string) *kafka.Reader {
+	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers: t.brokers, GroupID: topic(id) + "-plain", Topic: topic(id),
 		MaxWait: 100 * time.Millisecond, CommitInterval: time.Second,
 		SessionTimeout: 6 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
-		StartOffset: kafkago.FirstOffset,
+		StartOffset: kafka.FirstOffset,
 	})
 }
 
-func header(hs []kafkago.Header, name string) string {
+func header(hs []kafka.Header, name string) string {
 	for _, h := range hs {
 		if strings.EqualFold(h.Key, name) {
 			return string(h.Value)
@@ -146,7 +146,7 @@ func header(hs []kafkago.Header, name string) string {
 
 // raw is a kafka-go group Reader: fetch, then commit (every second).
 func (t *kafkaTransport) raw(ctx context.Context, id string, p *progress) (func() error, error) {
-	return t.loop(ctx, id, func(ctx context.Context, r *kafkago.Reader, m kafkago.Message) {
+	return t.loop(ctx, id, func(ctx context.Context, r *kafka.Reader, m kafka.Message) {
 		_ = r.CommitMessages(ctx, m)
 		p.done(header(m.Headers, tsHeader))
 	})
@@ -155,7 +155,7 @@ func (t *kafkaTransport) raw(ctx context.Context, id string, p *progress) (func(
 // feed hands each fetched message to the naive goroutines; their ack is
 // the reader's commit (every second).
 func (t *kafkaTransport) feed(ctx context.Context, id string, jobs chan<- job) (func() error, error) {
-	return t.loop(ctx, id, func(ctx context.Context, r *kafkago.Reader, m kafkago.Message) {
+	return t.loop(ctx, id, func(ctx context.Context, r *kafka.Reader, m kafka.Message) {
 		j := job{key: header(m.Headers, keyHeader), payload: m.Value, ts: header(m.Headers, tsHeader),
 			ack: func() {
 				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -169,7 +169,7 @@ func (t *kafkaTransport) feed(ctx context.Context, id string, jobs chan<- job) (
 	})
 }
 
-func (t *kafkaTransport) loop(ctx context.Context, id string, each func(context.Context, *kafkago.Reader, kafkago.Message)) (func() error, error) {
+func (t *kafkaTransport) loop(ctx context.Context, id string, each func(context.Context, *kafka.Reader, kafka.Message)) (func() error, error) {
 	r := t.reader(id)
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -154,7 +154,7 @@ func kafkaTopicKeys(t *testing.T, brokers []string, topic string) map[string]int
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := kafkago.DialLeader(ctx, "tcp", brokers[0], topic, 0)
+	conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func kafkaTopicKeys(t *testing.T, brokers []string, topic string) map[string]int
 		t.Fatal(err)
 	}
 	keys := map[string]int{}
-	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
 	defer r.Close()
 	for off := int64(0); off < last; off++ {
 		m, err := r.ReadMessage(ctx)
@@ -182,8 +182,8 @@ func kafkaTopicKeys(t *testing.T, brokers []string, topic string) map[string]int
 
 func kafkaLastOffset(t *testing.T, brokers []string, topic string) int {
 	t.Helper()
-	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 5 * time.Second}
-	resp, err := c.ListOffsets(context.Background(), &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: {kafkago.LastOffsetOf(0)}}})
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	resp, err := c.ListOffsets(context.Background(), &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(0)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,10 +199,10 @@ func TestKafkaRelayDeliversEveryKeyAcrossKill9(t *testing.T) {
 	testenv.CreateKafkaTopic(t, brokers, out, 1)
 	const unique = 3000
 	keys := dupPlan("k", unique)
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: in, Balancer: &kafkago.RoundRobin{}, BatchTimeout: 5 * time.Millisecond}
-	msgs := make([]kafkago.Message, len(keys))
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: in, Balancer: &kafka.RoundRobin{}, BatchTimeout: 5 * time.Millisecond}
+	msgs := make([]kafka.Message, len(keys))
 	for i, k := range keys {
-		msgs[i] = kafkago.Message{Value: []byte(k), Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}}}
+		msgs[i] = kafka.Message{Value: []byte(k), Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(k)}}}
 	}
 	if err := w.WriteMessages(context.Background(), msgs...); err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/app"
@@ -261,8 +261,8 @@ func kafkaSourceChecks(ctx context.Context, i int, h *config.Handler, ws []strin
 		return 0, "", ws, err
 	}
 	defer done()
-	resp, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
-		ResourceType: kafkago.ResourceTypeTopic, ResourceName: k.Topic, ConfigNames: []string{"retention.ms"},
+	resp, err := c.DescribeConfigs(ctx, &kafka.DescribeConfigsRequest{Resources: []kafka.DescribeConfigRequestResource{{
+		ResourceType: kafka.ResourceTypeTopic, ResourceName: k.Topic, ConfigNames: []string{"retention.ms"},
 	}}})
 	if err != nil {
 		return 0, "", ws, fmt.Errorf("%s.brokers: %w", field, err)
@@ -360,7 +360,7 @@ func openJetStream(ctx context.Context, field, url string, auth config.NATSAuth)
 // reports a refused handshake as "Broker Not Available"; the dial says
 // why), then returns a client over the same TLS and SASL; done closes its
 // connections.
-func openKafka(ctx context.Context, field string, brokers []string, s *config.SASL, t *config.TLS) (c *kafkago.Client, done func(), err error) {
+func openKafka(ctx context.Context, field string, brokers []string, s *config.SASL, t *config.TLS) (c *kafka.Client, done func(), err error) {
 	if err := dialKafka(ctx, field, brokers, s, t); err != nil {
 		return nil, nil, err
 	}
@@ -368,7 +368,7 @@ func openKafka(ctx context.Context, field string, brokers []string, s *config.SA
 	if err != nil {
 		return nil, nil, err
 	}
-	return &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}, tr.CloseIdleConnections, nil
+	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}, tr.CloseIdleConnections, nil
 }
 
 // natsSubjectCheck asks JetStream which stream captures subject, as the
@@ -398,9 +398,9 @@ func natsSubjectCheck(ctx context.Context, js jetstream.JetStream, i int, handle
 
 // kafkaTopicCheck asks the cluster's metadata for topic (without asking
 // the broker to create it): a missing topic is a warning.
-func kafkaTopicCheck(ctx context.Context, c *kafkago.Client, i int, handler, out, topic string) (string, error) {
+func kafkaTopicCheck(ctx context.Context, c *kafka.Client, i int, handler, out, topic string) (string, error) {
 	field := fmt.Sprintf("handlers[%d].%s.kafka", i, out)
-	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return "", fmt.Errorf("%s.brokers: %w", field, err)
 	}
@@ -408,7 +408,7 @@ func kafkaTopicCheck(ctx context.Context, c *kafkago.Client, i int, handler, out
 		if t.Name != topic || t.Error == nil {
 			continue
 		}
-		if errors.Is(t.Error, kafkago.UnknownTopicOrPartition) {
+		if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
 			return fmt.Sprintf("handlers[%d] (%s): %s.kafka.topic %q does not exist: writes fail unless the brokers auto-create topics", i, handler, out, topic), nil
 		}
 		return "", fmt.Errorf("%s.topic %q: %w", field, topic, t.Error)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -38,8 +38,8 @@ func createTopic(t *testing.T, brokers []string, topic string) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second}
-		_, _ = cl.DeleteTopics(ctx, &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
+		cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+		_, _ = cl.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
 	})
 }
 

@@ -57,7 +57,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -438,19 +438,19 @@ func planKeys(p params) keyPlan {
 }
 
 func publish(ctx context.Context, js jetstream.JetStream, brokers []string, topic string, kp keyPlan, over time.Duration) error {
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: topic, Balancer: &kafkago.Hash{},
-		BatchTimeout: 2 * time.Millisecond, RequiredAcks: kafkago.RequireAll, MaxAttempts: 20}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
+		BatchTimeout: 2 * time.Millisecond, RequiredAcks: kafka.RequireAll, MaxAttempts: 20}
 	defer w.Close()
 	const chunk = 100
 	pause := over / time.Duration(max(1, len(kp.msgs)/chunk))
 	for i := 0; i < len(kp.msgs); i += chunk {
-		var kmsgs []kafkago.Message
+		var kmsgs []kafka.Message
 		var futs []jetstream.PubAckFuture
 		for _, hk := range kp.msgs[i:min(i+chunk, len(kp.msgs))] {
 			h, k, _ := strings.Cut(hk, "/")
 			if h == "k" {
-				kmsgs = append(kmsgs, kafkago.Message{Key: []byte(k), Value: []byte("v " + k),
-					Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}}})
+				kmsgs = append(kmsgs, kafka.Message{Key: []byte(k), Value: []byte("v " + k),
+					Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(k)}}})
 				continue
 			}
 			m := nats.NewMsg("chaos.in")

@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/tracing"
@@ -303,16 +303,16 @@ func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injecto
 	return nil, errors.New("no action configured")
 }
 
-func (a *App) kafkaWriter(k *config.KafkaOut) (*kafkago.Writer, error) {
+func (a *App) kafkaWriter(k *config.KafkaOut) (*kafka.Writer, error) {
 	tr, err := KafkaTransport("forward.kafka", k.SASL, k.TLS)
 	if err != nil {
 		return nil, err
 	}
-	w := &kafkago.Writer{
-		Addr:         kafkago.TCP(k.Brokers...),
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(k.Brokers...),
 		Topic:        k.Topic,
-		Balancer:     &kafkago.Hash{}, // same message key, same partition: per-key order survives the relay
-		RequiredAcks: kafkago.RequireAll,
+		Balancer:     &kafka.Hash{}, // same message key, same partition: per-key order survives the relay
+		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: 2 * time.Millisecond,
 		WriteTimeout: connectTimeout,
 		ReadTimeout:  connectTimeout,

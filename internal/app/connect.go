@@ -13,7 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
@@ -276,22 +276,22 @@ func DialNATS(ctx context.Context, field, url string, auth config.NATSAuth, opts
 // KafkaTransport is the transport of a Kafka client (kafka.Writer,
 // kafka.Client) with the SASL and TLS settings of a Kafka section; field
 // ("handlers[0].source.kafka") prefixes errors.
-func KafkaTransport(field string, s *config.SASL, t *config.TLS) (*kafkago.Transport, error) {
+func KafkaTransport(field string, s *config.SASL, t *config.TLS) (*kafka.Transport, error) {
 	mech, tc, err := kafkaAuth(field, s, t)
 	if err != nil {
 		return nil, err
 	}
-	return &kafkago.Transport{SASL: mech, TLS: tc, DialTimeout: connectTimeout}, nil
+	return &kafka.Transport{SASL: mech, TLS: tc, DialTimeout: connectTimeout}, nil
 }
 
 // KafkaDialer is the base dialer of a Kafka source (transports/kafkasource
 // applies its timeout) with the same settings.
-func KafkaDialer(field string, s *config.SASL, t *config.TLS) (*kafkago.Dialer, error) {
+func KafkaDialer(field string, s *config.SASL, t *config.TLS) (*kafka.Dialer, error) {
 	mech, tc, err := kafkaAuth(field, s, t)
 	if err != nil {
 		return nil, err
 	}
-	return &kafkago.Dialer{DualStack: true, SASLMechanism: mech, TLS: tc}, nil
+	return &kafka.Dialer{DualStack: true, SASLMechanism: mech, TLS: tc}, nil
 }
 
 // kafkaAuth is the SASL mechanism and TLS configuration of a Kafka

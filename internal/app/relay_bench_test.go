@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/internal/config"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -84,21 +84,21 @@ func benchKafkaRelay(b *testing.B) {
 		in, out := "in-"+id, "out-"+id
 		testenv.CreateKafkaTopic(b, brokers, in, 8)
 		testenv.CreateKafkaTopic(b, brokers, out, 8)
-		w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: in, Balancer: &kafkago.RoundRobin{}, BatchSize: 1000, BatchTimeout: time.Millisecond}
-		msgs := make([]kafkago.Message, relayMessages)
+		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: in, Balancer: &kafka.RoundRobin{}, BatchSize: 1000, BatchTimeout: time.Millisecond}
+		msgs := make([]kafka.Message, relayMessages)
 		for j := range msgs {
 			k := fmt.Sprintf("k-%d", j)
-			msgs[j] = kafkago.Message{Value: []byte(`{"id":"` + k + `"}`), Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}}}
+			msgs[j] = kafka.Message{Value: []byte(`{"id":"` + k + `"}`), Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(k)}}}
 		}
 		if err := w.WriteMessages(context.Background(), msgs...); err != nil {
 			b.Fatal(err)
 		}
 		w.Close()
-		cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second}
+		cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 		written := func() int64 {
-			req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+			req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 			for p := range 8 {
-				req.Topics[out] = append(req.Topics[out], kafkago.LastOffsetOf(p))
+				req.Topics[out] = append(req.Topics[out], kafka.LastOffsetOf(p))
 			}
 			resp, err := cl.ListOffsets(context.Background(), req)
 			if err != nil {

@@ -28,7 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -392,13 +392,13 @@ func publishNATS(ctx context.Context, js jetstream.JetStream, keys []string) err
 }
 
 func publishKafka(ctx context.Context, brokers []string, keys []string) error {
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "demo-in", Balancer: &kafkago.RoundRobin{}, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafkago.RequireAll}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "demo-in", Balancer: &kafka.RoundRobin{}, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll}
 	defer w.Close()
-	msgs := make([]kafkago.Message, len(keys))
+	msgs := make([]kafka.Message, len(keys))
 	for i, k := range keys {
 		// Round robin spreads a key's copies over partitions, as producers
 		// retrying through different partitions do.
-		msgs[i] = kafkago.Message{Value: payload(k), Headers: []kafkago.Header{{Key: "Idempotency-Key", Value: []byte(k)}}}
+		msgs[i] = kafka.Message{Value: payload(k), Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte(k)}}}
 	}
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
 		return fmt.Errorf("publishing to Kafka: %w", err)
@@ -415,8 +415,8 @@ func streamCount(ctx context.Context, js jetstream.JetStream, name string) (int,
 }
 
 func topicCount(ctx context.Context, brokers []string, topic string) (int, error) {
-	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 5 * time.Second}
-	resp, err := c.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: {kafkago.LastOffsetOf(0)}}})
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	resp, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: {kafka.LastOffsetOf(0)}}})
 	if err != nil {
 		return 0, err
 	}

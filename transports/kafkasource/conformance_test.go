@@ -3,7 +3,7 @@ package kafkasource_test
 import (
 	"testing"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/sourcetest"
@@ -28,7 +28,7 @@ func TestSourceConformance(t *testing.T) {
 					out[i] = msg{value: m.Payload}
 					for k, vs := range m.Header {
 						for _, v := range vs {
-							out[i].headers = append(out[i].headers, kafkago.Header{Key: k, Value: []byte(v)})
+							out[i].headers = append(out[i].headers, kafka.Header{Key: k, Value: []byte(v)})
 						}
 					}
 				}

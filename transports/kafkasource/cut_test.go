@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -179,7 +179,7 @@ func killWhileJoining(t *testing.T, brokers []string, group, topic string, membe
 		conns []net.Conn
 		dead  bool
 	)
-	d := &kafkago.Dialer{Timeout: 2 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &kafka.Dialer{Timeout: 2 * time.Second, DialFunc: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if dead {
@@ -191,7 +191,7 @@ func killWhileJoining(t *testing.T, brokers []string, group, topic string, membe
 		}
 		return c, err
 	}}
-	cg, err := kafkago.NewConsumerGroup(kafkago.ConsumerGroupConfig{ID: group, Brokers: brokers, Dialer: d, Topics: []string{topic},
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{ID: group, Brokers: brokers, Dialer: d, Topics: []string{topic},
 		SessionTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 4 * time.Second,
 		Timeout: 2 * time.Second, JoinGroupBackoff: 100 * time.Millisecond})
 	if err != nil {
@@ -199,11 +199,11 @@ func killWhileJoining(t *testing.T, brokers []string, group, topic string, membe
 	}
 	t.Cleanup(func() { _ = cg.Close() })
 	// Held: the group prepares a rebalance and lists the new member.
-	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 2 * time.Second}
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 2 * time.Second}
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := cl.DescribeGroups(ctx, &kafkago.DescribeGroupsRequest{GroupIDs: []string{group}})
+		resp, err := cl.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 		cancel()
 		if err == nil && len(resp.Groups) == 1 && resp.Groups[0].GroupState == "PreparingRebalance" && len(resp.Groups[0].Members) >= members {
 			break

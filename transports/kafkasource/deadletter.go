@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	kafka "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 )

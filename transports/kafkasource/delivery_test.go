@@ -4,7 +4,7 @@ import (
 	"slices"
 	"testing"
 
-	kafka "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 )
 
 // TestNewHeader: every value is kept, in order, also for a repeated key and

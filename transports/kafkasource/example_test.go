@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -26,11 +26,11 @@ func ExampleSource() {
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
 
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: "orders", BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: "orders", BatchTimeout: time.Millisecond}
 	err = w.WriteMessages(context.Background(),
-		kafkago.Message{Key: []byte("customer-1"), Value: []byte(`{"order":1}`)},
-		kafkago.Message{Key: []byte("customer-1"), Value: []byte(`{"order":2}`)},
-		kafkago.Message{Key: []byte("customer-2"), Value: []byte(`{"order":3}`)},
+		kafka.Message{Key: []byte("customer-1"), Value: []byte(`{"order":1}`)},
+		kafka.Message{Key: []byte("customer-1"), Value: []byte(`{"order":2}`)},
+		kafka.Message{Key: []byte("customer-2"), Value: []byte(`{"order":3}`)},
 	)
 	w.Close()
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -48,7 +48,7 @@ func TestFetchUsesResolver(t *testing.T) {
 	})
 	src := e.source(func(c *kafkasource.Config) {
 		c.Brokers = []string{net.JoinHostPort(res.name, port)}
-		c.Dialer = &kafkago.Dialer{Resolver: res, DualStack: true}
+		c.Dialer = &kafka.Dialer{Resolver: res, DualStack: true}
 	})
 	r := run(t, worker(t, "resolver", src, h))
 	ends := e.ends(e.topic, 1)

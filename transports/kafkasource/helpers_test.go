@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -85,24 +85,24 @@ type msg struct {
 	partition int
 	key       string
 	value     string
-	headers   []kafkago.Header
+	headers   []kafka.Header
 }
 
 // produce writes msgs, each to its partition, and waits for the acks.
 func (e *env) produce(topic string, msgs []msg) {
 	e.t.Helper()
-	w := &kafkago.Writer{
-		Addr:         kafkago.TCP(e.brokers...),
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(e.brokers...),
 		Topic:        topic,
-		Balancer:     kafkago.BalancerFunc(func(m kafkago.Message, _ ...int) int { return m.Partition }),
+		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
 		BatchTimeout: time.Millisecond,
 		BatchSize:    1000,
-		RequiredAcks: kafkago.RequireAll,
+		RequiredAcks: kafka.RequireAll,
 	}
 	defer w.Close()
-	out := make([]kafkago.Message, len(msgs))
+	out := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = kafkago.Message{Partition: m.partition, Value: []byte(m.value), Headers: m.headers}
+		out[i] = kafka.Message{Partition: m.partition, Value: []byte(m.value), Headers: m.headers}
 		if m.key != "" {
 			out[i].Key = []byte(m.key)
 		}
@@ -123,8 +123,8 @@ func (e *env) committed() map[int]int64 {
 	for i := range parts {
 		parts[i] = i
 	}
-	cl := &kafkago.Client{Addr: kafkago.TCP(e.brokers...), Timeout: 10 * time.Second}
-	resp, err := cl.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: e.group, Topics: map[string][]int{e.topic: parts}})
+	cl := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: 10 * time.Second}
+	resp, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: e.group, Topics: map[string][]int{e.topic: parts}})
 	if err != nil {
 		e.t.Errorf("offset fetch: %v", err)
 		return nil
@@ -141,11 +141,11 @@ func (e *env) ends(topic string, partitions int) map[int]int64 {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req := &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{}}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for p := range partitions {
-		req.Topics[topic] = append(req.Topics[topic], kafkago.LastOffsetOf(p))
+		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
 	}
-	cl := &kafkago.Client{Addr: kafkago.TCP(e.brokers...), Timeout: 10 * time.Second}
+	cl := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: 10 * time.Second}
 	resp, err := cl.ListOffsets(ctx, req)
 	if err != nil {
 		e.t.Fatalf("list offsets: %v", err)
@@ -158,15 +158,15 @@ func (e *env) ends(topic string, partitions int) map[int]int64 {
 }
 
 // readAll reads every message of topic's partitions from the start.
-func (e *env) readAll(topic string, partitions int) []kafkago.Message {
+func (e *env) readAll(topic string, partitions int) []kafka.Message {
 	e.t.Helper()
 	ends := e.ends(topic, partitions)
-	var out []kafkago.Message
+	var out []kafka.Message
 	for p := range partitions {
 		if ends[p] == 0 {
 			continue
 		}
-		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: e.brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		for {
 			m, err := r.FetchMessage(ctx)
@@ -276,10 +276,10 @@ func reachedEnds(committed, ends map[int]int64) bool {
 }
 
 // hdrs builds Kafka headers from name, value pairs.
-func hdrs(kv ...string) []kafkago.Header {
-	var out []kafkago.Header
+func hdrs(kv ...string) []kafka.Header {
+	var out []kafka.Header
 	for i := 0; i+1 < len(kv); i += 2 {
-		out = append(out, kafkago.Header{Key: kv[i], Value: []byte(kv[i+1])})
+		out = append(out, kafka.Header{Key: kv[i], Value: []byte(kv[i+1])})
 	}
 	return out
 }

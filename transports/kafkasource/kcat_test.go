@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -46,16 +46,16 @@ func TestKcatEndToEnd(t *testing.T) {
 		}
 	}
 
-	fw := &kafkago.Writer{Addr: kafkago.TCP(e.brokers...), Topic: out, BatchTimeout: time.Millisecond, RequiredAcks: kafkago.RequireAll}
+	fw := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: out, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
 	defer fw.Close()
 	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-		hs := []kafkago.Header{{Key: "Forwarded-By", Value: []byte("dedupworker")}}
+		hs := []kafka.Header{{Key: "Forwarded-By", Value: []byte("dedupworker")}}
 		for k, vs := range m.Header {
 			for _, v := range vs {
-				hs = append(hs, kafkago.Header{Key: k, Value: []byte(v)})
+				hs = append(hs, kafka.Header{Key: k, Value: []byte(v)})
 			}
 		}
-		return nil, fw.WriteMessages(ctx, kafkago.Message{Key: m.Key, Value: m.Payload, Headers: hs})
+		return nil, fw.WriteMessages(ctx, kafka.Message{Key: m.Key, Value: m.Payload, Headers: hs})
 	})
 	r := run(t, worker(t, "kcat", e.source(nil), h))
 	ends := e.ends(e.topic, e.parts)

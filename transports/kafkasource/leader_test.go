@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -77,8 +77,8 @@ func partitionLeader(t *testing.T, brokers []string, topic string) int {
 func partitionLeaderOf(brokers []string, topic string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cl := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 3 * time.Second}
-	md, err := cl.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 3 * time.Second}
+	md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil || len(md.Topics) != 1 || len(md.Topics[0].Partitions) != 1 || md.Topics[0].Partitions[0].Error != nil {
 		return 0
 	}

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	kafka "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 )

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -23,11 +23,11 @@ func TestSASL(t *testing.T) {
 	e := newEnv(t, 1)
 	brokers := sec.SASL
 	plainUser := sec.Users["PLAIN"]
-	w := &kafkago.Writer{
-		Addr: kafkago.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
-		Transport: &kafkago.Transport{SASL: plain.Mechanism{Username: plainUser[0], Password: plainUser[1]}},
+	w := &kafka.Writer{
+		Addr: kafka.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
+		Transport: &kafka.Transport{SASL: plain.Mechanism{Username: plainUser[0], Password: plainUser[1]}},
 	}
-	if err := w.WriteMessages(context.Background(), kafkago.Message{Value: []byte("hello")}); err != nil {
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("hello")}); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()

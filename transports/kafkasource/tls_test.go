@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -39,9 +39,9 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	clientTLS := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	w := &kafkago.Writer{Addr: kafkago.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
-		Transport: &kafkago.Transport{TLS: clientTLS, SASL: mech}}
-	if err := w.WriteMessages(context.Background(), kafkago.Message{Value: []byte("secret")}); err != nil {
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
+		Transport: &kafka.Transport{TLS: clientTLS, SASL: mech}}
+	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("secret")}); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
