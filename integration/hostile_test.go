@@ -45,7 +45,7 @@ func newHostileFix(t *testing.T) *hostileFix {
 	t.Helper()
 	rc := testenv.RedisClient(t)
 	ns := "hostile-" + testenv.RandID()
-	t.Cleanup(func() { natsDeleteNamespace(rc, ns) })
+	testenv.DropNamespace(t, ns)
 	store, err := redisbackend.New(rc, redisbackend.Options{Namespace: ns, Grace: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -116,8 +116,7 @@ func kafkaBenchWorkerWith(dedup bool, ordering string) func(b *testing.B, h *kaf
 		opts := []consumer.HandleOption{consumer.WithConcurrency(16)}
 		if dedup {
 			store := newKafkaStore(b, h.ns)
-			client := testenv.RedisClient(b)
-			b.Cleanup(func() { kafkaDeleteNamespace(client, h.ns) })
+			testenv.DropNamespace(b, h.ns)
 			engine, err := idempotency.New(store, idempotency.Config{Hooks: consumer.Hooks{count}})
 			if err != nil {
 				b.Fatal(err)

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 	"github.com/testcontainers/testcontainers-go"
 	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
@@ -87,8 +86,7 @@ func newKafkaHarness(t *testing.T, brokers []string) *kafkaHarness {
 	h := &kafkaHarness{brokers: brokers, topic: "it-" + name + "-" + id, ns: "it-kafka-" + id}
 	h.group = h.topic + "-g"
 	h.redis = newKafkaStore(t, h.ns)
-	client := testenv.RedisClient(t)
-	t.Cleanup(func() { kafkaDeleteNamespace(client, h.ns) })
+	testenv.DropNamespace(t, h.ns)
 	return h
 }
 
@@ -484,20 +482,4 @@ func (h *kafkaHarness) watchCommits(t *testing.T, spy *kafkaAckSpy) (stop func()
 	})
 	var once sync.Once
 	return func() { once.Do(func() { close(done); wg.Wait() }) }
-}
-
-// kafkaDeleteNamespace deletes a test's Redis keys.
-func kafkaDeleteNamespace(c redis.UniversalClient, ns string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	iter := c.Scan(ctx, 0, ns+":*", 1000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	for len(keys) > 0 {
-		n := min(len(keys), 500)
-		c.Del(ctx, keys[:n]...)
-		keys = keys[n:]
-	}
 }

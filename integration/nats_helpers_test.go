@@ -55,7 +55,7 @@ func newNATSHarness(t testing.TB, url string) *natsHarness {
 	h.subj = strings.ToLower(h.stream)
 	h.ns = "it-" + testenv.RandID()
 	h.createStream(t, h.stream, h.subj+".>")
-	t.Cleanup(func() { natsDeleteNamespace(h.redis, h.ns) })
+	testenv.DropNamespace(t, h.ns)
 	return h
 }
 
@@ -71,21 +71,6 @@ func natsConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	return nc, js
-}
-
-func natsDeleteNamespace(c redis.UniversalClient, ns string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	iter := c.Scan(ctx, 0, ns+":*", 1000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	for len(keys) > 0 {
-		n := min(len(keys), 500)
-		c.Del(ctx, keys[:n]...)
-		keys = keys[n:]
-	}
 }
 
 func (h *natsHarness) createStream(t testing.TB, name string, subjects ...string) {

@@ -160,7 +160,7 @@ func TestRedriveKafkaEndToEnd(t *testing.T) {
 	topic, dlq, group, ns := "rd-"+id, "rd-"+id+"-dlq", "rd-"+id+"-g", "rd-"+id
 	testenv.CreateKafkaTopic(t, brokers, topic, 3)
 	testenv.CreateKafkaTopic(t, brokers, dlq, 2)
-	t.Cleanup(func() { kafkaDeleteNamespace(testenv.RedisClient(t), ns) })
+	testenv.DropNamespace(t, ns)
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
 	redriveE2E(t, redriveCase{
 		config: func(action string) string {
