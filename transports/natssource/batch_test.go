@@ -13,8 +13,9 @@ import (
 )
 
 // TestBatchHandlerGetsFetches: a batch handler gets each fetched batch in
-// one call, within the concurrency; every message is handled once, a failed
-// one alone is redelivered, and the consumer ends with nothing pending.
+// one call, at most the concurrency's calls at once; every message is handled
+// once, a failed one alone is redelivered, and the consumer ends with nothing
+// pending.
 func TestBatchHandlerGetsFetches(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		const n, conc = 300, 8
@@ -23,13 +24,17 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 			mu       sync.Mutex
 			handled  = map[string][]int{} // payload → attempts seen
 			maxCall  int
-			inFlight int
+			inFlight int // messages in calls
 			peak     int
+			calls    int // calls running
+			peakCall int
 		)
 		h := consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
 			mu.Lock()
 			inFlight += len(msgs)
 			peak = max(peak, inFlight)
+			calls++
+			peakCall = max(peakCall, calls)
 			maxCall = max(maxCall, len(msgs))
 			for i, m := range msgs {
 				p := string(m.Payload)
@@ -43,6 +48,7 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 			mu.Lock()
 			inFlight -= len(msgs)
+			calls--
 			mu.Unlock()
 		})
 		src := newSource(t, e, natssource.Config{AckWait: 5 * time.Second})
@@ -71,8 +77,96 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 		if maxCall < 2 {
 			t.Errorf("largest call %d messages: fetched batches must reach the handler together", maxCall)
 		}
-		if peak > conc {
-			t.Errorf("%d messages in calls at once, over concurrency %d", peak, conc)
+		if peakCall > conc {
+			t.Errorf("%d calls at once, over concurrency %d", peakCall, conc)
+		}
+		if peak > conc*conc {
+			t.Errorf("%d messages in calls at once, over concurrency × batch %d", peak, conc*conc)
+		}
+	})
+}
+
+// TestBatchRunHoldsOneSlot: a batch handler's call holds one of the
+// concurrency's slots however many messages it carries (consumer.Runner's
+// ProcessBatch contract), so with every call blocked more than concurrency
+// messages are in calls, never more than concurrency calls, and none is
+// acked before its own call returned. The consumer the Source creates has
+// MaxAckPending concurrency × Batch, so that window is usable.
+func TestBatchRunHoldsOneSlot(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const n, conc, batch = 60, 2, 10
+		e.publish(t, n)
+		var (
+			mu       sync.Mutex
+			handled  = map[string]int{}
+			inFlight int // messages in calls
+			peak     int
+			calls    int
+			peakCall int
+		)
+		release := make(chan struct{})
+		h := consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
+			mu.Lock()
+			inFlight += len(msgs)
+			peak = max(peak, inFlight)
+			calls++
+			peakCall = max(peakCall, calls)
+			mu.Unlock()
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			mu.Lock()
+			for _, m := range msgs {
+				handled[string(m.Payload)]++
+			}
+			inFlight -= len(msgs)
+			calls--
+			mu.Unlock()
+		})
+		src := newSource(t, e, natssource.Config{AckWait: 10 * time.Second, Batch: batch})
+		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(conc))
+		testenv.EventuallyNil(t, 10*time.Second, "more than concurrency messages in blocked calls", func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if calls == conc && inFlight > conc {
+				return nil
+			}
+			return fmt.Errorf("%d calls with %d messages", calls, inFlight)
+		})
+		info := e.consumerInfo(t, "c")
+		if got := info.Config.MaxAckPending; got != conc*batch {
+			t.Errorf("created consumer's MaxAckPending %d, want concurrency × batch %d", got, conc*batch)
+		}
+		mu.Lock()
+		blocked := inFlight
+		mu.Unlock()
+		if info.AckFloor.Stream != 0 || info.NumAckPending < blocked {
+			t.Errorf("while every call blocks: ack floor %d, ack pending %d, want nothing acked and at least the %d messages in calls pending",
+				info.AckFloor.Stream, info.NumAckPending, blocked)
+		}
+		close(release)
+		testenv.EventuallyNil(t, 30*time.Second, "every message handled", func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(handled) == n {
+				return nil
+			}
+			return fmt.Errorf("%d of %d handled", len(handled), n)
+		})
+		e.drained(t, "c", 10*time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		for p, k := range handled {
+			if k != 1 {
+				t.Errorf("%s handled %d times, want once", p, k)
+			}
+		}
+		if peakCall > conc {
+			t.Errorf("%d calls at once, over concurrency %d", peakCall, conc)
+		}
+		if peak > conc*batch {
+			t.Errorf("%d messages in calls at once, over concurrency × batch %d", peak, conc*batch)
 		}
 	})
 }
