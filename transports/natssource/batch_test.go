@@ -3,9 +3,13 @@ package natssource_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -176,4 +180,45 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestBatchExistingConsumerRaised (SPEC §11.5): a durable that exists with
+// the concurrency as its MaxAckPending is raised to a batching runner's
+// window, concurrency × Batch, with the Info line naming old and new values;
+// an explicit MaxAckPending still wins over that default.
+func TestBatchExistingConsumerRaised(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const conc, batch = 4, 8
+		ctx := ctxT(t, 5*time.Second)
+		if _, err := e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second, MaxAckPending: conc,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		e.publish(t, 3)
+		idle := consumer.BatchFunc(func(context.Context, []*consumer.Message, []consumer.Result) {})
+		logs := &testenv.SyncBuffer{}
+		src := newSource(t, e, natssource.Config{AckWait: 5 * time.Second, Batch: batch, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		r := run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(conc))
+		e.drained(t, "c", 10*time.Second)
+		if got := e.consumerInfo(t, "c").Config.MaxAckPending; got != conc*batch {
+			t.Errorf("existing consumer's MaxAckPending %d, want concurrency × batch %d", got, conc*batch)
+		}
+		for _, want := range []string{`level=INFO msg="updated the existing consumer to follow the configuration"`, fmt.Sprintf("old_max_ack_pending=%d max_ack_pending=%d", conc, conc*batch)} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("logs lack %s:\n%s", want, logs)
+			}
+		}
+		if err := r.Stop(t, 10*time.Second); err != nil {
+			t.Fatalf("stopping the first worker: %v", err)
+		}
+
+		// Explicit wins: a second durable, created with Config.MaxAckPending.
+		src = newSource(t, e, natssource.Config{Consumer: "explicit", AckWait: 5 * time.Second, Batch: batch, MaxAckPending: 6})
+		run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(conc))
+		e.drained(t, "explicit", 10*time.Second)
+		if got := e.consumerInfo(t, "explicit").Config.MaxAckPending; got != 6 {
+			t.Errorf("explicit MaxAckPending: got %d, want 6", got)
+		}
+	})
 }
