@@ -210,8 +210,10 @@ type NATSSource struct {
 	Subject  string   `yaml:"subject"`
 	AckWait  Duration `yaml:"ack_wait"`
 	// MaxAckPending is the MaxAckPending of a consumer the worker creates;
-	// 0 means the handler's concurrency. Workers sharing one durable
-	// consumer share this window: set it to replicas × concurrency.
+	// 0 means the handler's concurrency, or for a forward action (a batch
+	// handler, whose concurrency counts runs of up to concurrency messages)
+	// concurrency × concurrency, at most 4096. Workers sharing one durable
+	// consumer share this window: set it to replicas times that.
 	MaxAckPending int `yaml:"max_ack_pending"`
 	NATSAuth      `yaml:",inline"`
 }

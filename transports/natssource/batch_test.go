@@ -3,9 +3,13 @@ package natssource_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -13,8 +17,9 @@ import (
 )
 
 // TestBatchHandlerGetsFetches: a batch handler gets each fetched batch in
-// one call, within the concurrency; every message is handled once, a failed
-// one alone is redelivered, and the consumer ends with nothing pending.
+// one call, at most the concurrency's calls at once; every message is handled
+// once, a failed one alone is redelivered, and the consumer ends with nothing
+// pending.
 func TestBatchHandlerGetsFetches(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		const n, conc = 300, 8
@@ -23,13 +28,17 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 			mu       sync.Mutex
 			handled  = map[string][]int{} // payload → attempts seen
 			maxCall  int
-			inFlight int
+			inFlight int // messages in calls
 			peak     int
+			calls    int // calls running
+			peakCall int
 		)
 		h := consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
 			mu.Lock()
 			inFlight += len(msgs)
 			peak = max(peak, inFlight)
+			calls++
+			peakCall = max(peakCall, calls)
 			maxCall = max(maxCall, len(msgs))
 			for i, m := range msgs {
 				p := string(m.Payload)
@@ -43,6 +52,7 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 			mu.Lock()
 			inFlight -= len(msgs)
+			calls--
 			mu.Unlock()
 		})
 		src := newSource(t, e, natssource.Config{AckWait: 5 * time.Second})
@@ -71,8 +81,96 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 		if maxCall < 2 {
 			t.Errorf("largest call %d messages: fetched batches must reach the handler together", maxCall)
 		}
-		if peak > conc {
-			t.Errorf("%d messages in calls at once, over concurrency %d", peak, conc)
+		if peakCall > conc {
+			t.Errorf("%d calls at once, over concurrency %d", peakCall, conc)
+		}
+		if peak > conc*conc {
+			t.Errorf("%d messages in calls at once, over concurrency × batch %d", peak, conc*conc)
+		}
+	})
+}
+
+// TestBatchRunHoldsOneSlot: a batch handler's call holds one of the
+// concurrency's slots however many messages it carries (consumer.Runner's
+// ProcessBatch contract), so with every call blocked more than concurrency
+// messages are in calls, never more than concurrency calls, and none is
+// acked before its own call returned. The consumer the Source creates has
+// MaxAckPending concurrency × Batch, so that window is usable.
+func TestBatchRunHoldsOneSlot(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const n, conc, batch = 60, 2, 10
+		e.publish(t, n)
+		var (
+			mu       sync.Mutex
+			handled  = map[string]int{}
+			inFlight int // messages in calls
+			peak     int
+			calls    int
+			peakCall int
+		)
+		release := make(chan struct{})
+		h := consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
+			mu.Lock()
+			inFlight += len(msgs)
+			peak = max(peak, inFlight)
+			calls++
+			peakCall = max(peakCall, calls)
+			mu.Unlock()
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			mu.Lock()
+			for _, m := range msgs {
+				handled[string(m.Payload)]++
+			}
+			inFlight -= len(msgs)
+			calls--
+			mu.Unlock()
+		})
+		src := newSource(t, e, natssource.Config{AckWait: 10 * time.Second, Batch: batch})
+		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(conc))
+		testenv.EventuallyNil(t, 10*time.Second, "more than concurrency messages in blocked calls", func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if calls == conc && inFlight > conc {
+				return nil
+			}
+			return fmt.Errorf("%d calls with %d messages", calls, inFlight)
+		})
+		info := e.consumerInfo(t, "c")
+		if got := info.Config.MaxAckPending; got != conc*batch {
+			t.Errorf("created consumer's MaxAckPending %d, want concurrency × batch %d", got, conc*batch)
+		}
+		mu.Lock()
+		blocked := inFlight
+		mu.Unlock()
+		if info.AckFloor.Stream != 0 || info.NumAckPending < blocked {
+			t.Errorf("while every call blocks: ack floor %d, ack pending %d, want nothing acked and at least the %d messages in calls pending",
+				info.AckFloor.Stream, info.NumAckPending, blocked)
+		}
+		close(release)
+		testenv.EventuallyNil(t, 30*time.Second, "every message handled", func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(handled) == n {
+				return nil
+			}
+			return fmt.Errorf("%d of %d handled", len(handled), n)
+		})
+		e.drained(t, "c", 10*time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		for p, k := range handled {
+			if k != 1 {
+				t.Errorf("%s handled %d times, want once", p, k)
+			}
+		}
+		if peakCall > conc {
+			t.Errorf("%d calls at once, over concurrency %d", peakCall, conc)
+		}
+		if peak > conc*batch {
+			t.Errorf("%d messages in calls at once, over concurrency × batch %d", peak, conc*batch)
 		}
 	})
 }
@@ -82,4 +180,45 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestBatchExistingConsumerRaised (SPEC §11.5): a durable that exists with
+// the concurrency as its MaxAckPending is raised to a batching runner's
+// window, concurrency × Batch, with the Info line naming old and new values;
+// an explicit MaxAckPending still wins over that default.
+func TestBatchExistingConsumerRaised(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const conc, batch = 4, 8
+		ctx := ctxT(t, 5*time.Second)
+		if _, err := e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second, MaxAckPending: conc,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		e.publish(t, 3)
+		idle := consumer.BatchFunc(func(context.Context, []*consumer.Message, []consumer.Result) {})
+		logs := &testenv.SyncBuffer{}
+		src := newSource(t, e, natssource.Config{AckWait: 5 * time.Second, Batch: batch, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		r := run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(conc))
+		e.drained(t, "c", 10*time.Second)
+		if got := e.consumerInfo(t, "c").Config.MaxAckPending; got != conc*batch {
+			t.Errorf("existing consumer's MaxAckPending %d, want concurrency × batch %d", got, conc*batch)
+		}
+		for _, want := range []string{`level=INFO msg="updated the existing consumer to follow the configuration"`, fmt.Sprintf("old_max_ack_pending=%d max_ack_pending=%d", conc, conc*batch)} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("logs lack %s:\n%s", want, logs)
+			}
+		}
+		if err := r.Stop(t, 10*time.Second); err != nil {
+			t.Fatalf("stopping the first worker: %v", err)
+		}
+
+		// Explicit wins: a second durable, created with Config.MaxAckPending.
+		src = newSource(t, e, natssource.Config{Consumer: "explicit", AckWait: 5 * time.Second, Batch: batch, MaxAckPending: 6})
+		run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(conc))
+		e.drained(t, "explicit", 10*time.Second)
+		if got := e.consumerInfo(t, "explicit").Config.MaxAckPending; got != 6 {
+			t.Errorf("explicit MaxAckPending: got %d, want 6", got)
+		}
+	})
 }

@@ -17,9 +17,9 @@ import (
 // missing stream, a consumer that cannot be used, or a closed connection is
 // an error; anything else (a timeout, a reconnect) is retried with a backoff
 // until ctx is cancelled.
-func (s *Source) bind(ctx context.Context, concurrency int) (jetstream.Consumer, error) {
+func (s *Source) bind(ctx context.Context, defaultPending int) (jetstream.Consumer, error) {
 	for attempt := 1; ; attempt++ {
-		cons, err := s.bindOnce(ctx, concurrency)
+		cons, err := s.bindOnce(ctx, defaultPending)
 		if err == nil {
 			return cons, nil
 		}
@@ -41,13 +41,13 @@ type fatalError struct{ err error }
 func (e *fatalError) Error() string { return e.err.Error() }
 func (e *fatalError) Unwrap() error { return e.err }
 
-func (s *Source) bindOnce(ctx context.Context, concurrency int) (jetstream.Consumer, error) {
+func (s *Source) bindOnce(ctx context.Context, defaultPending int) (jetstream.Consumer, error) {
 	c, cancel := s.withTimeout(ctx)
 	defer cancel()
 	cons, err := s.js.Consumer(c, s.cfg.Stream, s.cfg.Consumer)
 	switch {
 	case err == nil:
-		if cons, err = s.reconcile(c, cons, concurrency); err != nil {
+		if cons, err = s.reconcile(c, cons, defaultPending); err != nil {
 			return nil, err
 		}
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -56,7 +56,7 @@ func (s *Source) bindOnce(ctx context.Context, concurrency int) (jetstream.Consu
 		if s.cfg.BindOnly {
 			return nil, &fatalError{fmt.Errorf("%w (BindOnly is set, so it is not created)", s.goneErr(err))}
 		}
-		cons, err = s.create(c, concurrency)
+		cons, err = s.create(c, defaultPending)
 		if err != nil {
 			return nil, err
 		}
@@ -69,7 +69,7 @@ func (s *Source) bindOnce(ctx context.Context, concurrency int) (jetstream.Consu
 	return cons, nil
 }
 
-func (s *Source) create(ctx context.Context, concurrency int) (jetstream.Consumer, error) {
+func (s *Source) create(ctx context.Context, defaultPending int) (jetstream.Consumer, error) {
 	cfg := jetstream.ConsumerConfig{
 		Durable:       s.cfg.Consumer,
 		Description:   "dedupworker",
@@ -77,7 +77,7 @@ func (s *Source) create(ctx context.Context, concurrency int) (jetstream.Consume
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       s.cfg.AckWait,
 		MaxDeliver:    -1,
-		MaxAckPending: cmp.Or(s.cfg.MaxAckPending, concurrency),
+		MaxAckPending: cmp.Or(s.cfg.MaxAckPending, defaultPending),
 		FilterSubject: s.cfg.Subject,
 		ReplayPolicy:  jetstream.ReplayInstantPolicy,
 	}
@@ -93,7 +93,7 @@ func (s *Source) create(ctx context.Context, concurrency int) (jetstream.Consume
 		if err != nil {
 			return nil, fmt.Errorf("dedup: nats: consumer %q of stream %q: %w", s.cfg.Consumer, s.cfg.Stream, err)
 		}
-		return s.reconcile(ctx, cons, concurrency)
+		return s.reconcile(ctx, cons, defaultPending)
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return nil, &fatalError{s.goneErr(err)}
 	default:
@@ -108,13 +108,13 @@ func (s *Source) create(ctx context.Context, concurrency int) (jetstream.Consume
 
 // reconcile checks an existing consumer (checkExisting) and makes it follow
 // Config (SPEC §11.5): a different AckWait, or a MaxAckPending below the
-// configured one (Config.MaxAckPending, else the concurrency), is updated
+// configured one (Config.MaxAckPending, else defaultPending), is updated
 // with an Info line naming the old and new values; a MaxAckPending above
 // the configured one is kept, with a warning, because other workers on the
 // durable may count on it. With BindOnly nothing is updated: each
 // difference is a warning. A failed update is a warning too, and the
 // consumer is used as it is: it still delivers, only with its own settings.
-func (s *Source) reconcile(ctx context.Context, cons jetstream.Consumer, concurrency int) (jetstream.Consumer, error) {
+func (s *Source) reconcile(ctx context.Context, cons jetstream.Consumer, defaultPending int) (jetstream.Consumer, error) {
 	info := cons.CachedInfo()
 	if err := s.checkExisting(info); err != nil {
 		return nil, &fatalError{err}
@@ -124,7 +124,7 @@ func (s *Source) reconcile(ctx context.Context, cons jetstream.Consumer, concurr
 	}
 	old := info.Config
 	want := old
-	wantPending := cmp.Or(s.cfg.MaxAckPending, concurrency)
+	wantPending := cmp.Or(s.cfg.MaxAckPending, defaultPending)
 	switch {
 	case old.MaxAckPending > 0 && old.MaxAckPending < wantPending:
 		want.MaxAckPending = wantPending

@@ -39,15 +39,21 @@ type Config struct {
 	// one is kept, with a warning: other workers may need it): how many
 	// messages the server lets be unacknowledged across every worker bound
 	// to the consumer. Default (0): the handler's concurrency (SPEC §8.1),
-	// which suits one worker; for N workers sharing the durable consumer set
-	// N × concurrency, or they share one worker's capacity (SPEC §11.5).
+	// which suits one worker; when the runner batches (a batch handler),
+	// where each of the concurrency's slots is a run of up to Batch
+	// messages, concurrency × Batch, at most 4096 and at least the
+	// concurrency. For N workers sharing the durable consumer set N times
+	// that, or they share one worker's capacity (SPEC §11.5).
 	MaxAckPending int
 	// Batch caps how many messages the pull subscription asks for ahead
 	// (its PullMaxMessages: the client holds at most about twice this many
 	// not yet started) and how many go into one batch claim
-	// (Runner.Prepare). Default (0) and any value above the handler's
-	// concurrency mean the concurrency. A batch never holds more messages
-	// than there are free processing slots.
+	// (Runner.Prepare). Default (0) means the handler's concurrency.
+	// Without batching a value above the concurrency means the
+	// concurrency, and a batch never holds more messages than there are
+	// free processing slots (a slot per message). When the runner batches
+	// a batch is one run, one ProcessBatch call under one slot, of up to
+	// Batch messages, which may exceed the concurrency.
 	Batch int
 	// FetchMaxWait is how long one pull request waits on the server for
 	// messages before the client renews it (its expiry); values under 1s,
@@ -128,7 +134,7 @@ func (c *Config) validate() error {
 	case c.AckWait < time.Second:
 		return bad("AckWait", "%s: must be at least 1s", c.AckWait)
 	case c.MaxAckPending < 0:
-		return bad("MaxAckPending", "%d: must not be negative (0 means the handler's concurrency)", c.MaxAckPending)
+		return bad("MaxAckPending", "%d: must not be negative (0 means the default: the handler's concurrency, times Batch when it batches)", c.MaxAckPending)
 	case c.Batch < 0:
 		return bad("Batch", "%d: must not be negative", c.Batch)
 	case c.FetchMaxWait < 10*time.Millisecond:

@@ -4,7 +4,8 @@
 // The Source binds to the durable consumer named in Config when it exists,
 // and creates it when it does not (AckExplicit, AckWait from Config,
 // MaxDeliver unlimited because the worker counts attempts, and MaxAckPending
-// from Config or the handler's concurrency; SPEC §9.2). An existing consumer
+// from Config or the handler's concurrency, times Config.Batch for a batch
+// handler; SPEC §9.2). An existing consumer
 // follows Config's AckWait and a larger MaxAckPending (SPEC §11.5).
 //
 // It keeps one pull subscription open for the whole of Consume (jetstream's
@@ -23,7 +24,10 @@
 // is fed in batches of useful size. It shows each batch to the processor once
 // (consumer.Runner.Prepare, so the deduplication engine claims a whole batch
 // in one Redis round trip, SPEC §4.4) and runs each delivery on a pool of at
-// most Runner.Concurrency goroutines. On cancellation the subscription is drained:
+// most Runner.Concurrency goroutines. A batch handler's slot is a run, not a
+// message (consumer.Runner.ProcessBatch): each batch is one ProcessBatch call
+// under one slot, so up to concurrency × Config.Batch messages are in its
+// calls at once. On cancellation the subscription is drained:
 // the server is told to stop sending, whatever it sent before is still
 // received, and every message received but not started is nakked for prompt
 // redelivery.

@@ -43,7 +43,8 @@ var _ consumer.Source = (*Source)(nil)
 // New returns a Source reading cfg.Consumer of cfg.Stream through js. It
 // validates cfg (errors wrap ErrInvalidConfig and name the field) and makes
 // no network call: the consumer is bound or created when Consume starts,
-// because its MaxAckPending follows the handler's concurrency.
+// because its MaxAckPending follows the handler's concurrency and whether it
+// batches.
 func New(js jetstream.JetStream, cfg Config) (*Source, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: jetstream.JetStream is nil", ErrInvalidConfig)
@@ -72,16 +73,30 @@ func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) er
 // r until ctx is cancelled, per the consumer.Source contract. It keeps one
 // pull subscription open for the whole run (jetstream's Consume), which
 // pulls at most Config.Batch messages (default: r.Concurrency()) ahead and
-// more only as they are taken. Whenever a processing slot is free it waits
-// for a message, then takes every message already received, up to the free
-// slots and Config.Batch, without waiting for more messages; the batch
-// grows while the previous one is being claimed, and when the pool is so
-// busy that fewer than half of Config.Batch slots are free it waits up to
-// 2ms for slots to come free. It calls r.Prepare once per batch and runs
-// every delivery with r.Process and context.WithoutCancel(ctx) on a pool of
-// at most r.Concurrency() goroutines; when the runner batches
-// (r.Batching), each batch goes to one r.ProcessBatch call instead.
-// Messages received while every slot is busy wait in the client's buffer.
+// more only as they are taken. It holds r.Concurrency() processing slots.
+//
+// Without batching (r.Batching false) a slot is one delivery: whenever a
+// slot is free it waits for a message, then takes every message already
+// received, up to the free slots and Config.Batch (at most the
+// concurrency), without waiting for more messages; the batch grows while
+// the previous one is being claimed, and when the pool is so busy that
+// fewer than half of Config.Batch slots are free it waits up to 2ms for
+// slots to come free. Each delivery runs with r.Process.
+//
+// When the runner batches, a slot is one run, as the consumer.Runner
+// contract has it: whenever a slot is free it waits for a message, then
+// takes every message already received, up to Config.Batch (which may then
+// exceed the concurrency), and the run grows while the previous one is
+// being claimed; when that run holds the last free slot and is under half
+// of Config.Batch it waits up to 2ms for more messages. Each run goes to
+// one r.ProcessBatch call, so up to concurrency × Config.Batch messages
+// are in handler calls at once (the consumer's MaxAckPending defaults to
+// that, see Config.MaxAckPending).
+//
+// Either way it calls r.Prepare once per batch and runs the calls with
+// context.WithoutCancel(ctx) on a pool of at most r.Concurrency()
+// goroutines. Messages received while every slot is busy wait in the
+// client's buffer.
 //
 // It notices cancellation at once: it then ends the subscription (a drain:
 // the server is told to stop sending, and what it sent before that is still
@@ -101,11 +116,12 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	if n < 1 {
 		n = 1
 	}
+	batching := r.Batching()
 	batch := s.cfg.Batch
-	if batch == 0 || batch > n {
+	if batch == 0 || !batching && batch > n {
 		batch = n
 	}
-	cons, err := s.bind(ctx, n)
+	cons, err := s.bind(ctx, defaultAckPending(n, batch, batching))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -118,21 +134,17 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	// buffered in the connection out to the server, so that work done
 	// before the stop is not redelivered (SPEC §8.3).
 	defer s.flush()
-	slots := make(chan struct{}, n) // a token per delivery being processed
+	// A token per call being processed: a delivery, or a run when the
+	// runner batches.
+	slots := make(chan struct{}, n)
 	workCtx := context.WithoutCancel(ctx)
-	batching := r.Batching()
-	// Deliveries run on long-lived goroutines, one per slot at most; a
-	// delivery holds its slot until Process returned.
-	// A call is one delivery (Process) or, when the runner batches, a
-	// whole prepared batch (ProcessBatch: JetStream keeps no order, so the
-	// fetch is one run); it holds a slot per delivery.
+	// Calls run on long-lived goroutines, one per slot at most. A call is
+	// one delivery (Process) or, when the runner batches, a whole prepared
+	// batch (ProcessBatch: JetStream keeps no order, so the fetch is one
+	// run); either holds one slot until it returned.
 	p := gopool.New(n, func(ds []consumer.Delivery) {
-		defer func() {
-			for range ds {
-				<-slots
-			}
-		}()
-		if len(ds) == 1 {
+		defer func() { <-slots }()
+		if !batching || len(ds) == 1 {
 			r.Process(workCtx, ds[0])
 			return
 		}
@@ -164,9 +176,16 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	}()
 
 	rc := newReceiver(s, cons, batch)
+	// Without batching each message takes a slot; when the runner batches
+	// a run's first message takes one and the rest of the run is covered
+	// by it (takeBuffered with no slots).
+	perMsg := slots
+	if batching {
+		perMsg = nil
+	}
 	var (
 		ds       []consumer.Delivery // received, holding slots, not yet handed to the prep goroutine
-		held     bool                // a slot is taken for the next message
+		held     bool                // a slot is taken for the next message (for the next run when batching)
 		failures int                 // subscriptions that ended by themselves in a row
 		restart  *time.Timer         // set while no subscription is open
 		idle     = true              // no message since the last tick
@@ -181,8 +200,13 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 			restart.Stop()
 		}
 		rc.end()
+		if batching && len(ds) > 0 {
+			<-slots // the run's
+		}
 		for _, d := range ds {
-			<-slots
+			if !batching {
+				<-slots
+			}
 			s.nakAll(d.(*delivery).msg)
 		}
 		return err
@@ -214,19 +238,22 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 			restC <-chan time.Time
 		)
 		switch {
-		case held:
+		case held, batching && len(ds) > 0 && len(ds) < batch:
 			inC = rc.in
-		case len(ds) < batch:
+		case len(ds) == 0, !batching && len(ds) < batch:
 			slotC = slots
 		}
 		if len(ds) > 0 {
 			// A busy pool is fed in batches of useful size (one batch
 			// claim each) rather than a few messages per claim: while the
 			// batch is under half of Config.Batch and the free slots cannot
-			// make it so, it waits up to batchLinger for slots in use to
-			// come free. A quiet stream's message is never held back: its
-			// pool has its slots free.
-			if len(ds)+n-len(slots) >= half || lingered {
+			// make it so (when batching: the run holds the last free
+			// slot), it waits up to batchLinger for slots in use to come
+			// free or, when batching, for the run to grow. A quiet
+			// stream's message is never held back: its pool has its slots
+			// free.
+			free := n - len(slots) // slots neither in calls nor held here
+			if !batching && len(ds)+free >= half || batching && (len(ds) >= half || free > 0) || lingered {
 				sendC = prepared
 			} else if !lingering {
 				linger.Reset(batchLinger)
@@ -250,7 +277,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 			idle = false
 			failures = 0
 			ds = append(ds, s.newDelivery(m))
-			ds = rc.takeBuffered(ds, slots, batch)
+			ds = rc.takeBuffered(ds, perMsg, batch)
 		case sendC <- ds:
 			ds = nil
 			if lingering && !lingered {
@@ -369,24 +396,47 @@ func (rc *receiver) ended() {
 }
 
 // takeBuffered appends to ds the messages already received, each with a
-// free slot, until ds holds max or either runs out. It never waits.
+// free slot of slots (none when slots is nil: a run's one slot covers
+// them), until ds holds max or either runs out. It never waits.
 func (rc *receiver) takeBuffered(ds []consumer.Delivery, slots chan struct{}, max int) []consumer.Delivery {
 	for len(ds) < max {
-		select {
-		case slots <- struct{}{}:
-		default:
-			return ds
+		if slots != nil {
+			select {
+			case slots <- struct{}{}:
+			default:
+				return ds
+			}
 		}
 		select {
 		case m := <-rc.in:
 			ds = append(ds, rc.s.newDelivery(m))
 		default:
-			<-slots
+			if slots != nil {
+				<-slots
+			}
 			return ds
 		}
 	}
 	return ds
 }
+
+// defaultAckPending is the consumer's MaxAckPending when
+// Config.MaxAckPending is 0: the concurrency, which is how many messages
+// are in calls at once without batching (SPEC §8.1, §11.5); when the
+// runner batches, concurrency × batch, the most there can be in calls,
+// capped at maxDefaultAckPending (and never under the concurrency).
+func defaultAckPending(concurrency, batch int, batching bool) int {
+	if !batching {
+		return concurrency
+	}
+	return max(concurrency, min(concurrency*batch, maxDefaultAckPending))
+}
+
+// maxDefaultAckPending caps the default MaxAckPending of a batching
+// runner: 64 runs of 64 messages. The window bounds how many messages one
+// worker has unacknowledged, so a larger one is asked for explicitly
+// (Config.MaxAckPending).
+const maxDefaultAckPending = 4096
 
 // end drains the subscription: the library unsubscribes and flushes, so the
 // server sends nothing more and what it sent before is received; every

@@ -836,23 +836,53 @@ func TestDefaultGracePeriod(t *testing.T) {
 
 // TestNATSMaxAckPending (SPEC §11.5): every pod binds to one durable, so the
 // chart sets its max_ack_pending to the most pods there can be times each
-// pod's concurrency, unless the config sets it.
+// pod's window, unless the config sets it. A pod's window is its concurrency,
+// or for a forward action (a batch handler, whose slots are runs of up to
+// concurrency messages) concurrency × concurrency, at most 4096.
 func TestNATSMaxAckPending(t *testing.T) {
 	needHelm(t)
-	keda := filepath.Join(chartDir, "ci", "nats-keda-values.yaml") // concurrency 32, keda max 8, replicaCount 1
+	keda := filepath.Join(chartDir, "ci", "nats-keda-values.yaml") // forward, concurrency 32, keda max 8, replicaCount 1
+	// The same handler with an http action, which takes a message per call;
+	// a case starting with http uses it.
+	httpValues := filepath.Join(t.TempDir(), "http-values.yaml")
+	if err := os.WriteFile(httpValues, []byte(`config:
+  handlers:
+    - name: orders
+      source:
+        nats:
+          url: nats://nats.messaging.svc:4222
+          stream: ORDERS
+          consumer: orders-dedup
+          subject: orders.new
+      key: [header:Idempotency-Key, json:id]
+      concurrency: 32
+      action:
+        http: {url: "http://svc.example/hook"}
+      dead_letter: {nats: {subject: dlq.orders}}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const http = "http:"
 	for sets, want := range map[string]int{
-		"":                                  8 * 32,
-		"keda.maxReplicaCount=3":            3 * 32,
-		"keda.enabled=false":                1 * 32,
-		"keda.enabled=false,replicaCount=4": 4 * 32,
-		"keda.enabled=false,autoscaling.enabled=true,autoscaling.maxReplicas=5": 5 * 32,
+		"":                                  8 * 32 * 32,
+		"keda.maxReplicaCount=3":            3 * 32 * 32,
+		"keda.enabled=false":                1 * 32 * 32,
+		"keda.enabled=false,replicaCount=4": 4 * 32 * 32,
+		"keda.enabled=false,autoscaling.enabled=true,autoscaling.maxReplicas=5": 5 * 32 * 32,
+		"config.handlers[0].concurrency=100":                                    8 * 4096,
 		"config.handlers[0].source.nats.max_ack_pending=7":                      7,
+		http:                        8 * 32,
+		http + "keda.enabled=false": 1 * 32,
 	} {
+		values := []string{keda}
+		if rest, ok := strings.CutPrefix(sets, http); ok {
+			values, sets = append(values, httpValues), rest
+		}
 		var args []string
 		if sets != "" {
 			args = append(args, sets)
 		}
-		out, err := render(t, []string{keda}, args...)
+		out, err := render(t, values, args...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -214,14 +214,23 @@ literal secret (which would otherwise be stored in the ConfigMap).
 {{- if not (hasKey . "max_ack_pending") -}}
 {{- /* Every pod binds to one durable: its MaxAckPending is the pods at most
        (keda.maxReplicaCount, autoscaling.maxReplicas or replicaCount) times
-       each pod's concurrency (the binary's default 16), SPEC §11.5. */ -}}
+       each pod's window, SPEC §11.5. A pod's window is its concurrency (the
+       binary's default 16); a forward action is a batch handler, whose
+       concurrency counts runs of up to concurrency messages each, so its
+       window is concurrency × concurrency, at most 4096 (the worker's own
+       default, transports/natssource Config.MaxAckPending). */ -}}
 {{- $pods := $.Values.replicaCount -}}
 {{- if $.Values.keda.enabled -}}
 {{- $pods = $.Values.keda.maxReplicaCount -}}
 {{- else if $.Values.autoscaling.enabled -}}
 {{- $pods = $.Values.autoscaling.maxReplicas -}}
 {{- end -}}
-{{- $_ := set . "max_ack_pending" (mul (int $pods) (int ($h.concurrency | default 16))) -}}
+{{- $conc := int ($h.concurrency | default 16) -}}
+{{- $window := $conc -}}
+{{- if $action.forward -}}
+{{- $window = min (mul $conc $conc) 4096 -}}
+{{- end -}}
+{{- $_ := set . "max_ack_pending" (mul (int $pods) $window) -}}
 {{- end -}}
 {{- if and $natsRef.name (not .creds_file) (not .password) (not .token) -}}
 {{- if eq $natsType "creds" -}}

@@ -1,0 +1,26 @@
+package natssource
+
+import "testing"
+
+// TestDefaultAckPending: without batching the window is the concurrency
+// (SPEC §9.2); a batching runner's is concurrency × batch, capped at
+// maxDefaultAckPending, never under the concurrency.
+func TestDefaultAckPending(t *testing.T) {
+	for _, c := range []struct {
+		concurrency, batch int
+		batching           bool
+		want               int
+	}{
+		{8, 8, false, 8},
+		{64, 64, false, 64},
+		{2, 10, true, 20},
+		{64, 64, true, 4096},
+		{100, 100, true, maxDefaultAckPending},
+		{5000, 1, true, 5000},
+		{5000, 64, true, 5000},
+	} {
+		if got := defaultAckPending(c.concurrency, c.batch, c.batching); got != c.want {
+			t.Errorf("defaultAckPending(%d, %d, %v) = %d, want %d", c.concurrency, c.batch, c.batching, got, c.want)
+		}
+	}
+}
