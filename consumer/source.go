@@ -94,9 +94,10 @@ type Source interface {
 type Runner interface {
 	// Name is the handler's name.
 	Name() string
-	// Concurrency is how many deliveries the source may have in Process at
-	// once (NATS: MaxAckPending follows it; Kafka: the cap across a member's
-	// partitions and keys).
+	// Concurrency is how many calls the source may have in Process or
+	// ProcessBatch at once, a run counting as one (NATS: the default
+	// MaxAckPending follows it, times the batch size when the runner
+	// batches; Kafka: the cap across a member's partitions and keys).
 	Concurrency() int
 	// Prepare shows a fetched batch to the processor (batch claims). Sources
 	// call it once per fetched batch, before processing its deliveries.
