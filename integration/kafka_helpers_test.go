@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/testcontainers/testcontainers-go"
-	tckafka "github.com/testcontainers/testcontainers-go/modules/kafka"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
@@ -24,46 +22,13 @@ import (
 )
 
 // kafkaEachBroker runs f against real Apache Kafka (testenv.Kafka: the
-// local KRaft node or $KAFKA_BROKERS) and against Kafka in a container when a
-// Docker daemon answers (skipped with the reason otherwise), in parallel.
+// local KRaft node or $KAFKA_BROKERS) as the subtest "kafka".
 func kafkaEachBroker(t *testing.T, f func(t *testing.T, h *kafkaHarness)) {
 	t.Helper()
 	t.Run("kafka", func(t *testing.T) {
 		t.Parallel()
 		f(t, newKafkaHarness(t, testenv.Kafka(t)))
 	})
-	t.Run("testcontainers", func(t *testing.T) {
-		t.Parallel()
-		f(t, newKafkaHarness(t, kafkaContainer(t)))
-	})
-}
-
-var (
-	kafkaContainerOnce    sync.Once
-	kafkaContainerBrokers []string
-	kafkaContainerErr     error
-)
-
-// kafkaContainer starts one Kafka container for the package's tests (it
-// outlives the test that started it: testcontainers' reaper removes it when
-// the test binary exits).
-func kafkaContainer(t *testing.T) []string {
-	t.Helper()
-	testcontainers.SkipIfProviderIsNotHealthy(t)
-	kafkaContainerOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		c, err := tckafka.Run(ctx, "confluentinc/confluent-local:7.5.0", tckafka.WithClusterID("dedupworker-it"))
-		if err != nil {
-			kafkaContainerErr = err
-			return
-		}
-		kafkaContainerBrokers, kafkaContainerErr = c.Brokers(ctx)
-	})
-	if kafkaContainerErr != nil {
-		testenv.Unavailable(t, "kafka (testcontainers)", kafkaContainerErr.Error())
-	}
-	return kafkaContainerBrokers
 }
 
 // kafkaHarness is one test's topic, group and Redis namespace.

@@ -1,9 +1,8 @@
 package integration_test
 
-// Integration tests of issue 4 (SPEC §5–§8 over Kafka): the deduplication
-// engine on real Redis behind the Kafka consumer-group Source, on real
-// Apache Kafka (the local KRaft node of .ci/kafka.sh, or $KAFKA_BROKERS)
-// and, when a Docker daemon answers, on Kafka through testcontainers.
+// Integration tests of SPEC §5–§8 over Kafka: the deduplication engine on
+// real Redis behind the Kafka consumer-group Source, on real Apache Kafka
+// (the local KRaft node of .ci/kafka.sh, or $KAFKA_BROKERS).
 
 import (
 	"bufio"
@@ -55,7 +54,7 @@ func (o *kafkaOutcomes) String() string {
 	return fmt.Sprint(o.n)
 }
 
-// TestKafkaDuplicates: 10,000 messages over 8 partitions, 30 % of them
+// TestKafkaDuplicates: 10,000 messages over 8 partitions, 3 in 10 of them
 // repeating an earlier Idempotency-Key as separate messages, often on
 // another partition: the handler runs once per unique key, and the group's
 // committed offsets reach the end of every partition.
