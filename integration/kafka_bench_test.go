@@ -27,8 +27,8 @@ func (c *kafkaCountOutcomes) OnOutcome(_, _ string, o consumer.Outcome) {
 // BenchmarkKafkaThroughput compares, on one broker in one run, messages per
 // second through a plain kafka-go group Reader that only fetches and commits
 // (CommitInterval 1s) with the Worker over this Source: without
-// deduplication, and with the engine on Redis at 0 % and 30 % duplicates.
-// Each iteration consumes a fresh topic of 20,000 messages on 8 partitions
+// deduplication, and with the engine on Redis, without duplicates and with
+// 3 in 10 messages repeating a key. Each iteration consumes a fresh topic of 20,000 messages on 8 partitions
 // with a fresh group; the time runs from the start of consuming until every
 // message is settled and the consumer has stopped (final commit included).
 //

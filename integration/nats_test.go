@@ -22,7 +22,7 @@ import (
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
-// TestNATSDuplicates: 10,000 messages, 30 % of them repeating an earlier
+// TestNATSDuplicates: 10,000 messages, 3 in 10 of them repeating an earlier
 // key as separate messages: the handler runs once per unique key, every
 // message is acked, the consumer has nothing pending.
 func TestNATSDuplicates(t *testing.T) {
@@ -250,7 +250,7 @@ func TestNATSErrorsDeadLetter(t *testing.T) {
 			t.Fatalf("handler ran %d times, want 3 (max attempts)", len(runs))
 		}
 		for i := 1; i < len(runs); i++ {
-			// Backoff doubles with ±20 % jitter: attempt i waits ≥ 0.8·backoff·2^(i-1).
+			// Backoff doubles, jittered by up to a fifth: attempt i waits ≥ 0.8·backoff·2^(i-1).
 			minGap := time.Duration(float64(backoff) * 0.8 * float64(int(1)<<(i-1)))
 			if gap := runs[i].Sub(runs[i-1]); gap < minGap {
 				t.Errorf("retry %d after %s, want at least %s", i, gap, minGap)

@@ -2,8 +2,8 @@
 // one run against one Redis, one NATS JetStream server and one
 // Kafka-protocol broker (issue 7, SPEC §4.4, §8.1).
 //
-// For each transport, at 0 % and 30 % duplicate messages, with a no-op
-// handler, it runs:
+// For each transport, without duplicates and with 3 in 10 messages
+// repeating a key, with a no-op handler, it runs:
 //
 //   - raw: consume and ack (NATS) or commit (Kafka) only: the broker's
 //     ceiling;
@@ -181,8 +181,8 @@ type result struct {
 	// The whole machine over the throughput window (first to last settled
 	// message), from /proc/stat: how busy its CPUs were, the busy CPU time
 	// per message of every process (Redis and the brokers included), and
-	// the share the hypervisor took. A run near 100 % busy is bound by the
-	// machine's CPUs, not by the worker's pipeline.
+	// the share the hypervisor took. A run with the machine fully busy is
+	// bound by the machine's CPUs, not by the worker's pipeline.
 	MachineBusyPct     float64 `json:"machine_busy_pct,omitempty"`
 	MachineCPUPerMsgUs float64 `json:"machine_cpu_us_per_msg,omitempty"`
 	StealPct           float64 `json:"machine_steal_pct,omitempty"`

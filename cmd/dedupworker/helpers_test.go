@@ -115,7 +115,7 @@ func writeConfig(t *testing.T, format string, args ...any) string {
 	return path
 }
 
-// dupPlan returns unique keys plus 30 % of them again, shuffled.
+// dupPlan returns unique keys plus 3 in 10 of them again, shuffled.
 func dupPlan(prefix string, unique int) []string {
 	keys := make([]string, 0, unique*13/10)
 	for i := range unique {

@@ -219,8 +219,9 @@ func natsSourceChecks(ctx context.Context, i int, h *config.Handler, ws []string
 
 // heartbeatGap is the longest time between two heartbeats of a running or
 // waiting delivery: a renewal is due every third of the lease, late by up to
-// its jitter (+10 %), and the heartbeat follows the renewal, which may take
-// up to its deadline, min(lease/3, the engine's default store timeout 5s).
+// its jitter (a tenth of the interval), and the heartbeat follows the
+// renewal, which may take up to its deadline, min(lease/3, the engine's
+// default store timeout 5s).
 // An AckWait at or below it lets JetStream redeliver a message still in
 // hand.
 func heartbeatGap(lease time.Duration) time.Duration {
