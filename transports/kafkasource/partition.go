@@ -432,13 +432,7 @@ func (p *partition) runLane(l *lane, registered bool) {
 // stops.
 func (p *partition) deliverRun(run []*delivery) {
 	m := p.g.m
-	if p.stopped() {
-		p.abandonAll(run)
-		return
-	}
-	select {
-	case m.sem <- struct{}{}:
-	case <-p.stopCh:
+	if !p.acquire() {
 		p.abandonAll(run)
 		return
 	}
@@ -457,6 +451,20 @@ func (p *partition) deliverRun(run []*delivery) {
 	}
 }
 
+// acquire takes one of the member's concurrency slots, waiting while none is
+// free; it returns false, holding none, once the partition stops.
+func (p *partition) acquire() bool {
+	if p.stopped() {
+		return false
+	}
+	select {
+	case p.g.m.sem <- struct{}{}:
+		return true
+	case <-p.stopCh:
+		return false
+	}
+}
+
 func (p *partition) abandonAll(run []*delivery) {
 	for _, d := range run {
 		p.abandon(d)
@@ -468,13 +476,7 @@ func (p *partition) abandonAll(run []*delivery) {
 func (p *partition) deliver(d *delivery) {
 	m := p.g.m
 	for {
-		if p.stopped() {
-			p.abandon(d)
-			return
-		}
-		select {
-		case m.sem <- struct{}{}:
-		case <-p.stopCh:
+		if !p.acquire() {
 			p.abandon(d)
 			return
 		}
