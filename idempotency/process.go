@@ -259,8 +259,9 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 // the context with run.cancel once the run's outcome is settled.
 func (p *processor) start(ctx context.Context, d consumer.Delivery, pr *prepared, leaseEnd time.Time) (*handlerRun, context.Context) {
 	cl := pr.res.Claim
-	run := &handlerRun{Context: ctx}
-	run.rs = runState{
+	run := &handlerRun{}
+	run.Bind(ctx)
+	run.Val = runState{
 		info: ClaimInfo{
 			Handler: p.name, Key: pr.key, EffectiveKey: cl.Key, Fence: cl.Fence,
 			Attempt: max(cl.Attempts, 1), Reclaimed: pr.res.Outcome == ClaimReclaimed,
@@ -284,7 +285,7 @@ func (p *processor) start(ctx context.Context, d consumer.Delivery, pr *prepared
 func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepared, run *handlerRun, hctx context.Context, result []byte, herr error, took time.Duration, observe bool) (completing, bool) {
 	cl := pr.res.Claim
 	m := d.Message()
-	rs := &run.rs
+	rs := &run.Val
 	p.e.hooks.HandlerDone(p.name, took, herr)
 	if o := consumer.ObservationFrom(ctx); o != nil && observe {
 		o.Fence, o.Attempt, o.Err = cl.Fence, rs.info.Attempt, herr

@@ -240,3 +240,50 @@ func TestBindPerCallBeyondMaxSharedOrForNonPointers(t *testing.T) {
 		cancel()
 	}
 }
+
+type carrierKey struct{}
+
+func TestCarrierValueAndParent(t *testing.T) {
+	parent, cancel := context.WithCancelCause(context.WithValue(context.Background(), key("k"), "parent's"))
+	var c Carrier[carrierKey, int]
+	c.Bind(parent)
+	c.Val = 7
+	child, stop := context.WithCancel(&c)
+	defer stop()
+	p, ok := child.Value(carrierKey{}).(*int)
+	if !ok || p != &c.Val || *p != 7 {
+		t.Fatalf("Value(carrierKey{}) = %v, want a pointer to Val", child.Value(carrierKey{}))
+	}
+	if v := child.Value(key("k")); v != "parent's" {
+		t.Fatalf("Value(k) = %v, want the parent's value", v)
+	}
+	if child.Value(key("other")) != nil {
+		t.Fatal("a key nobody set has a value")
+	}
+	cause := errors.New("parent cancelled")
+	cancel(cause)
+	within(t, child.Done(), 5*time.Second, "a context derived from the carrier")
+	if !errors.Is(context.Cause(child), cause) {
+		t.Fatalf("Cause = %v, want the parent's cause", context.Cause(child))
+	}
+}
+
+func TestCarrierConcurrentValues(t *testing.T) {
+	var c Carrier[carrierKey, string]
+	c.Bind(context.Background())
+	c.Val = "run"
+	ctx, stop := context.WithCancel(&c)
+	defer stop()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				if p := ctx.Value(carrierKey{}).(*string); *p != "run" {
+					t.Errorf("Value = %q", *p)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

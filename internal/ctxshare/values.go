@@ -36,3 +36,29 @@ func (c *valuesCtx) Value(key any) any {
 
 // String names the context as the context package's own do.
 func (c *valuesCtx) String() string { return "ctxshare.WithValues" }
+
+// Carrier is a context with one value of type V under a key of type K (an
+// unexported struct{} type, as context keys are), to embed in a struct the
+// caller allocates anyway: context.WithValue(parent, K{}, &v) makes an
+// allocation of its own per call. Bind sets its parent; Value answers a key
+// of type K with a pointer to Val, and every other key from the parent.
+// Deadline, Done, Err and the cause are the parent's.
+type Carrier[K comparable, V any] struct {
+	context.Context // the parent
+	Val             V
+}
+
+// Bind makes parent c's parent. It is called once, before c is used as a
+// context.
+func (c *Carrier[K, V]) Bind(parent context.Context) { c.Context = parent }
+
+// Value returns &c.Val for a key of type K, else the parent's value.
+func (c *Carrier[K, V]) Value(key any) any {
+	if _, ok := key.(K); ok {
+		return &c.Val
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context as the context package's own do.
+func (c *Carrier[K, V]) String() string { return "ctxshare.Carrier" }
