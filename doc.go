@@ -18,6 +18,13 @@
 // WithMaxAttempts is reached. ClaimOf gives a running handler its claim's
 // fence, for downstream systems that must reject a stale writer.
 //
+// A BatchHandler (BatchFunc) does the work for a run of messages in one
+// call, such as one produce call for all of them, and fills a Result per
+// message (SPEC §11.4): each message then completes, retries or
+// dead-letters on its own, and MessageContext gives each one's claim. The
+// Kafka source hands it a partition's contiguous run, the NATS source a
+// fetch.
+//
 // Cross-cutting concerns stack: a Middleware wraps the handler
 // (Config.Middleware for every handler, WithMiddleware for one, the first
 // listed outermost) and runs after the claim, only when the handler does;
@@ -25,5 +32,6 @@
 // duplicates included, as consumer/tracing's span per delivery does.
 //
 // For tests, idempotency/memstore is an in-memory store with the Redis
-// store's semantics and consumer/consumertest an in-memory source.
+// store's semantics and consumer/consumertest an in-memory source (in runs,
+// for a batch handler: Source.InRuns).
 package dedupworker

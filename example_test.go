@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/idemkit/dedupworker"
 	"github.com/idemkit/dedupworker/consumer/consumertest"
@@ -62,4 +63,49 @@ func Example_failures() {
 	fmt.Println(st, d.DeadLetterInfo().Reason)
 	// Output:
 	// dead_lettered permanent_error
+}
+
+// A batch handler does the work for a run of messages in one call, such as
+// one write to a downstream system, and fills a Result per message; each
+// message then completes, retries or dead-letters on its own. The
+// redelivered order-1 is acked with its stored result and is not in the
+// second run.
+func ExampleBatchFunc() {
+	store := memstore.New(memstore.Options{})
+	src := consumertest.NewSource(
+		consumertest.NewMessage("order-1", `{"sku":"A"}`),
+		consumertest.NewMessage("order-2", `{"sku":"B"}`),
+		consumertest.NewMessage("order-1", `{"sku":"A"}`), // a redelivery
+		consumertest.NewMessage("order-3", `{"sku":"C"}`),
+	).InRuns(2)
+	w, err := dedupworker.NewWorker(store, dedupworker.Config{})
+	if err != nil {
+		panic(err)
+	}
+	ship := dedupworker.BatchFunc(func(ctx context.Context, msgs []*dedupworker.Message, results []dedupworker.Result) {
+		var keys []string
+		for i := range msgs {
+			claim, _ := dedupworker.ClaimOf(dedupworker.MessageContext(ctx, i))
+			keys = append(keys, claim.Key)
+			results[i].Value = []byte("shipped")
+		}
+		fmt.Println("shipping", strings.Join(keys, ", "))
+	})
+	if err := w.Handle("orders", src, ship); err != nil {
+		panic(err)
+	}
+	if err := w.Run(context.Background()); err != nil {
+		panic(err)
+	}
+	for _, d := range src.Deliveries() {
+		st, _ := d.Settled()
+		fmt.Println(d.Message().Header.Get("Idempotency-Key"), st)
+	}
+	// Output:
+	// shipping order-1, order-2
+	// shipping order-3
+	// order-1 acked
+	// order-2 acked
+	// order-1 acked
+	// order-3 acked
 }

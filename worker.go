@@ -57,6 +57,13 @@ func RetryAfter(d time.Duration, err error) error { return consumer.RetryAfterEr
 // ok is false outside a deduplicated handler.
 func ClaimOf(ctx context.Context) (c Claim, ok bool) { return idempotency.FromContext(ctx) }
 
+// MessageContext returns the context of the i-th message of a batch
+// handler's call: ClaimOf on it gives that message's claim, and it ends when
+// that claim is lost. Outside a batch call it returns ctx.
+func MessageContext(ctx context.Context, i int) context.Context {
+	return consumer.MessageContext(ctx, i)
+}
+
 // Config configures a Worker. The zero value is usable.
 type Config struct {
 	// Logger receives the worker's and the engine's logs; nil discards them.

@@ -252,9 +252,11 @@ func (d *Delivery) expect(t testing.TB, want Settlement) {
 // delay, and returns from Consume once every message is acked or
 // dead-lettered, so that a Worker's Run over it returns when the work is
 // done. A real source runs until it is stopped; this one ends, so a test can
-// read the results after Run. It delivers one message at a time.
+// read the results after Run. It delivers one message at a time, or runs of
+// them (InRuns).
 type Source struct {
 	msgs []*consumer.Message
+	run  int // messages per run; 0 delivers one at a time through Process
 
 	mu         sync.Mutex
 	deliveries []*Delivery
@@ -275,33 +277,59 @@ func NewSource(msgs ...*consumer.Message) *Source {
 
 var _ consumer.Source = (*Source)(nil)
 
+// InRuns makes the Source hand its messages to Runner.ProcessBatch in
+// contiguous runs of up to n, as a broker's fetch does, so that a
+// BatchHandler is called with several messages at once. The messages of a
+// run that are nakked are delivered again (attempt + 1) as a run of their
+// own, in order and after the longest of their delays, before the next
+// messages: the way a Kafka partition's lane retries. It returns s.
+func (s *Source) InRuns(n int) *Source {
+	s.run = max(n, 1)
+	return s
+}
+
 // Consume delivers every message until it is acked or dead-lettered, or
 // until ctx is cancelled; it returns nil either way.
 func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	work := context.WithoutCancel(ctx)
-	for _, m := range s.msgs {
-		for attempt := 1; ; attempt++ {
+	size := max(s.run, 1)
+	for start := 0; start < len(s.msgs); start += size {
+		run := s.msgs[start:min(start+size, len(s.msgs))]
+		for attempt := 1; len(run) > 0; attempt++ {
 			if ctx.Err() != nil {
 				return nil
 			}
-			d := NewDelivery(m, attempt)
+			ds := make([]consumer.Delivery, len(run))
 			s.mu.Lock()
-			s.deliveries = append(s.deliveries, d)
-			s.mu.Unlock()
-			r.Prepare(work, []consumer.Delivery{d})
-			r.Process(work, d)
-			st, _ := d.Settled()
-			switch st {
-			case Acked, DeadLettered:
-			case Nakked:
-				if !wait(ctx, d.NakDelay()) {
-					return nil
-				}
-				continue
-			default:
-				return fmt.Errorf("consumertest: the processor returned without settling message %d (%s)", m.Origin.Offset, strconv.Quote(string(m.Payload)))
+			for i, m := range run {
+				d := NewDelivery(m, attempt)
+				s.deliveries = append(s.deliveries, d)
+				ds[i] = d
 			}
-			break
+			s.mu.Unlock()
+			r.Prepare(work, ds)
+			if s.run == 0 {
+				r.Process(work, ds[0])
+			} else {
+				r.ProcessBatch(work, ds)
+			}
+			var again []*consumer.Message
+			var delay time.Duration
+			for i, cd := range ds {
+				d := cd.(*Delivery)
+				switch st, _ := d.Settled(); st {
+				case Acked, DeadLettered:
+				case Nakked:
+					again = append(again, run[i])
+					delay = max(delay, d.NakDelay())
+				default:
+					return fmt.Errorf("consumertest: the processor returned without settling message %d (%s)", run[i].Origin.Offset, strconv.Quote(string(run[i].Payload)))
+				}
+			}
+			if len(again) > 0 && !wait(ctx, delay) {
+				return nil
+			}
+			run = again
 		}
 	}
 	return nil

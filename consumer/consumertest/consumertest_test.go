@@ -85,6 +85,51 @@ func TestSourceRedeliversNakked(t *testing.T) {
 	}
 }
 
+// batchRunner records the runs it is given and settles each delivery with
+// settle.
+type batchRunner struct {
+	processorFunc
+	runs []string
+}
+
+func (r *batchRunner) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	var run []string
+	for _, d := range ds {
+		run = append(run, fmt.Sprintf("%s#%d", d.Message().Payload, d.Attempt()))
+		r.processorFunc(ctx, d)
+	}
+	r.runs = append(r.runs, strings.Join(run, " "))
+}
+
+// InRuns hands contiguous runs to ProcessBatch, and delivers a run's nakked
+// messages again as a run of their own before the next messages.
+func TestSourceInRuns(t *testing.T) {
+	var msgs []*consumer.Message
+	for _, p := range []string{"a", "b", "c", "d", "e"} {
+		msgs = append(msgs, consumertest.NewMessage(p, p))
+	}
+	r := &batchRunner{processorFunc: func(ctx context.Context, d consumer.Delivery) {
+		if p := string(d.Message().Payload); (p == "b" || p == "c") && d.Attempt() == 1 {
+			_ = d.Nak(ctx, time.Millisecond)
+			return
+		}
+		_ = d.Ack(ctx)
+	}}
+	src := consumertest.NewSource(msgs...).InRuns(3)
+	if err := src.Consume(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(r.runs, " | "), "a#1 b#1 c#1 | b#2 c#2 | d#1 e#1"; got != want {
+		t.Fatalf("runs %q, want %q", got, want)
+	}
+	if n := len(src.Deliveries()); n != 7 {
+		t.Fatalf("%d deliveries recorded, want 7", n)
+	}
+	for _, d := range src.Deliveries()[5:] {
+		d.ExpectAcked(t)
+	}
+}
+
 // Each Expect method passes on its own settlement and fails on every other,
 // naming what happened.
 func TestExpectations(t *testing.T) {
