@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
-	"github.com/idemkit/dedupworker/internal/gopool"
 )
 
 // Source consumes a JetStream durable pull consumer for one handler. It
@@ -112,10 +111,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	}
 	defer s.consuming.Store(false)
 
-	n := r.Concurrency()
-	if n < 1 {
-		n = 1
-	}
+	n := max(r.Concurrency(), 1)
 	batching := r.Batching()
 	batch := s.cfg.Batch
 	if batch == 0 || !batching && batch > n {
@@ -134,194 +130,11 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	// buffered in the connection out to the server, so that work done
 	// before the stop is not redelivered (SPEC §8.3).
 	defer s.flush()
-	// A token per call being processed: a delivery, or a run when the
-	// runner batches.
-	slots := make(chan struct{}, n)
-	workCtx := context.WithoutCancel(ctx)
-	// Calls run on long-lived goroutines, one per slot at most. A call is
-	// one delivery (Process) or, when the runner batches, a whole prepared
-	// batch (ProcessBatch: JetStream keeps no order, so the fetch is one
-	// run); either holds one slot until it returned.
-	p := gopool.New(n, func(ds []consumer.Delivery) {
-		defer func() { <-slots }()
-		if !batching || len(ds) == 1 {
-			r.Process(workCtx, ds[0])
-			return
-		}
-		r.ProcessBatch(workCtx, ds)
-	})
-	defer p.Close() // every Process returned before the flush
-	// A batch is claimed (Prepare: a round trip to the store) and handed to
-	// the pool by a goroutine of its own, so that receiving the next batch
-	// overlaps that claim instead of following it. Batches go one at a time
-	// and in order; while the claim of one runs, the next one grows.
-	prepared := make(chan []consumer.Delivery)
-	prepDone := make(chan struct{})
-	go func() {
-		defer close(prepDone)
-		for ds := range prepared {
-			r.Prepare(workCtx, ds)
-			if batching {
-				p.Run(ds)
-				continue
-			}
-			for i := range ds {
-				p.Run(ds[i : i+1 : i+1])
-			}
-		}
-	}()
-	defer func() { // runs first: every prepared batch is in the pool before it closes
-		close(prepared)
-		<-prepDone
-	}()
-
-	rc := newReceiver(s, cons, batch)
-	// Without batching each message takes a slot; when the runner batches
-	// a run's first message takes one and the rest of the run is covered
-	// by it (takeBuffered with no slots).
-	perMsg := slots
-	if batching {
-		perMsg = nil
-	}
-	var (
-		ds       []consumer.Delivery // received, holding slots, not yet handed to the prep goroutine
-		held     bool                // a slot is taken for the next message (for the next run when batching)
-		failures int                 // subscriptions that ended by themselves in a row
-		restart  *time.Timer         // set while no subscription is open
-		idle     = true              // no message since the last tick
-	)
-	// stop ends the subscription and hands back what was received and not
-	// started; the deferred calls then wait for the pool and flush.
-	stop := func(err error) error {
-		if held {
-			<-slots
-		}
-		if restart != nil {
-			restart.Stop()
-		}
-		rc.end()
-		if batching && len(ds) > 0 {
-			<-slots // the run's
-		}
-		for _, d := range ds {
-			if !batching {
-				<-slots
-			}
-			s.nakAll(d.(*delivery).msg)
-		}
-		return err
-	}
-	if err := rc.subscribe(); err != nil {
-		if fatal := s.subscribeFailed(err); fatal != nil {
-			return stop(fatal)
-		}
-		failures++
-		restart = time.NewTimer(consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second))
-	}
-	half := (batch + 1) / 2
-	linger := time.NewTimer(batchLinger)
-	linger.Stop()
-	defer linger.Stop()
-	var lingering, lingered bool // a small batch waits for slots; it waited long enough
-	// An idle consumer gets no error when it is deleted on some servers:
-	// look it up now and then.
-	tick := time.NewTicker(idleCheckEvery)
-	defer tick.Stop()
-	for {
-		if ctx.Err() != nil { // select below picks at random among ready cases
-			return stop(nil)
-		}
-		var (
-			slotC chan<- struct{}
-			inC   <-chan jetstream.Msg
-			sendC chan<- []consumer.Delivery
-			restC <-chan time.Time
-		)
-		switch {
-		case held, batching && len(ds) > 0 && len(ds) < batch:
-			inC = rc.in
-		case len(ds) == 0, !batching && len(ds) < batch:
-			slotC = slots
-		}
-		if len(ds) > 0 {
-			// A busy pool is fed in batches of useful size (one batch
-			// claim each) rather than a few messages per claim: while the
-			// batch is under half of Config.Batch and the free slots cannot
-			// make it so (when batching: the run holds the last free
-			// slot), it waits up to batchLinger for slots in use to come
-			// free or, when batching, for the run to grow. A quiet
-			// stream's message is never held back: its pool has its slots
-			// free.
-			free := n - len(slots) // slots neither in calls nor held here
-			if !batching && len(ds)+free >= half || batching && (len(ds) >= half || free > 0) || lingered {
-				sendC = prepared
-			} else if !lingering {
-				linger.Reset(batchLinger)
-				lingering = true
-			}
-		}
-		if restart != nil {
-			restC = restart.C
-		}
-		var lingerC <-chan time.Time
-		if lingering && !lingered {
-			lingerC = linger.C
-		}
-		select {
-		case <-ctx.Done():
-			return stop(nil)
-		case slotC <- struct{}{}:
-			held = true
-		case m := <-inC:
-			held = false
-			idle = false
-			failures = 0
-			ds = append(ds, s.newDelivery(m))
-			ds = rc.takeBuffered(ds, perMsg, batch)
-		case sendC <- ds:
-			ds = nil
-			if lingering && !lingered {
-				linger.Stop()
-			}
-			lingering, lingered = false, false
-		case <-lingerC:
-			lingered = true
-		case err := <-rc.errs:
-			if fatal := s.consumeError(ctx, cons, err); fatal != nil {
-				return stop(fatal)
-			}
-		case <-rc.closed:
-			// The subscription ended by itself: the library stops it on a
-			// terminal status (the consumer was deleted, the server refused
-			// the request) and when the connection closes.
-			rc.ended()
-			if fatal := s.subscriptionEnded(ctx, cons); fatal != nil {
-				return stop(fatal)
-			}
-			failures++
-			delay := consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second)
-			s.log.Warn("the pull subscription ended; subscribing again", "handler", r.Name(), "attempt", failures, "delay", delay)
-			restart = time.NewTimer(delay)
-		case <-restC:
-			restart = nil
-			if err := rc.subscribe(); err != nil {
-				if fatal := s.subscribeFailed(err); fatal != nil {
-					return stop(fatal)
-				}
-				failures++
-				delay := consumer.Backoff(failures, 100*time.Millisecond, 5*time.Second)
-				s.log.Warn("subscribing failed; retrying", "handler", r.Name(), "attempt", failures, "delay", delay, "err", err)
-				restart = time.NewTimer(delay)
-			}
-		case <-tick.C:
-			if idle && s.js.Conn().IsConnected() {
-				if fatal := s.checkGone(ctx, cons); fatal != nil {
-					return stop(fatal)
-				}
-			}
-			idle = true
-		}
-	}
+	l := &consumeLoop{s: s, r: r, cons: cons, n: n, batch: batch, batching: batching, idle: true}
+	prepared, closeWork := l.startWork(context.WithoutCancel(ctx))
+	defer closeWork() // every Process returned before the flush
+	l.prepared = prepared
+	return l.run(ctx)
 }
 
 // receiver is Consume's pull subscription: jetstream's Consume with a
