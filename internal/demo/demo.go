@@ -131,64 +131,12 @@ func Run(ctx context.Context, opts Options, progress io.Writer) (*Report, error)
 	defer cancel()
 	say := func(format string, args ...any) { fmt.Fprintf(progress, "• "+format+"\n", args...) }
 
-	redisURL, redisDesc, stopRedis, err := chooseRedis(opts.RedisURL)
+	env, err := startServers(ctx, opts.RedisURL, say)
 	if err != nil {
 		return nil, err
 	}
-	defer stopRedis()
-	say("Redis: %s", redisDesc)
-
-	natsURL, stopNATS, err := startNATS()
-	if err != nil {
-		return nil, err
-	}
-	defer stopNATS()
-	say("NATS JetStream: in-process nats-server at %s", natsURL)
-
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "demo-in"), kfake.SeedTopics(1, "demo-out", "demo-dlq"),
-		kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		return nil, fmt.Errorf("starting the in-process Kafka broker: %w", err)
-	}
-	defer kc.Close()
-	brokers := kc.ListenAddrs()
-	say("Kafka: in-process Kafka-protocol broker (kfake) at %s", brokers[0])
-
-	nc, err := nats.Connect(natsURL, nats.Timeout(5*time.Second))
-	if err != nil {
-		return nil, err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	for name, subj := range map[string]string{"DEMO_IN": "demo.in", "DEMO_OUT": "demo.out"} {
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}}); err != nil {
-			return nil, fmt.Errorf("creating stream %s: %w", name, err)
-		}
-	}
-
-	ns := "demo-" + randomHex(4) // a fresh namespace: reruns on a shared Redis start clean
-	yaml := fmt.Sprintf(`
-redis: {url: %q, namespace: %s}
-http: {addr: ""}
-shutdown_timeout: 5s
-handlers:
-  - name: nats-orders
-    source: {nats: {url: %q, stream: DEMO_IN, consumer: demo, subject: demo.in, ack_wait: 10s}}
-    lease: 10s
-    backoff: {initial: 50ms, max: 200ms}
-    action: {forward: {nats: {subject: demo.out}}}
-    dead_letter: {nats: {subject: demo.dlq}}
-  - name: kafka-orders
-    source: {kafka: {brokers: [%q], topic: demo-in, group: demo, session_timeout: 6s, commit_interval: 200ms}}
-    lease: 10s
-    backoff: {initial: 50ms, max: 200ms}
-    action: {forward: {kafka: {topic: demo-out}}}
-    dead_letter: {kafka: {topic: demo-dlq}}
-`, redisURL, ns, natsURL, brokers[0])
-	cfg, err := config.Parse([]byte(yaml), nil)
+	defer env.close()
+	cfg, err := config.Parse([]byte(demoConfig(env)), nil)
 	if err != nil {
 		return nil, fmt.Errorf("demo config: %w", err)
 	}
@@ -209,49 +157,152 @@ handlers:
 	go func() { runErr <- a.Run(runCtx) }()
 
 	keys := plan(opts.Unique, opts.DupRatio)
-	if err := publishNATS(ctx, js, keys); err != nil {
+	if err := publishNATS(ctx, env.js, keys); err != nil {
 		return nil, err
 	}
-	if err := publishKafka(ctx, brokers, keys); err != nil {
+	if err := publishKafka(ctx, env.brokers, keys); err != nil {
 		return nil, err
 	}
 	say("published %d messages (%d unique keys, %d duplicates) on each transport; every %d-th key fails once", len(keys), opts.Unique, len(keys)-opts.Unique, opts.RetryEvery)
 
-	// Settled = every published message was acked as processed or duplicate.
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for !(counts["nats-orders"].settled() >= len(keys) && counts["kafka-orders"].settled() >= len(keys)) {
-		select {
-		case <-ctx.Done():
-			stopRun()
-			<-runErr
-			return nil, fmt.Errorf("demo did not finish in %s: nats %s, kafka %s", opts.Timeout, counts["nats-orders"], counts["kafka-orders"])
-		case err := <-runErr:
-			return nil, fmt.Errorf("worker stopped early: %w", err)
-		case <-tick.C:
-		}
+	if err := waitSettled(ctx, counts, len(keys), runErr, opts.Timeout); err != nil {
+		stopRun()
+		<-runErr
+		return nil, err
 	}
 	stopRun()
 	if err := <-runErr; err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	return report(ctx, env, counts, len(keys), opts.Unique, time.Since(start))
+}
 
-	natsOut, err := streamCount(ctx, js, "DEMO_OUT")
+// demoEnv is the servers one demo runs against.
+type demoEnv struct {
+	redisURL, redisDesc, natsURL string
+	brokers                      []string
+	js                           jetstream.JetStream
+	closers                      []func()
+}
+
+// close stops the servers, the last started first.
+func (e *demoEnv) close() {
+	for i := len(e.closers) - 1; i >= 0; i-- {
+		e.closers[i]()
+	}
+}
+
+// startServers starts the servers of the demo (Redis: redisURL if set, see
+// chooseRedis) and creates its streams; Kafka's topics are seeded by the in-process broker.
+func startServers(ctx context.Context, redisURL string, say func(string, ...any)) (env *demoEnv, err error) {
+	env = &demoEnv{}
+	defer func() {
+		if err != nil {
+			env.close()
+		}
+	}()
+	var stopRedis func()
+	env.redisURL, env.redisDesc, stopRedis, err = chooseRedis(redisURL)
 	if err != nil {
 		return nil, err
 	}
-	kafkaOut, err := topicCount(ctx, brokers, "demo-out")
+	env.closers = append(env.closers, stopRedis)
+	say("Redis: %s", env.redisDesc)
+
+	natsURL, stopNATS, err := startNATS()
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Redis: redisDesc, Took: time.Since(start)}
+	env.natsURL = natsURL
+	env.closers = append(env.closers, stopNATS)
+	say("NATS JetStream: in-process nats-server at %s", natsURL)
+
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "demo-in"), kfake.SeedTopics(1, "demo-out", "demo-dlq"),
+		kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		return nil, fmt.Errorf("starting the in-process Kafka broker: %w", err)
+	}
+	env.closers = append(env.closers, kc.Close)
+	env.brokers = kc.ListenAddrs()
+	say("Kafka: in-process Kafka-protocol broker (kfake) at %s", env.brokers[0])
+
+	nc, err := nats.Connect(natsURL, nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, err
+	}
+	env.closers = append(env.closers, nc.Close)
+	if env.js, err = jetstream.New(nc); err != nil {
+		return nil, err
+	}
+	for name, subj := range map[string]string{"DEMO_IN": "demo.in", "DEMO_OUT": "demo.out"} {
+		if _, err := env.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}}); err != nil {
+			return nil, fmt.Errorf("creating stream %s: %w", name, err)
+		}
+	}
+	return env, nil
+}
+
+// demoConfig is the binary's configuration of the demo: a forward relay on
+// each transport, in a fresh namespace so that reruns on a shared Redis
+// start clean.
+func demoConfig(env *demoEnv) string {
+	ns := "demo-" + randomHex(4)
+	return fmt.Sprintf(`
+redis: {url: %q, namespace: %s}
+http: {addr: ""}
+shutdown_timeout: 5s
+handlers:
+  - name: nats-orders
+    source: {nats: {url: %q, stream: DEMO_IN, consumer: demo, subject: demo.in, ack_wait: 10s}}
+    lease: 10s
+    backoff: {initial: 50ms, max: 200ms}
+    action: {forward: {nats: {subject: demo.out}}}
+    dead_letter: {nats: {subject: demo.dlq}}
+  - name: kafka-orders
+    source: {kafka: {brokers: [%q], topic: demo-in, group: demo, session_timeout: 6s, commit_interval: 200ms}}
+    lease: 10s
+    backoff: {initial: 50ms, max: 200ms}
+    action: {forward: {kafka: {topic: demo-out}}}
+    dead_letter: {kafka: {topic: demo-dlq}}
+`, env.redisURL, ns, env.natsURL, env.brokers[0])
+}
+
+// waitSettled returns once every published message of both handlers was
+// acked as processed or duplicate, or an error when ctx ends first or the
+// worker stops.
+func waitSettled(ctx context.Context, counts map[string]*handlerCounts, published int, runErr <-chan error, timeout time.Duration) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for counts["nats-orders"].settled() < published || counts["kafka-orders"].settled() < published {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("demo did not finish in %s: nats %s, kafka %s", timeout, counts["nats-orders"], counts["kafka-orders"])
+		case err := <-runErr:
+			return fmt.Errorf("worker stopped early: %w", err)
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// report counts the outputs and builds the demo's report.
+func report(ctx context.Context, env *demoEnv, counts map[string]*handlerCounts, published, unique int, took time.Duration) (*Report, error) {
+	natsOut, err := streamCount(ctx, env.js, "DEMO_OUT")
+	if err != nil {
+		return nil, err
+	}
+	kafkaOut, err := topicCount(ctx, env.brokers, "demo-out")
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Redis: env.redisDesc, Took: took}
 	for _, t := range []struct {
 		name, handler string
 		out           int
 	}{{"nats", "nats-orders", natsOut}, {"kafka", "kafka-orders", kafkaOut}} {
 		c := counts[t.handler]
 		rep.Rows = append(rep.Rows, Row{
-			Transport: t.name, Published: len(keys), Unique: opts.Unique,
+			Transport: t.name, Published: published, Unique: unique,
 			Runs: int(c.runs.Load()), DuplicatesAcked: int(c.duplicates.Load()), Retried: int(c.failed.Load()), Output: t.out,
 		})
 	}
