@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"os"
 	"sync"
 	"testing"
@@ -108,4 +109,45 @@ type NATSServer struct {
 //	}
 func NATSServers() []NATSServer {
 	return []NATSServer{{"system", NATS}, {"embedded", EmbeddedNATS}}
+}
+
+// NATSConnect connects to url with a 2s connect timeout, then opts (which
+// may override it, or set how to reconnect), and makes a JetStream context
+// on the connection, which is closed when the test ends.
+func NATSConnect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(2 * time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatalf("testenv: connecting to %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("testenv: JetStream on %s: %v", url, err)
+	}
+	return nc, js
+}
+
+// natsCall bounds one request of CreateStream or its cleanup.
+const natsCall = 5 * time.Second
+
+// CreateStream creates the in-memory stream name on subjects, within 5s,
+// and deletes it when the test ends: cleanups run last first, so a
+// connection NATSConnect made earlier in the test is still open then. A
+// stream the test deleted already, or a connection the test closed, is not
+// an error of the cleanup; any other failure to delete is logged.
+func CreateStream(t testing.TB, js jetstream.JetStream, name string, subjects ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), natsCall)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatalf("testenv: creating stream %s on %v: %v", name, subjects, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), natsCall)
+		defer cancel()
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Logf("testenv: deleting stream %s: %v", name, err)
+		}
+	})
 }
