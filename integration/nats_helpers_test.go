@@ -59,31 +59,16 @@ func newNATSHarness(t testing.TB, url string) *natsHarness {
 	return h
 }
 
+// natsConnect is testenv.NATSConnect reconnecting every 100ms, with no
+// limit on the attempts.
 func natsConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("connect %s: %v", url, err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
+	return testenv.NATSConnect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 }
 
 func (h *natsHarness) createStream(t testing.TB, name string, subjects ...string) {
 	t.Helper()
-	ctx := natsCtx(t, 5*time.Second)
-	if _, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatalf("create stream %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = h.js.DeleteStream(ctx, name)
-	})
+	testenv.CreateStream(t, h.js, name, subjects...)
 }
 
 // natsPlan is what a test publishes: one message per entry, keyed.

@@ -2,7 +2,6 @@ package natssource_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -39,15 +38,7 @@ type env struct {
 
 func newEnv(t *testing.T, url string) *env {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
-	if err != nil {
-		t.Fatalf("connect %s: %v", url, err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testenv.NATSConnect(t, url)
 	e := &env{url: url, nc: nc, js: js, stream: testenv.UniqueName(t, "T")}
 	e.subj = strings.ToLower(e.stream)
 	e.createStream(t, e.stream, e.subj+".>")
@@ -56,17 +47,7 @@ func newEnv(t *testing.T, url string) *env {
 
 func (e *env) createStream(t *testing.T, name string, subjects ...string) {
 	t.Helper()
-	ctx := ctxT(t, 5*time.Second)
-	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatalf("create stream %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, nats.ErrConnectionClosed) {
-			t.Logf("delete stream %s: %v", name, err)
-		}
-	})
+	testenv.CreateStream(t, e.js, name, subjects...)
 }
 
 // publish publishes n messages "m<i>" on <subj>.<i%3>, each with header
