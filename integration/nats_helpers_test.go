@@ -8,7 +8,6 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -160,15 +159,13 @@ func natsCtx(t testing.TB, d time.Duration) context.Context {
 
 // natsLedger records what handlers did, per key.
 type natsLedger struct {
-	mu        sync.Mutex
-	starts    map[string]int
-	completes map[string]int
+	runCounts
 	fences    map[string][]int64
 	reclaimed map[string]bool
 }
 
 func newNATSLedger() *natsLedger {
-	return &natsLedger{starts: map[string]int{}, completes: map[string]int{}, fences: map[string][]int64{}, reclaimed: map[string]bool{}}
+	return &natsLedger{runCounts: newRunCounts(), fences: map[string][]int64{}, reclaimed: map[string]bool{}}
 }
 
 func (l *natsLedger) start(ctx context.Context) string {
@@ -189,18 +186,6 @@ func (l *natsLedger) complete(key string) {
 	l.completes[key]++
 }
 
-func (l *natsLedger) totals() (starts, completes int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.starts {
-		starts += n
-	}
-	for _, n := range l.completes {
-		completes += n
-	}
-	return starts, completes
-}
-
 // handler is a handler that records its runs and completes at once.
 func (l *natsLedger) handler() consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
@@ -208,33 +193,6 @@ func (l *natsLedger) handler() consumer.Handler {
 		l.complete(key)
 		return []byte("done " + key), nil
 	})
-}
-
-// natsOutcomes counts outcomes (consumer.HookOutcome).
-type natsOutcomes struct {
-	mu sync.Mutex
-	n  map[consumer.Outcome]int
-}
-
-func (o *natsOutcomes) OnOutcome(_, _ string, out consumer.Outcome) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.n == nil {
-		o.n = map[consumer.Outcome]int{}
-	}
-	o.n[out]++
-}
-
-func (o *natsOutcomes) get(out consumer.Outcome) int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.n[out]
-}
-
-func (o *natsOutcomes) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return fmt.Sprint(o.n)
 }
 
 // natsWorkerSpec describes one worker of a test.
