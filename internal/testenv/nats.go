@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -150,4 +151,37 @@ func CreateStream(t testing.TB, js jetstream.JetStream, name string, subjects ..
 			t.Logf("testenv: deleting stream %s: %v", name, err)
 		}
 	})
+}
+
+// EachNATSServer runs f as a parallel subtest, named after the server,
+// against each of NATSServers, with the server's URL.
+func EachNATSServer(t *testing.T, f func(t *testing.T, url string)) {
+	t.Helper()
+	for _, srv := range NATSServers() {
+		t.Run(srv.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, srv.URL(t))
+		})
+	}
+}
+
+// NATSStream is a test's own connection and in-memory stream.
+type NATSStream struct {
+	Conn *nats.Conn
+	JS   jetstream.JetStream
+	// Name is the stream's name, UniqueName(t, prefix).
+	Name string
+	// Subject is Name in lower case: the stream takes Subject+".>".
+	Subject string
+}
+
+// NewNATSStream connects to url as NATSConnect does, with opts, and
+// creates a stream of the test's own with CreateStream.
+func NewNATSStream(t testing.TB, url, prefix string, opts ...nats.Option) *NATSStream {
+	t.Helper()
+	s := &NATSStream{Name: UniqueName(t, prefix)}
+	s.Conn, s.JS = NATSConnect(t, url, opts...)
+	s.Subject = strings.ToLower(s.Name)
+	CreateStream(t, s.JS, s.Name, s.Subject+".>")
+	return s
 }

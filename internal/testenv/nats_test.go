@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,5 +54,39 @@ func TestNATSConnectAndCreateStream(t *testing.T) {
 	}
 	if msg := failure(t, func(tb testing.TB) { testenv.CreateStream(tb, js, "bad.name", "c") }); msg == "" {
 		t.Fatal("CreateStream of an invalid name did not fail the test")
+	}
+}
+
+// EachNATSServer runs a parallel subtest per server of NATSServers, each
+// with a URL that answers; NewNATSStream's stream takes its subject's
+// messages.
+func TestEachNATSServerAndNewNATSStream(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	t.Run("each", func(t *testing.T) {
+		testenv.EachNATSServer(t, func(t *testing.T, url string) {
+			mu.Lock()
+			seen[t.Name()] = true
+			mu.Unlock()
+			s := testenv.NewNATSStream(t, url, "E")
+			if !strings.HasPrefix(s.Name, "E_") || s.Subject != strings.ToLower(s.Name) {
+				t.Fatalf("stream %q subject %q", s.Name, s.Subject)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			ack, err := s.JS.Publish(ctx, s.Subject+".x", []byte("m"))
+			if err != nil || ack.Stream != s.Name {
+				t.Fatalf("publish on %s.x: %+v, %v; want the stream %s to take it", s.Subject, ack, err, s.Name)
+			}
+		})
+	})
+	var want []string
+	for _, srv := range testenv.NATSServers() {
+		want = append(want, "TestEachNATSServerAndNewNATSStream/each/"+srv.Name)
+	}
+	for _, n := range want {
+		if !seen[n] {
+			t.Errorf("no subtest %s (ran %v)", n, seen)
+		}
 	}
 }

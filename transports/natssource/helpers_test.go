@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,12 +18,7 @@ import (
 // forEachServer runs f as a subtest against every NATS server of SPEC §10.
 func forEachServer(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
-	for _, srv := range testenv.NATSServers() {
-		t.Run(srv.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, newEnv(t, srv.URL(t)))
-		})
-	}
+	testenv.EachNATSServer(t, func(t *testing.T, url string) { f(t, newEnv(t, url)) })
 }
 
 // env is one test's connection and its own stream.
@@ -38,11 +32,8 @@ type env struct {
 
 func newEnv(t *testing.T, url string) *env {
 	t.Helper()
-	nc, js := testenv.NATSConnect(t, url)
-	e := &env{url: url, nc: nc, js: js, stream: testenv.UniqueName(t, "T")}
-	e.subj = strings.ToLower(e.stream)
-	e.createStream(t, e.stream, e.subj+".>")
-	return e
+	s := testenv.NewNATSStream(t, url, "T")
+	return &env{url: url, nc: s.Conn, js: s.JS, stream: s.Name, subj: s.Subject}
 }
 
 func (e *env) createStream(t *testing.T, name string, subjects ...string) {
