@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -26,12 +25,7 @@ import (
 // current one (SPEC §10), in parallel.
 func natsEachServer(t *testing.T, f func(t *testing.T, h *natsHarness)) {
 	t.Helper()
-	for _, srv := range testenv.NATSServers() {
-		t.Run(srv.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, newNATSHarness(t, srv.URL(t)))
-		})
-	}
+	testenv.EachNATSServer(t, func(t *testing.T, url string) { f(t, newNATSHarness(t, url)) })
 }
 
 // natsHarness is one test's NATS stream and Redis namespace.
@@ -48,21 +42,20 @@ type natsHarness struct {
 
 func newNATSHarness(t testing.TB, url string) *natsHarness {
 	t.Helper()
-	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t)}
-	h.nc, h.js = natsConnect(t, url)
-	h.stream = testenv.UniqueName(t, "IT")
-	h.subj = strings.ToLower(h.stream)
-	h.ns = "it-" + testenv.RandID()
-	h.createStream(t, h.stream, h.subj+".>")
+	s := testenv.NewNATSStream(t, url, "IT", natsReconnect...)
+	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t),
+		nc: s.Conn, js: s.JS, stream: s.Name, subj: s.Subject, ns: "it-" + testenv.RandID()}
 	testenv.DropNamespace(t, h.ns)
 	return h
 }
 
-// natsConnect is testenv.NATSConnect reconnecting every 100ms, with no
-// limit on the attempts.
+// natsReconnect reconnects every 100ms, with no limit on the attempts.
+var natsReconnect = []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
+
+// natsConnect is testenv.NATSConnect with natsReconnect.
 func natsConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	return testenv.NATSConnect(t, url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	return testenv.NATSConnect(t, url, natsReconnect...)
 }
 
 func (h *natsHarness) createStream(t testing.TB, name string, subjects ...string) {
@@ -192,6 +185,23 @@ func (l *natsLedger) handler() consumer.Handler {
 		key := l.start(ctx)
 		l.complete(key)
 		return []byte("done " + key), nil
+	})
+}
+
+// slowHandler records its runs like handler, calls started as each run
+// starts and works for work before it completes; when its context ends
+// first it returns the context's cause, without completing.
+func (l *natsLedger) slowHandler(work time.Duration, started func()) consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		key := l.start(ctx)
+		started()
+		select {
+		case <-time.After(work):
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		l.complete(key)
+		return nil, nil
 	})
 }
 

@@ -153,16 +153,7 @@ func TestNATSLongHandler(t *testing.T) {
 		h.publish(t, natsPlan{"long"})
 		l := newNATSLedger()
 		outs := &outcomeCounts{}
-		handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-			key := l.start(ctx)
-			select {
-			case <-time.After(3*lease + 200*time.Millisecond): // the long work
-			case <-ctx.Done():
-				return nil, context.Cause(ctx)
-			}
-			l.complete(key)
-			return nil, nil
-		})
+		handler := l.slowHandler(3*lease+200*time.Millisecond, func() {})
 		h.start(t, natsWorkerSpec{handler: handler, ackWait: lease, hooks: consumer.Hooks{outs},
 			opts: []idempotency.Option{idempotency.WithLease(lease)}})
 		h.drained(t, "c", 1, 30*time.Second)
@@ -404,17 +395,7 @@ func TestNATSWaitingDuplicateHeartbeats(t *testing.T) {
 		var once sync.Once
 		l := newNATSLedger()
 		outs := &outcomeCounts{}
-		handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-			key := l.start(ctx)
-			once.Do(func() { close(started) })
-			select {
-			case <-time.After(3*lease + 200*time.Millisecond): // the long work
-			case <-ctx.Done():
-				return nil, context.Cause(ctx)
-			}
-			l.complete(key)
-			return nil, nil
-		})
+		handler := l.slowHandler(3*lease+200*time.Millisecond, func() { once.Do(func() { close(started) }) })
 		h.start(t, natsWorkerSpec{handler: handler, ackWait: lease, hooks: consumer.Hooks{outs},
 			opts: []idempotency.Option{idempotency.WithLease(lease), idempotency.WithInFlightWait(10 * lease)}})
 		h.publish(t, natsPlan{"slow"})
