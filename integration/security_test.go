@@ -404,12 +404,7 @@ func TestSecurityBinaryTLSAndACL(t *testing.T) {
 	secACLUser(t, admin, "dedup", redisPW, ns)
 	natsURL := secNATS(t, ca, "worker", natsPW)
 
-	nc, err := nats.Connect(natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testenv.NATSConnect(t, natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
 	ctx := natsCtx(t, 60*time.Second)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SEC", Subjects: []string{"sec.>"}}); err != nil {
 		t.Fatal(err)
@@ -647,12 +642,7 @@ func TestSecurityValidateOnlineTLSAndACL(t *testing.T) {
 	secACLUser(t, admin, "dedup", redisPW, ns)
 	secACLUser(t, admin, "elsewhere", redisPW, "otherns") // may connect, not read secval's keys
 	natsURL := secNATS(t, ca, "worker", natsPW)
-	nc, err := nats.Connect(natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testenv.NATSConnect(t, natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
 	if _, err := js.CreateStream(natsCtx(t, 30*time.Second), jetstream.StreamConfig{Name: "SECV", Subjects: []string{"secv.>"}, MaxAge: 2 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
