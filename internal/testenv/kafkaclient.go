@@ -40,7 +40,8 @@ func ProduceKafka(t testing.TB, brokers []string, topic string, msgs []kafka.Mes
 }
 
 // KafkaCommitted returns group's committed offset of each of topic's
-// partitions 0 to partitions-1 (-1: none). A failed request is reported
+// partitions 0 to partitions-1: -1 where the group committed none, as
+// Apache Kafka answers (kfake leaves such a partition out). A failed request is reported
 // with t.Errorf, not Fatalf, and returns nil, so that a goroutine of the
 // test watching the commits may call it.
 func KafkaCommitted(t testing.TB, brokers []string, group, topic string, partitions int) map[int]int64 {
