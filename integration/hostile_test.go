@@ -35,7 +35,7 @@ import (
 type hostileFix struct {
 	store   *redisbackend.Store
 	eng     *idempotency.Engine
-	oc      *natsOutcomes
+	oc      *outcomeCounts
 	corrupt atomic.Int32
 }
 
@@ -51,7 +51,7 @@ func newHostileFix(t *testing.T) *hostileFix {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	f := &hostileFix{store: store, oc: &natsOutcomes{}}
+	f := &hostileFix{store: store, oc: &outcomeCounts{}}
 	f.eng, err = idempotency.New(store, idempotency.Config{Hooks: consumer.Hooks{f.oc, f}, StoreTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -383,7 +383,7 @@ func TestHostileResultOverCap(t *testing.T) {
 func TestHostileNATSWorkerSurvives(t *testing.T) {
 	t.Parallel()
 	h := newNATSHarness(t, testenv.EmbeddedNATS(t))
-	oc := &natsOutcomes{}
+	oc := &outcomeCounts{}
 	led := newNATSLedger()
 	r := h.start(t, natsWorkerSpec{handler: led.handler(), hooks: consumer.Hooks{oc}, opts: []idempotency.Option{
 		idempotency.WithKeySources(idempotency.HeaderKey("Idempotency-Key"), idempotency.JSONKey("id")),

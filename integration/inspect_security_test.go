@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,17 +58,8 @@ handlers:
 	}
 	run := func(args ...string) (int, string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, hostileBinary(t), args...).CombinedOutput()
-		secNoSecrets(t, strings.Join(args[:1], " "), string(out), pw)
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode(), string(out)
-		}
-		if err != nil {
-			t.Fatalf("%v: %v", args, err)
-		}
-		return 0, string(out)
+		code, out, errOut := secRunCLI(t, []string{pw}, args...)
+		return code, out + errOut
 	}
 	cfg := write("good", ca.CAFile)
 	code, out := run("inspect", "-c", cfg, "--handler", "orders", "order-7", "-o", "json")

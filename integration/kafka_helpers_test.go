@@ -111,17 +111,10 @@ func (p kafkaPlan) unique() int {
 	return len(seen)
 }
 
+// produce writes p to topic, each message to its partition, and waits
+// for the acks.
 func (h *kafkaHarness) produce(t testing.TB, topic string, p kafkaPlan) {
 	t.Helper()
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(h.brokers...),
-		Topic:        topic,
-		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
-		BatchTimeout: time.Millisecond,
-		BatchSize:    1000,
-		RequiredAcks: kafka.RequireAll,
-	}
-	defer w.Close()
 	msgs := make([]kafka.Message, len(p))
 	for i, m := range p {
 		msgs[i] = kafka.Message{Partition: m.partition, Value: []byte(m.value)}
@@ -132,52 +125,17 @@ func (h *kafkaHarness) produce(t testing.TB, topic string, p kafkaPlan) {
 			msgs[i].Headers = []kafka.Header{{Key: "Idempotency-Key", Value: []byte(m.idem)}}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
-		t.Fatalf("produce: %v", err)
-	}
+	testenv.ProduceKafka(t, h.brokers, topic, msgs)
 }
 
 // committed returns the group's committed offsets (-1: none).
 func (h *kafkaHarness) committed(t testing.TB) map[int]int64 {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	parts := make([]int, h.parts)
-	for i := range parts {
-		parts[i] = i
-	}
-	cl := &kafka.Client{Addr: kafka.TCP(h.brokers...), Timeout: 10 * time.Second}
-	resp, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: h.group, Topics: map[string][]int{h.topic: parts}})
-	if err != nil {
-		t.Errorf("offset fetch: %v", err)
-		return nil
-	}
-	out := map[int]int64{}
-	for _, p := range resp.Topics[h.topic] {
-		out[p.Partition] = p.CommittedOffset
-	}
-	return out
+	return testenv.KafkaCommitted(t, h.brokers, h.group, h.topic, h.parts)
 }
 
 func (h *kafkaHarness) ends(t testing.TB, topic string, partitions int) map[int]int64 {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for p := range partitions {
-		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
-	}
-	cl := &kafka.Client{Addr: kafka.TCP(h.brokers...), Timeout: 10 * time.Second}
-	resp, err := cl.ListOffsets(ctx, req)
-	if err != nil {
-		t.Fatalf("list offsets: %v", err)
-	}
-	out := map[int]int64{}
-	for _, p := range resp.Topics[topic] {
-		out[p.Partition] = p.LastOffset
-	}
-	return out
+	return testenv.KafkaEnds(t, h.brokers, topic, partitions)
 }
 
 // atEnds waits until the committed offsets reach the end of every partition.
@@ -198,25 +156,7 @@ func (h *kafkaHarness) atEnds(t *testing.T, timeout time.Duration) {
 // readAll reads every message of a single-partition topic.
 func (h *kafkaHarness) readAll(t *testing.T, topic string) []kafka.Message {
 	t.Helper()
-	end := h.ends(t, topic, 1)[0]
-	if end == 0 {
-		return nil
-	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: h.brokers, Topic: topic, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var out []kafka.Message
-	for {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			t.Fatalf("reading %s: %v", topic, err)
-		}
-		out = append(out, m)
-		if m.Offset+1 >= end {
-			return out
-		}
-	}
+	return testenv.ReadKafka(t, h.brokers, topic, 1)
 }
 
 // kafkaWorkerSpec configures a worker started by kafkaHarness.start.
@@ -282,15 +222,13 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *testenv.Runnin
 
 // kafkaLedger counts handler runs per idempotency key.
 type kafkaLedger struct {
-	mu        sync.Mutex
-	starts    map[string]int
-	completes map[string]int
-	bySeq     map[string][]string // Kafka key → payloads in handling order
-	work      time.Duration
+	runCounts
+	bySeq map[string][]string // Kafka key → payloads in handling order
+	work  time.Duration
 }
 
 func newKafkaLedger() *kafkaLedger {
-	return &kafkaLedger{starts: map[string]int{}, completes: map[string]int{}, bySeq: map[string][]string{}}
+	return &kafkaLedger{runCounts: newRunCounts(), bySeq: map[string][]string{}}
 }
 
 func (l *kafkaLedger) handler() consumer.Handler {
@@ -314,18 +252,6 @@ func (l *kafkaLedger) handler() consumer.Handler {
 		l.mu.Unlock()
 		return []byte("done " + c.Key), nil
 	})
-}
-
-func (l *kafkaLedger) totals() (starts, completes int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.starts {
-		starts += n
-	}
-	for _, n := range l.completes {
-		completes += n
-	}
-	return starts, completes
 }
 
 // kafkaAckSpy records every acked (partition, offset) by wrapping the

@@ -27,33 +27,6 @@ import (
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
-// kafkaOutcomes counts outcomes (consumer.HookOutcome).
-type kafkaOutcomes struct {
-	mu sync.Mutex
-	n  map[consumer.Outcome]int
-}
-
-func (o *kafkaOutcomes) OnOutcome(_, _ string, out consumer.Outcome) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.n == nil {
-		o.n = map[consumer.Outcome]int{}
-	}
-	o.n[out]++
-}
-
-func (o *kafkaOutcomes) get(out consumer.Outcome) int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.n[out]
-}
-
-func (o *kafkaOutcomes) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return fmt.Sprint(o.n)
-}
-
 // TestKafkaDuplicates: 10,000 messages over 8 partitions, 3 in 10 of them
 // repeating an earlier Idempotency-Key as separate messages, often on
 // another partition: the handler runs once per unique key, and the group's
@@ -64,27 +37,13 @@ func TestKafkaDuplicates(t *testing.T) {
 		plan := kafkaPlanWithDuplicates(7000, 3000, 8)
 		h.produce(t, h.topic, plan)
 		l := newKafkaLedger()
-		outs := &kafkaOutcomes{}
+		outs := &outcomeCounts{}
 		r := h.start(t, kafkaWorkerSpec{handler: l.handler(), concurrency: 16, hooks: consumer.Hooks{outs}})
 		h.atEnds(t, 120*time.Second)
 		if err := r.Stop(t, 30*time.Second); err != nil {
 			t.Fatalf("Run returned %v, want nil", err)
 		}
-		starts, completes := l.totals()
-		if starts != plan.unique() || completes != plan.unique() {
-			t.Errorf("handler ran %d times (%d completed) for %d unique keys", starts, completes, plan.unique())
-		}
-		for k, n := range l.starts {
-			if n != 1 {
-				t.Errorf("key %s ran %d times", k, n)
-			}
-		}
-		if got := outs.get(consumer.OutcomeProcessed); got != 7000 {
-			t.Errorf("processed %d, want 7000 (%s)", got, outs)
-		}
-		if got := outs.get(consumer.OutcomeDuplicate); got != 3000 {
-			t.Errorf("duplicates acked %d, want 3000 (%s)", got, outs)
-		}
+		checkDeduplicated(t, &l.runCounts, plan.unique(), outs, 7000, 3000)
 	})
 }
 
@@ -165,7 +124,7 @@ func TestKafkaCrashBeforeCommit(t *testing.T) {
 		}
 
 		l := newKafkaLedger()
-		outs := &kafkaOutcomes{}
+		outs := &outcomeCounts{}
 		r := h.start(t, kafkaWorkerSpec{handler: l.handler(), hooks: consumer.Hooks{outs}})
 		// The killed member holds its partitions until its session times out.
 		h.atEnds(t, 90*time.Second)
@@ -217,11 +176,7 @@ func TestKafkaRebalance(t *testing.T) {
 		if completes != plan.unique() {
 			t.Errorf("%d handler completions for %d keys", completes, plan.unique())
 		}
-		for k, n := range l.starts {
-			if n != 1 {
-				t.Errorf("key %s ran %d times", k, n)
-			}
-		}
+		l.eachRanOnce(t)
 		if len(l.starts) != plan.unique() {
 			t.Errorf("%d keys ran, want %d: messages were skipped", len(l.starts), plan.unique())
 		}
@@ -333,7 +288,7 @@ func TestKafkaFailingHandler(t *testing.T) {
 			}
 			return nil, nil
 		})
-		outs := &kafkaOutcomes{}
+		outs := &outcomeCounts{}
 		r := h.start(t, kafkaWorkerSpec{handler: handler, hooks: consumer.Hooks{outs},
 			opts:   []idempotency.Option{idempotency.WithMaxAttempts(3), idempotency.WithBackoff(50*time.Millisecond, time.Second)},
 			source: func(c *kafkasource.Config) { c.DeadLetterTopic = dlq }})

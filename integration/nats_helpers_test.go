@@ -7,8 +7,6 @@ import (
 	"context"
 	"fmt"
 	mrand "math/rand/v2"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,12 +25,7 @@ import (
 // current one (SPEC §10), in parallel.
 func natsEachServer(t *testing.T, f func(t *testing.T, h *natsHarness)) {
 	t.Helper()
-	for _, srv := range testenv.NATSServers() {
-		t.Run(srv.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, newNATSHarness(t, srv.URL(t)))
-		})
-	}
+	testenv.EachNATSServer(t, func(t *testing.T, url string) { f(t, newNATSHarness(t, url)) })
 }
 
 // natsHarness is one test's NATS stream and Redis namespace.
@@ -49,41 +42,25 @@ type natsHarness struct {
 
 func newNATSHarness(t testing.TB, url string) *natsHarness {
 	t.Helper()
-	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t)}
-	h.nc, h.js = natsConnect(t, url)
-	h.stream = testenv.UniqueName(t, "IT")
-	h.subj = strings.ToLower(h.stream)
-	h.ns = "it-" + testenv.RandID()
-	h.createStream(t, h.stream, h.subj+".>")
+	s := testenv.NewNATSStream(t, url, "IT", natsReconnect...)
+	h := &natsHarness{url: url, redisURL: testenv.Redis(t), redis: testenv.RedisClient(t),
+		nc: s.Conn, js: s.JS, stream: s.Name, subj: s.Subject, ns: "it-" + testenv.RandID()}
 	testenv.DropNamespace(t, h.ns)
 	return h
 }
 
+// natsReconnect reconnects every 100ms, with no limit on the attempts.
+var natsReconnect = []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(100 * time.Millisecond)}
+
+// natsConnect is testenv.NATSConnect with natsReconnect.
 func natsConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("connect %s: %v", url, err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
+	return testenv.NATSConnect(t, url, natsReconnect...)
 }
 
 func (h *natsHarness) createStream(t testing.TB, name string, subjects ...string) {
 	t.Helper()
-	ctx := natsCtx(t, 5*time.Second)
-	if _, err := h.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatalf("create stream %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = h.js.DeleteStream(ctx, name)
-	})
+	testenv.CreateStream(t, h.js, name, subjects...)
 }
 
 // natsPlan is what a test publishes: one message per entry, keyed.
@@ -175,15 +152,13 @@ func natsCtx(t testing.TB, d time.Duration) context.Context {
 
 // natsLedger records what handlers did, per key.
 type natsLedger struct {
-	mu        sync.Mutex
-	starts    map[string]int
-	completes map[string]int
+	runCounts
 	fences    map[string][]int64
 	reclaimed map[string]bool
 }
 
 func newNATSLedger() *natsLedger {
-	return &natsLedger{starts: map[string]int{}, completes: map[string]int{}, fences: map[string][]int64{}, reclaimed: map[string]bool{}}
+	return &natsLedger{runCounts: newRunCounts(), fences: map[string][]int64{}, reclaimed: map[string]bool{}}
 }
 
 func (l *natsLedger) start(ctx context.Context) string {
@@ -204,18 +179,6 @@ func (l *natsLedger) complete(key string) {
 	l.completes[key]++
 }
 
-func (l *natsLedger) totals() (starts, completes int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, n := range l.starts {
-		starts += n
-	}
-	for _, n := range l.completes {
-		completes += n
-	}
-	return starts, completes
-}
-
 // handler is a handler that records its runs and completes at once.
 func (l *natsLedger) handler() consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
@@ -225,31 +188,21 @@ func (l *natsLedger) handler() consumer.Handler {
 	})
 }
 
-// natsOutcomes counts outcomes (consumer.HookOutcome).
-type natsOutcomes struct {
-	mu sync.Mutex
-	n  map[consumer.Outcome]int
-}
-
-func (o *natsOutcomes) OnOutcome(_, _ string, out consumer.Outcome) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.n == nil {
-		o.n = map[consumer.Outcome]int{}
-	}
-	o.n[out]++
-}
-
-func (o *natsOutcomes) get(out consumer.Outcome) int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.n[out]
-}
-
-func (o *natsOutcomes) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return fmt.Sprint(o.n)
+// slowHandler records its runs like handler, calls started as each run
+// starts and works for work before it completes; when its context ends
+// first it returns the context's cause, without completing.
+func (l *natsLedger) slowHandler(work time.Duration, started func()) consumer.Handler {
+	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		key := l.start(ctx)
+		started()
+		select {
+		case <-time.After(work):
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		l.complete(key)
+		return nil, nil
+	})
 }
 
 // natsWorkerSpec describes one worker of a test.

@@ -30,24 +30,10 @@ func TestNATSDuplicates(t *testing.T) {
 		plan := natsPlanWithDuplicates(7000, 3000)
 		h.publish(t, plan)
 		l := newNATSLedger()
-		outs := &natsOutcomes{}
+		outs := &outcomeCounts{}
 		h.start(t, natsWorkerSpec{handler: l.handler(), concurrency: 16, hooks: consumer.Hooks{outs}})
 		h.drained(t, "c", uint64(len(plan)), 120*time.Second)
-		starts, completes := l.totals()
-		if starts != plan.unique() || completes != plan.unique() {
-			t.Errorf("handler ran %d times (%d completed) for %d unique keys", starts, completes, plan.unique())
-		}
-		for k, n := range l.starts {
-			if n != 1 {
-				t.Errorf("key %s ran %d times", k, n)
-			}
-		}
-		if got := outs.get(consumer.OutcomeProcessed); got != 7000 {
-			t.Errorf("processed %d, want 7000 (%s)", got, outs)
-		}
-		if got := outs.get(consumer.OutcomeDuplicate); got != 3000 {
-			t.Errorf("duplicates acked %d, want 3000 (%s)", got, outs)
-		}
+		checkDeduplicated(t, &l.runCounts, plan.unique(), outs, 7000, 3000)
 	})
 }
 
@@ -166,17 +152,8 @@ func TestNATSLongHandler(t *testing.T) {
 		const lease = 1500 * time.Millisecond
 		h.publish(t, natsPlan{"long"})
 		l := newNATSLedger()
-		outs := &natsOutcomes{}
-		handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-			key := l.start(ctx)
-			select {
-			case <-time.After(3*lease + 200*time.Millisecond): // the long work
-			case <-ctx.Done():
-				return nil, context.Cause(ctx)
-			}
-			l.complete(key)
-			return nil, nil
-		})
+		outs := &outcomeCounts{}
+		handler := l.slowHandler(3*lease+200*time.Millisecond, func() {})
 		h.start(t, natsWorkerSpec{handler: handler, ackWait: lease, hooks: consumer.Hooks{outs},
 			opts: []idempotency.Option{idempotency.WithLease(lease)}})
 		h.drained(t, "c", 1, 30*time.Second)
@@ -212,11 +189,7 @@ func TestNATSTwoWorkers(t *testing.T) {
 		if starts != plan.unique() {
 			t.Errorf("handler ran %d times for %d unique keys", starts, plan.unique())
 		}
-		for k, n := range l.starts {
-			if n != 1 {
-				t.Errorf("key %s ran %d times", k, n)
-			}
-		}
+		l.eachRanOnce(t)
 	})
 }
 
@@ -239,7 +212,7 @@ func TestNATSErrorsDeadLetter(t *testing.T) {
 			runs = append(runs, time.Now())
 			return nil, fails
 		})
-		outs := &natsOutcomes{}
+		outs := &outcomeCounts{}
 		h.start(t, natsWorkerSpec{handler: handler, dlq: dlq, hooks: consumer.Hooks{outs},
 			opts: []idempotency.Option{idempotency.WithMaxAttempts(3), idempotency.WithBackoff(backoff, 4*backoff)}})
 		h.publish(t, natsPlan{"bad"})
@@ -308,7 +281,7 @@ func TestNATSRedisDown(t *testing.T) {
 	natsEachServer(t, func(t *testing.T, h *natsHarness) {
 		client, proxy := h.proxiedRedis(t)
 		l := newNATSLedger()
-		outs := &natsOutcomes{}
+		outs := &outcomeCounts{}
 		h.start(t, natsWorkerSpec{redis: client, handler: l.handler(), hooks: consumer.Hooks{outs},
 			opts: []idempotency.Option{idempotency.WithStoreRetry(50*time.Millisecond, 300*time.Millisecond)}})
 		first := natsPlanWithDuplicates(20, 0)
@@ -346,11 +319,7 @@ func TestNATSRedisDown(t *testing.T) {
 		if starts != 50 || completes != 50 {
 			t.Errorf("after Redis returned: %d runs, %d completions, want 50", starts, completes)
 		}
-		for k, n := range l.starts {
-			if n != 1 {
-				t.Errorf("key %s ran %d times", k, n)
-			}
-		}
+		l.eachRanOnce(t)
 	})
 }
 
@@ -425,18 +394,8 @@ func TestNATSWaitingDuplicateHeartbeats(t *testing.T) {
 		started := make(chan struct{})
 		var once sync.Once
 		l := newNATSLedger()
-		outs := &natsOutcomes{}
-		handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-			key := l.start(ctx)
-			once.Do(func() { close(started) })
-			select {
-			case <-time.After(3*lease + 200*time.Millisecond): // the long work
-			case <-ctx.Done():
-				return nil, context.Cause(ctx)
-			}
-			l.complete(key)
-			return nil, nil
-		})
+		outs := &outcomeCounts{}
+		handler := l.slowHandler(3*lease+200*time.Millisecond, func() { once.Do(func() { close(started) }) })
 		h.start(t, natsWorkerSpec{handler: handler, ackWait: lease, hooks: consumer.Hooks{outs},
 			opts: []idempotency.Option{idempotency.WithLease(lease), idempotency.WithInFlightWait(10 * lease)}})
 		h.publish(t, natsPlan{"slow"})

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,18 +58,11 @@ handlers:
 	}
 	run := func(args ...string) (int, string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		out, err := exec.CommandContext(ctx, hostileBinary(t), args...).Output()
-		secNoSecrets(t, args[0], string(out), pw)
-		if ee, ok := err.(*exec.ExitError); ok {
-			secNoSecrets(t, args[0], string(ee.Stderr), pw)
-			return ee.ExitCode(), string(out) + string(ee.Stderr)
+		code, out, errOut := secRunCLI(t, []string{pw}, args...)
+		if code != 0 {
+			out += errOut
 		}
-		if err != nil {
-			t.Fatalf("%v: %v", args, err)
-		}
-		return 0, string(out)
+		return code, out
 	}
 	cfg := config("dedup")
 	code, out := run("records", "-c", cfg, "--handler", "orders", "--state", "completed", "-o", "json")

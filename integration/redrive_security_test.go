@@ -1,12 +1,10 @@
 package integration_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -65,21 +63,15 @@ handlers:
 `, raddr, pwFile, ns, ca.CAFile, h.url, h.stream, h.subj, dlq), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cctx, ccancel := context.WithTimeout(context.Background(), time.Minute)
-	defer ccancel()
-	cmd := exec.CommandContext(cctx, hostileBinary(t), "redrive", "-c", cfg, "--handler", "rd", "-o", "json")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	secNoSecrets(t, "redrive", string(out)+stderr.String(), pw)
-	if err != nil {
-		t.Fatalf("redrive as the ACL user: %v\n%s%s", err, out, stderr.String())
+	code, out, errOut := secRunCLI(t, []string{pw}, "redrive", "-c", cfg, "--handler", "rd", "-o", "json")
+	if code != 0 {
+		t.Fatalf("redrive as the ACL user: exit %d\n%s%s", code, out, errOut)
 	}
 	var rep struct {
 		Republished int `json:"republished"`
 		Failed      int `json:"failed"`
 	}
-	if err := json.Unmarshal(out, &rep); err != nil || rep.Republished != 1 || rep.Failed != 0 {
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Republished != 1 || rep.Failed != 0 {
 		t.Fatalf("redrive as the ACL user: %v\n%s", err, out)
 	}
 	if rec, err := s.Get(ctx, ekey); err != nil || rec != nil {

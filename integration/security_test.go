@@ -293,30 +293,11 @@ func secNATS(t *testing.T, ca *testenv.TestCA, user, pw string) string {
 }
 
 // secProc is a running binary whose output the test reads.
-type secProc struct {
-	cmd  *exec.Cmd
-	out  *testenv.SyncBuffer
-	done chan struct{}
-	err  error
-}
+type secProc struct{ *testenv.Process }
 
 func secStart(t *testing.T, env []string, args ...string) *secProc {
 	t.Helper()
-	p := &secProc{cmd: exec.Command(hostileBinary(t), args...), out: &testenv.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("dedupworker %v output:\n%s", args, p.out.String())
-		}
-	})
-	return p
+	return &secProc{testenv.StartProcess(t, env, hostileBinary(t), args...)}
 }
 
 // metricsAddr waits for the log line that names the metrics server.
@@ -324,7 +305,7 @@ func (p *secProc) metricsAddr(t *testing.T) string {
 	t.Helper()
 	var addr string
 	testenv.EventuallyNil(t, 30*time.Second, "the metrics address in the log", func() error {
-		sc := bufio.NewScanner(strings.NewReader(p.out.String()))
+		sc := bufio.NewScanner(strings.NewReader(p.Output.String()))
 		for sc.Scan() {
 			var l struct{ Msg, Addr string }
 			if json.Unmarshal(sc.Bytes(), &l) == nil && strings.HasPrefix(l.Msg, "serving /metrics") {
@@ -333,11 +314,11 @@ func (p *secProc) metricsAddr(t *testing.T) string {
 			}
 		}
 		select {
-		case <-p.done:
-			t.Fatalf("dedupworker exited: %v\n%s", p.err, p.out.String())
+		case <-p.Done():
+			t.Fatalf("dedupworker exited: %v\n%s", p.Err(), p.Output.String())
 		default:
 		}
-		return errors.New("log so far:\n" + p.out.String())
+		return errors.New("log so far:\n" + p.Output.String())
 	})
 	return addr
 }
@@ -355,17 +336,7 @@ func secLedgerFull(t *testing.T, within time.Duration, path string, keys int) {
 
 func (p *secProc) stop(t *testing.T) int {
 	t.Helper()
-	_ = p.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-p.done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("dedupworker did not stop within 30s of SIGINT")
-	}
-	var ee *exec.ExitError
-	if errors.As(p.err, &ee) {
-		return ee.ExitCode()
-	}
-	return 0
+	return p.Stop(t, os.Interrupt, 30*time.Second)
 }
 
 func secGet(t *testing.T, url string) string {
@@ -399,6 +370,26 @@ func secNoSecrets(t *testing.T, where, text string, secrets ...string) {
 	}
 }
 
+// secRunCLI runs the binary with args to completion, within a minute,
+// fails t where its stdout or stderr shows one of secrets, and returns its
+// exit code, stdout and stderr.
+func secRunCLI(t *testing.T, secrets []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	cmd := exec.CommandContext(ctx, hostileBinary(t), args...)
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	secNoSecrets(t, args[0], out.String(), secrets...)
+	secNoSecrets(t, args[0]+" (stderr)", errOut.String(), secrets...)
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return testenv.ExitCode(err), out.String(), errOut.String()
+}
+
 // The binary runs a NATS handler with the Redis store over TLS as the
 // least-privilege ACL user (password from a file) and NATS over TLS with a
 // user and password (from the environment): it processes every key once,
@@ -413,12 +404,7 @@ func TestSecurityBinaryTLSAndACL(t *testing.T) {
 	secACLUser(t, admin, "dedup", redisPW, ns)
 	natsURL := secNATS(t, ca, "worker", natsPW)
 
-	nc, err := nats.Connect(natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testenv.NATSConnect(t, natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
 	ctx := natsCtx(t, 60*time.Second)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SEC", Subjects: []string{"sec.>"}}); err != nil {
 		t.Fatal(err)
@@ -495,7 +481,7 @@ handlers:
 	if code := p.stop(t); code != 0 {
 		t.Errorf("exit %d after SIGINT", code)
 	}
-	secNoSecrets(t, "the log", p.out.String(), redisPW, natsPW)
+	secNoSecrets(t, "the log", p.Output.String(), redisPW, natsPW)
 
 	// validate --print: passwords from the environment, from the file, and
 	// written inside URLs are all redacted.
@@ -525,15 +511,15 @@ handlers:
 	}
 	pb := secStart(t, env, "run", "-c", badCfg)
 	select {
-	case <-pb.done:
+	case <-pb.Done():
 	case <-time.After(30 * time.Second):
 		t.Fatal("dedupworker with a wrong Redis password did not exit")
 	}
 	var ee *exec.ExitError
-	if !errors.As(pb.err, &ee) || ee.ExitCode() != 1 || !strings.Contains(pb.out.String(), "WRONGPASS") {
-		t.Errorf("wrong Redis password: %v, output %s; want exit 1 naming WRONGPASS", pb.err, pb.out.String())
+	if !errors.As(pb.Err(), &ee) || ee.ExitCode() != 1 || !strings.Contains(pb.Output.String(), "WRONGPASS") {
+		t.Errorf("wrong Redis password: %v, output %s; want exit 1 naming WRONGPASS", pb.Err(), pb.Output.String())
 	}
-	secNoSecrets(t, "the log of a failed start", pb.out.String(), "Wrong-Guess-99", natsPW)
+	secNoSecrets(t, "the log of a failed start", pb.Output.String(), "Wrong-Guess-99", natsPW)
 }
 
 // The binary consumes from a real Kafka SASL_PLAINTEXT listener that
@@ -599,7 +585,7 @@ handlers:
 	if code := p.stop(t); code != 0 {
 		t.Errorf("exit %d after SIGINT", code)
 	}
-	secNoSecrets(t, "the log", p.out.String(), pw)
+	secNoSecrets(t, "the log", p.Output.String(), pw)
 	cmd := exec.Command(hostileBinary(t), "validate", "-c", cfg, "--print")
 	cmd.Env = append(os.Environ(), "KAFKA_PW="+pw)
 	out, err := cmd.CombinedOutput()
@@ -610,15 +596,15 @@ handlers:
 
 	pb := secStart(t, []string{"KAFKA_PW=Wrong-Guess-77"}, "run", "-c", cfg)
 	select {
-	case <-pb.done:
+	case <-pb.Done():
 	case <-time.After(60 * time.Second):
 		t.Fatal("dedupworker with a wrong SASL password did not exit")
 	}
 	var ee *exec.ExitError
-	if !errors.As(pb.err, &ee) || ee.ExitCode() != 1 {
-		t.Errorf("wrong SASL password: %v, want exit 1; output %s", pb.err, pb.out.String())
+	if !errors.As(pb.Err(), &ee) || ee.ExitCode() != 1 {
+		t.Errorf("wrong SASL password: %v, want exit 1; output %s", pb.Err(), pb.Output.String())
 	}
-	secNoSecrets(t, "the log of a failed start", pb.out.String(), "Wrong-Guess-77", pw)
+	secNoSecrets(t, "the log of a failed start", pb.Output.String(), "Wrong-Guess-77", pw)
 }
 
 // secValidateOnline runs validate --online on cfg with env and returns its
@@ -656,12 +642,7 @@ func TestSecurityValidateOnlineTLSAndACL(t *testing.T) {
 	secACLUser(t, admin, "dedup", redisPW, ns)
 	secACLUser(t, admin, "elsewhere", redisPW, "otherns") // may connect, not read secval's keys
 	natsURL := secNATS(t, ca, "worker", natsPW)
-	nc, err := nats.Connect(natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	_, js := testenv.NATSConnect(t, natsURL, nats.UserInfo("worker", natsPW), nats.RootCAs(ca.CAFile))
 	if _, err := js.CreateStream(natsCtx(t, 30*time.Second), jetstream.StreamConfig{Name: "SECV", Subjects: []string{"secv.>"}, MaxAge: 2 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}

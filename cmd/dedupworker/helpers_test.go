@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -37,61 +36,26 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// proc is a running dedupworker.
+// proc is a running dedupworker; stderr holds its stdout and stderr.
 type proc struct {
+	*testenv.Process
 	t      *testing.T
-	cmd    *exec.Cmd
 	stderr *testenv.SyncBuffer
-	done   chan struct{}
-	err    error
 }
 
 func start(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, cmd: exec.Command(binPath, args...), stderr: &testenv.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		if t.Failed() {
-			t.Logf("dedupworker %v output:\n%s", args, p.stderr.String())
-		}
-	})
-	return p
+	p := testenv.StartProcess(t, env, binPath, args...)
+	return &proc{Process: p, t: t, stderr: p.Output}
 }
 
 // kill9 kills the process as a crash would.
-func (p *proc) kill9() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
+func (p *proc) kill9() { p.Kill() }
 
 // term sends SIGTERM and returns the exit code.
 func (p *proc) term(within time.Duration) int {
 	p.t.Helper()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(within):
-		p.t.Fatalf("dedupworker did not exit within %s of SIGTERM", within)
-	}
-	return exitCode(p.err)
-}
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
+	return p.Stop(p.t, syscall.SIGTERM, within)
 }
 
 // runCmd runs dedupworker to completion and returns its exit code and output.
@@ -103,7 +67,7 @@ func runCmd(t *testing.T, args ...string) (int, string, string) {
 	cmd := exec.CommandContext(ctx, binPath, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
-	return exitCode(err), stdout.String(), stderr.String()
+	return testenv.ExitCode(err), stdout.String(), stderr.String()
 }
 
 func writeConfig(t *testing.T, format string, args ...any) string {

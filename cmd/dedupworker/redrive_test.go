@@ -37,17 +37,11 @@ func newRedriveEnv(t *testing.T) *redriveEnv {
 	url, redisURL := testenv.NATS(t), testenv.Redis(t)
 	id := testenv.RandID()
 	e := &redriveEnv{t: t, stream: "RDC_" + id, dlqStream: "RDC_" + id + "_DLQ", in: "rdc." + id + ".in", dlq: "rdc." + id + ".dlq"}
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if e.js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
+	_, e.js = testenv.NATSConnect(t, url)
 	e.addStream(e.dlqStream, e.dlq)
 	ns := "rdc-" + id
 	client := testenv.RedisClient(t)
+	var err error
 	if e.store, err = redisbackend.New(client, redisbackend.Options{Namespace: ns}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,15 +15,7 @@ import (
 func natsSetup(t *testing.T) (string, jetstream.JetStream) {
 	t.Helper()
 	url := testenv.NATS(t)
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testenv.NATSConnect(t, url, nats.Timeout(5*time.Second))
 	return url, js
 }
 

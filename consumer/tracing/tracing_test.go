@@ -41,30 +41,40 @@ const (
 	parent  = "00f067aa0ba902b7"
 )
 
-func TestDeliverySpanContinuesTraceparent(t *testing.T) {
-	// A new key's fence is the Redis clock in µs (SPEC §11.3).
-	floor := time.Now().Add(-time.Minute).UnixMicro()
+// tracedForward is the engine on real Redis, in a namespace of the test's
+// own, running a NATS forward into a capture behind the tracer, whose
+// spans go to the returned exporter; the forward injects the trace
+// context it runs in into each message it sends. All of it is closed when
+// the test ends.
+func tracedForward(t *testing.T) (consumer.Processor, *tracetest.InMemoryExporter, *capture) {
+	t.Helper()
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + testenv.RandID()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	t.Cleanup(func() { _ = store.Close() })
 	engine, err := idempotency.New(store, idempotency.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = engine.Close() })
 	dedup, err := engine.Processor()
 	if err != nil {
 		t.Fatal(err)
 	}
 	exp := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	defer tp.Shutdown(context.Background())
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	tr := tracing.New(tp)
-
 	out := &capture{}
 	inject := func(ctx context.Context, h consumer.Header) { tr.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
-	proc := tr.Wrap("orders", dedup("orders", actions.ForwardNATS("orders", out, "out", inject)))
+	return tr.Wrap("orders", dedup("orders", actions.ForwardNATS("orders", out, "out", inject))), exp, out
+}
+
+func TestDeliverySpanContinuesTraceparent(t *testing.T) {
+	// A new key's fence is the Redis clock in µs (SPEC §11.3).
+	floor := time.Now().Add(-time.Minute).UnixMicro()
+	proc, exp, out := tracedForward(t)
 
 	d := consumertest.NewDelivery(consumertest.NewMessage("order-1", `{"id":1}`), 1)
 	d.Message().Header.Set("traceparent", "00-"+traceID+"-"+parent+"-01")
@@ -119,27 +129,7 @@ func TestDeliverySpanContinuesTraceparent(t *testing.T) {
 // and each delivery its own span, continuing its own traceparent, with its
 // own outcome; each forwarded message continues its delivery's span.
 func TestBatchKeepsASpanPerDelivery(t *testing.T) {
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: "trace-" + testenv.RandID()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	engine, err := idempotency.New(store, idempotency.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Close()
-	dedup, err := engine.Processor()
-	if err != nil {
-		t.Fatal(err)
-	}
-	exp := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-	defer tp.Shutdown(context.Background())
-	tr := tracing.New(tp)
-	out := &capture{}
-	inject := func(ctx context.Context, h consumer.Header) { tr.Propagator().Inject(ctx, tracing.HeaderCarrier(h)) }
-	proc := tr.Wrap("orders", dedup("orders", actions.ForwardNATS("orders", out, "out", inject)))
+	proc, exp, out := tracedForward(t)
 	if !proc.Batching() {
 		t.Fatal("the traced processor must keep the engine's batch runs")
 	}

@@ -44,15 +44,7 @@ func TestKeyThatKillsItsWorkerIsDeadLetteredAfterMaxAttempts(t *testing.T) {
 	dir := t.TempDir()
 	ledger := filepath.Join(dir, "ledger")
 
-	nc, err := nats.Connect(natsURL, nats.Timeout(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testenv.NATSConnect(t, natsURL, nats.Timeout(5*time.Second))
 	stream := "CRASH_" + id
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

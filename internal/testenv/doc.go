@@ -7,5 +7,9 @@
 // redis-server processes (NewRedisServer, StartReplicatedRedis), polling
 // with a deadline (Eventually, EventuallyNil), a logger into the test's log
 // (Logger; DEDUP_TEST_LOG=debug shows every level), run-unique names
-// (RandID) and free ports (FreePort, FreeAddr).
+// (RandID, UniqueName), free ports (FreePort, FreeAddr), a test's own NATS
+// connection and streams (NATSConnect, CreateStream, NewNATSStream,
+// EachNATSServer), Kafka topics, producing to exact partitions and reading
+// offsets back (CreateKafkaTopic, ProduceKafka, KafkaCommitted, KafkaEnds,
+// ReadKafka), and binaries run in the background (StartProcess).
 package testenv

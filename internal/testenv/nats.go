@@ -2,7 +2,9 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,4 +110,78 @@ type NATSServer struct {
 //	}
 func NATSServers() []NATSServer {
 	return []NATSServer{{"system", NATS}, {"embedded", EmbeddedNATS}}
+}
+
+// NATSConnect connects to url with a 2s connect timeout, then opts (which
+// may override it, or set how to reconnect), and makes a JetStream context
+// on the connection, which is closed when the test ends.
+func NATSConnect(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(2 * time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatalf("testenv: connecting to %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("testenv: JetStream on %s: %v", url, err)
+	}
+	return nc, js
+}
+
+// natsCall bounds one request of CreateStream or its cleanup.
+const natsCall = 5 * time.Second
+
+// CreateStream creates the in-memory stream name on subjects, within 5s,
+// and deletes it when the test ends: cleanups run last first, so a
+// connection NATSConnect made earlier in the test is still open then. A
+// stream the test deleted already, or a connection the test closed, is not
+// an error of the cleanup; any other failure to delete is logged.
+func CreateStream(t testing.TB, js jetstream.JetStream, name string, subjects ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), natsCall)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatalf("testenv: creating stream %s on %v: %v", name, subjects, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), natsCall)
+		defer cancel()
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, nats.ErrConnectionClosed) {
+			t.Logf("testenv: deleting stream %s: %v", name, err)
+		}
+	})
+}
+
+// EachNATSServer runs f as a parallel subtest, named after the server,
+// against each of NATSServers, with the server's URL.
+func EachNATSServer(t *testing.T, f func(t *testing.T, url string)) {
+	t.Helper()
+	for _, srv := range NATSServers() {
+		t.Run(srv.Name, func(t *testing.T) {
+			t.Parallel()
+			f(t, srv.URL(t))
+		})
+	}
+}
+
+// NATSStream is a test's own connection and in-memory stream.
+type NATSStream struct {
+	Conn *nats.Conn
+	JS   jetstream.JetStream
+	// Name is the stream's name, UniqueName(t, prefix).
+	Name string
+	// Subject is Name in lower case: the stream takes Subject+".>".
+	Subject string
+}
+
+// NewNATSStream connects to url as NATSConnect does, with opts, and
+// creates a stream of the test's own with CreateStream.
+func NewNATSStream(t testing.TB, url, prefix string, opts ...nats.Option) *NATSStream {
+	t.Helper()
+	s := &NATSStream{Name: UniqueName(t, prefix)}
+	s.Conn, s.JS = NATSConnect(t, url, opts...)
+	s.Subject = strings.ToLower(s.Name)
+	CreateStream(t, s.JS, s.Name, s.Subject+".>")
+	return s
 }

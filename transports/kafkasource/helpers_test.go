@@ -91,15 +91,6 @@ type msg struct {
 // produce writes msgs, each to its partition, and waits for the acks.
 func (e *env) produce(topic string, msgs []msg) {
 	e.t.Helper()
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(e.brokers...),
-		Topic:        topic,
-		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
-		BatchTimeout: time.Millisecond,
-		BatchSize:    1000,
-		RequiredAcks: kafka.RequireAll,
-	}
-	defer w.Close()
 	out := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
 		out[i] = kafka.Message{Partition: m.partition, Value: []byte(m.value), Headers: m.headers}
@@ -107,81 +98,25 @@ func (e *env) produce(topic string, msgs []msg) {
 			out[i].Key = []byte(m.key)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := w.WriteMessages(ctx, out...); err != nil {
-		e.t.Fatalf("produce: %v", err)
-	}
+	testenv.ProduceKafka(e.t, e.brokers, topic, out)
 }
 
 // committed returns the group's committed offset per partition (-1: none).
 func (e *env) committed() map[int]int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	parts := make([]int, e.parts)
-	for i := range parts {
-		parts[i] = i
-	}
-	cl := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: 10 * time.Second}
-	resp, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: e.group, Topics: map[string][]int{e.topic: parts}})
-	if err != nil {
-		e.t.Errorf("offset fetch: %v", err)
-		return nil
-	}
-	out := make(map[int]int64)
-	for _, p := range resp.Topics[e.topic] {
-		out[p.Partition] = p.CommittedOffset
-	}
-	return out
+	return testenv.KafkaCommitted(e.t, e.brokers, e.group, e.topic, e.parts)
 }
 
 // ends returns the log-end offset of every partition of topic.
 func (e *env) ends(topic string, partitions int) map[int]int64 {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for p := range partitions {
-		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
-	}
-	cl := &kafka.Client{Addr: kafka.TCP(e.brokers...), Timeout: 10 * time.Second}
-	resp, err := cl.ListOffsets(ctx, req)
-	if err != nil {
-		e.t.Fatalf("list offsets: %v", err)
-	}
-	out := make(map[int]int64)
-	for _, p := range resp.Topics[topic] {
-		out[p.Partition] = p.LastOffset
-	}
-	return out
+	return testenv.KafkaEnds(e.t, e.brokers, topic, partitions)
 }
 
 // readAll reads every message of topic's partitions from the start.
 func (e *env) readAll(topic string, partitions int) []kafka.Message {
 	e.t.Helper()
-	ends := e.ends(topic, partitions)
-	var out []kafka.Message
-	for p := range partitions {
-		if ends[p] == 0 {
-			continue
-		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: e.brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		for {
-			m, err := r.FetchMessage(ctx)
-			if err != nil {
-				e.t.Fatalf("reading %s/%d: %v", topic, p, err)
-			}
-			out = append(out, m)
-			if m.Offset+1 >= ends[p] {
-				break
-			}
-		}
-		cancel()
-		r.Close()
-	}
-	return out
+	return testenv.ReadKafka(e.t, e.brokers, topic, partitions)
 }
 
 // run runs w until the test stops it (Stop) or ends.
@@ -197,6 +132,62 @@ func worker(t *testing.T, name string, src consumer.Source, h consumer.Handler, 
 		t.Fatal(err)
 	}
 	return w
+}
+
+// ignore is a handler that does nothing.
+var ignore = consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
+
+// produceOne writes one message with value to topic through transport
+// (a listener's TLS and SASL), within 30s.
+func produceOne(t *testing.T, brokers []string, topic string, transport *kafka.Transport, value string) {
+	t.Helper()
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: time.Millisecond, Transport: transport}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, kafka.Message{Value: []byte(value)}); err != nil {
+		t.Fatalf("producing to %s on %v: %v", topic, brokers, err)
+	}
+}
+
+// firstPayload runs a worker whose handler, called name, takes src's
+// messages until it gets its first one, stops the worker and returns that
+// message's payload. It fails the test, naming what, when nothing comes
+// within 30s or Run does not return nil within 30s of the stop.
+func firstPayload(t *testing.T, what, name string, src consumer.Source) string {
+	t.Helper()
+	got := make(chan string, 1)
+	r := run(t, worker(t, name, src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		select {
+		case got <- string(m.Payload):
+		default:
+		}
+		return nil, nil
+	})))
+	var p string
+	select {
+	case p = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: nothing consumed", what)
+	}
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return p
+}
+
+// runToError runs a worker with a handler that does nothing on src, for a
+// source that cannot start, and returns the error Run returns; it fails
+// the test, naming what, when Run has not returned within 30s.
+func runToError(t *testing.T, what, name string, src consumer.Source) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := worker(t, name, src, ignore).Run(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("%s: Run did not fail within 30s (it returned %v)", what, err)
+	}
+	return err
 }
 
 // record collects what handlers saw.

@@ -1,7 +1,6 @@
 package kafkasource_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
 
-	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -23,14 +21,7 @@ func TestSASL(t *testing.T) {
 	e := newEnv(t, 1)
 	brokers := sec.SASL
 	plainUser := sec.Users["PLAIN"]
-	w := &kafka.Writer{
-		Addr: kafka.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
-		Transport: &kafka.Transport{SASL: plain.Mechanism{Username: plainUser[0], Password: plainUser[1]}},
-	}
-	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("hello")}); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
+	produceOne(t, brokers, e.topic, &kafka.Transport{SASL: plain.Mechanism{Username: plainUser[0], Password: plainUser[1]}}, "hello")
 
 	var mechs []kafkasource.SASL
 	for _, m := range []string{kafkasource.SASLPlain, kafkasource.SASLScramSHA256, kafkasource.SASLScramSHA512} {
@@ -43,24 +34,8 @@ func TestSASL(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan string, 1)
-		r := run(t, worker(t, "sasl", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-			select {
-			case got <- string(m.Payload):
-			default:
-			}
-			return nil, nil
-		})))
-		select {
-		case p := <-got:
-			if p != "hello" {
-				t.Errorf("%s: payload %q", c.Mechanism, p)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s: nothing consumed", c.Mechanism)
-		}
-		if err := r.Stop(t, 30*time.Second); err != nil {
-			t.Fatalf("%s: %v", c.Mechanism, err)
+		if p := firstPayload(t, c.Mechanism, "sasl", src); p != "hello" {
+			t.Errorf("%s: payload %q", c.Mechanism, p)
 		}
 	}
 
@@ -69,10 +44,7 @@ func TestSASL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = worker(t, "sasl", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
-	if err == nil || ctx.Err() != nil || !strings.Contains(strings.ToLower(err.Error()), "sasl") {
+	if err := runToError(t, "a wrong password", "sasl", src); err == nil || !strings.Contains(strings.ToLower(err.Error()), "sasl") {
 		t.Fatalf("Run with a wrong password = %v, want an error naming SASL authentication", err)
 	}
 }
@@ -86,10 +58,7 @@ func TestUnknownTopic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = worker(t, "unknown", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
-	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), `"`+missing+`"`) || !strings.Contains(err.Error(), "Unknown Topic") {
+	if err := runToError(t, "a missing topic", "unknown", src); err == nil || !strings.Contains(err.Error(), `"`+missing+`"`) || !strings.Contains(err.Error(), "Unknown Topic") {
 		t.Fatalf("Run on a missing topic = %v, want an error naming the topic", err)
 	}
 }
@@ -103,7 +72,7 @@ func TestBrokersDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := run(t, worker(t, "down", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })))
+	r := run(t, worker(t, "down", src, ignore))
 	select {
 	case <-r.Done():
 		t.Fatalf("Run returned %v while the brokers were down; want it to wait", r.Wait(t, time.Second))

@@ -1,7 +1,6 @@
 package kafkasource_test
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
-	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -39,36 +37,15 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	clientTLS := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: e.topic, BatchTimeout: time.Millisecond,
-		Transport: &kafka.Transport{TLS: clientTLS, SASL: mech}}
-	if err := w.WriteMessages(context.Background(), kafka.Message{Value: []byte("secret")}); err != nil {
-		t.Fatal(err)
-	}
-	w.Close()
+	produceOne(t, brokers, e.topic, &kafka.Transport{TLS: clientTLS, SASL: mech}, "secret")
 
 	src, err := kafkasource.New(kafkasource.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group, TLS: clientTLS, SASL: auth,
 		SessionTimeout: time.Second, Logger: testenv.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan string, 1)
-	r := run(t, worker(t, "tls", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-		select {
-		case got <- string(m.Payload):
-		default:
-		}
-		return nil, nil
-	})))
-	select {
-	case p := <-got:
-		if p != "secret" {
-			t.Errorf("payload %q", p)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("nothing consumed over TLS")
-	}
-	if err := r.Stop(t, 30*time.Second); err != nil {
-		t.Fatal(err)
+	if p := firstPayload(t, "over TLS", "tls", src); p != "secret" {
+		t.Errorf("payload %q", p)
 	}
 
 	untrusted, err := kafkasource.New(kafkasource.Config{Brokers: brokers, Topic: e.topic, GroupID: e.group + "-untrusted", SASL: auth,
@@ -76,10 +53,7 @@ func TestTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = worker(t, "tls", untrusted, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })).Run(ctx)
-	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "certificate") {
+	if err := runToError(t, "an untrusted broker certificate", "tls", untrusted); err == nil || !strings.Contains(err.Error(), "certificate") {
 		t.Fatalf("Run with an untrusted broker certificate = %v, want an error naming the certificate", err)
 	}
 }

@@ -2,10 +2,8 @@ package natssource_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,12 +18,7 @@ import (
 // forEachServer runs f as a subtest against every NATS server of SPEC §10.
 func forEachServer(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
-	for _, srv := range testenv.NATSServers() {
-		t.Run(srv.Name, func(t *testing.T) {
-			t.Parallel()
-			f(t, newEnv(t, srv.URL(t)))
-		})
-	}
+	testenv.EachNATSServer(t, func(t *testing.T, url string) { f(t, newEnv(t, url)) })
 }
 
 // env is one test's connection and its own stream.
@@ -39,34 +32,13 @@ type env struct {
 
 func newEnv(t *testing.T, url string) *env {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
-	if err != nil {
-		t.Fatalf("connect %s: %v", url, err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{url: url, nc: nc, js: js, stream: testenv.UniqueName(t, "T")}
-	e.subj = strings.ToLower(e.stream)
-	e.createStream(t, e.stream, e.subj+".>")
-	return e
+	s := testenv.NewNATSStream(t, url, "T")
+	return &env{url: url, nc: s.Conn, js: s.JS, stream: s.Name, subj: s.Subject}
 }
 
 func (e *env) createStream(t *testing.T, name string, subjects ...string) {
 	t.Helper()
-	ctx := ctxT(t, 5*time.Second)
-	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: subjects, Storage: jetstream.MemoryStorage}); err != nil {
-		t.Fatalf("create stream %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := e.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) && !errors.Is(err, nats.ErrConnectionClosed) {
-			t.Logf("delete stream %s: %v", name, err)
-		}
-	})
+	testenv.CreateStream(t, e.js, name, subjects...)
 }
 
 // publish publishes n messages "m<i>" on <subj>.<i%3>, each with header
