@@ -331,11 +331,10 @@ func (p *partition) dispatch() {
 			if !p.waitSpace(s.cfg.MaxUnfinished) {
 				return
 			}
+			ds := newDeliveries(p, chunk)
 			batch := make([]consumer.Delivery, len(chunk))
-			ds := make([]*delivery, len(chunk))
 			p.mu.Lock()
 			for i := range chunk {
-				ds[i] = newDelivery(p, &chunk[i], 1)
 				batch[i] = ds[i]
 				p.track.add(chunk[i].Offset)
 			}
