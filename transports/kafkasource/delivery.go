@@ -32,7 +32,8 @@ type delivery struct {
 	raw     *kafka.Message
 	attempt int
 
-	first consumer.Message // the message, in the first attempt's allocation
+	first    consumer.Message // the message, in the first attempt's allocation
+	firstRaw kafka.Message    // the fetched message, copied out of its fetch
 
 	mu    sync.Mutex
 	state settlement
@@ -45,23 +46,27 @@ var _ consumer.Delivery = (*delivery)(nil)
 
 // newDeliveries returns the first attempts of a dispatched chunk's
 // messages, allocated together: one slab of deliveries and the chunk's
-// headers (headerSpace). A delivery's message stays in the slab for its
-// retries, so the slab lives until the chunk's last delivery is done.
+// headers (headerSpace). Each delivery holds a copy of its kafka.Message,
+// so the caller may clear chunk: the rest of the fetch then no longer
+// keeps what a dispatched message references. A delivery's message stays
+// in the slab for its retries, so the slab lives until the chunk's last
+// delivery is done.
 func newDeliveries(p *partition, chunk []kafka.Message) []*delivery {
 	slab := make([]delivery, len(chunk))
 	ds := make([]*delivery, len(chunk))
 	hs := newHeaderSpace(chunk)
 	for i := range chunk {
 		d := &slab[i]
-		d.init(p, &chunk[i], hs.header(chunk[i].Headers))
+		d.init(p, chunk[i], hs.header(chunk[i].Headers))
 		ds[i] = d
 	}
 	return ds
 }
 
 // init makes d the first attempt at m, whose headers are h.
-func (d *delivery) init(p *partition, m *kafka.Message, h consumer.Header) {
-	d.p, d.raw, d.attempt = p, m, 1
+func (d *delivery) init(p *partition, m kafka.Message, h consumer.Header) {
+	d.firstRaw = m
+	d.p, d.raw, d.attempt = p, &d.firstRaw, 1
 	d.first = consumer.Message{
 		Key:     m.Key,
 		Payload: m.Value,
