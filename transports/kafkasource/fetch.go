@@ -146,8 +146,9 @@ func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset i
 	} else {
 		batches = []protocol.RecordReader{part.RecordSet.Records}
 	}
-	f := filter{readCommitted: s.cfg.Isolation == IsolationReadCommitted, aborted: part.AbortedTransactions}
+	f := filter{readCommitted: s.cfg.Isolation == IsolationReadCommitted, aborted: part.AbortedTransactions, expect: p.lastFetched}
 	msgs, next, err := f.read(s.cfg.Topic, p.id, part.HighWatermark, offset, batches)
+	p.lastFetched = len(msgs)
 	return msgs, next, err
 }
 
@@ -157,6 +158,11 @@ type filter struct {
 	aborted       []fetchapi.ResponseTransaction // not yet reached, by first offset
 	abortedPIDs   map[int64]bool                 // producers inside an aborted transaction
 	bytes         arena                          // the returned records' keys and values
+	// expect is how many records the fetch is likely to return (the last
+	// fetch's count): read allocates room for them at once, not by
+	// doubling, which at the start of a backlog left as much garbage as
+	// the fetch itself.
+	expect int
 }
 
 // read returns the records at or after offset that a handler may see and the
@@ -169,6 +175,9 @@ type filter struct {
 func (f *filter) read(topic string, partition int, hwm, offset int64, batches []protocol.RecordReader) ([]kafka.Message, int64, error) {
 	sort.Slice(f.aborted, func(i, j int) bool { return f.aborted[i].FirstOffset < f.aborted[j].FirstOffset })
 	var msgs []kafka.Message
+	if f.expect > 0 {
+		msgs = make([]kafka.Message, 0, f.expect)
+	}
 	next := offset
 	for i, b := range batches {
 		base := batchOffset(b)

@@ -52,6 +52,9 @@ type partition struct {
 	// fetch ahead of what it runs, not a queue of them.
 	more     chan struct{}
 	mayFetch bool // the fetcher holds the permission; only the fetcher uses it
+	// lastFetched is how many messages the last fetch returned; only the
+	// fetcher uses it.
+	lastFetched int
 
 	loops sync.WaitGroup // fetcher and dispatcher
 	lanes sync.WaitGroup // lane goroutines; Add only by the dispatcher
