@@ -145,7 +145,7 @@ func kafkaRun(ctx context.Context, ms []*consumer.Message, handler string, injec
 // isIdempotencyHeader reports whether name is Idempotency-Key in some
 // case, as consumer.Header.Set matches names.
 func isIdempotencyHeader(name string) bool {
-	return len(name) == len(IdempotencyHeader) && textproto.CanonicalMIMEHeaderKey(name) == IdempotencyHeader
+	return name == IdempotencyHeader || len(name) == len(IdempotencyHeader) && textproto.CanonicalMIMEHeaderKey(name) == IdempotencyHeader
 }
 
 // ForwardNATS publishes the payload unchanged to subject through JetStream,
