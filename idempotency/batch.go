@@ -123,11 +123,13 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		r.cancel(nil)
 		return
 	}
+	slab := make([]handlerRun, len(run))
 	runs := make([]*handlerRun, len(run))
 	hctxs := make([]context.Context, len(run))
 	msgs := make([]*consumer.Message, len(run))
 	for i, o := range run {
-		runs[i], hctxs[i] = p.start(o.ctx, o.d, o.pr, o.leaseEnd)
+		runs[i] = &slab[i]
+		hctxs[i] = p.startIn(runs[i], o.ctx, o.d, o.pr, o.leaseEnd)
 		msgs[i] = o.d.Message()
 	}
 	results := make([]consumer.Result, len(run))

@@ -90,6 +90,7 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		}
 		todo = failed
 	}
+	shared := settleCtx{values: ctx} // for the deliveries settled on ctx
 	for i, c := range cs {
 		d := c.d
 		ctx := ctx
@@ -104,6 +105,8 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		case !owned[i]:
 			p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", c.cl.Fence)
 			p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, c.cl))
+		case c.ctx == nil:
+			p.settleOn(shared.get(&p.e.settleBy), ctx, d, c.outcome, ack)
 		default:
 			p.settle(ctx, d, c.outcome, ack)
 		}

@@ -258,8 +258,14 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 // the lease renewals, which run until run.renewer.stop. The caller cancels
 // the context with run.cancel once the run's outcome is settled.
 func (p *processor) start(ctx context.Context, d consumer.Delivery, pr *prepared, leaseEnd time.Time) (*handlerRun, context.Context) {
-	cl := pr.res.Claim
 	run := &handlerRun{}
+	return run, p.startIn(run, ctx, d, pr, leaseEnd)
+}
+
+// startIn is start in the zero handlerRun run, for a batch that allocates
+// its runs together.
+func (p *processor) startIn(run *handlerRun, ctx context.Context, d consumer.Delivery, pr *prepared, leaseEnd time.Time) context.Context {
+	cl := pr.res.Claim
 	run.Bind(ctx)
 	run.Val = runState{
 		info: ClaimInfo{
@@ -273,7 +279,7 @@ func (p *processor) start(ctx context.Context, d consumer.Delivery, pr *prepared
 	hctx, cancel := context.WithCancelCause(run)
 	run.cancel = cancel
 	p.renew(&run.renewer, hctx, cancel, d, cl, leaseEnd)
-	return run, hctx
+	return hctx
 }
 
 // outcome decides the fate of d after its handler ran under run's claim

@@ -18,13 +18,37 @@ type settleFunc func(ctx context.Context, d consumer.Delivery) error
 func (p *processor) settle(ctx context.Context, d consumer.Delivery, outcome consumer.Outcome, f settleFunc) {
 	// The delivery's values (its trace span) on a deadline shared with
 	// the other settles.
-	if err := f(ctxshare.WithValues(p.e.settleBy.Ctx(), ctx), d); err != nil {
+	p.settleOn(ctxshare.WithValues(p.e.settleBy.Ctx(), ctx), ctx, d, outcome, f)
+}
+
+// settleOn is settle with the context to settle on, sctx: ctx's values on
+// a deadline of settleBy's.
+func (p *processor) settleOn(sctx, ctx context.Context, d consumer.Delivery, outcome consumer.Outcome, f settleFunc) {
+	if err := f(sctx, d); err != nil {
 		p.log.Error("settling the delivery failed; the broker will redeliver it", "origin", d.Message().Origin.String(), "outcome", string(outcome), "err", err)
 	}
 	p.e.hooks.Outcome(p.name, d.Message().Origin.Transport, outcome)
 	if o := consumer.ObservationFrom(ctx); o != nil {
 		o.Outcome = outcome
 	}
+}
+
+// settleCtx makes settle's contexts for the deliveries of a run settled
+// on one context, values: the context made for the last of them is reused
+// while settleBy hands out the same deadline, which is what settle would
+// make again.
+type settleCtx struct {
+	values   context.Context
+	deadline context.Context
+	ctx      context.Context
+}
+
+// get returns WithValues(settleBy.Ctx(), s.values).
+func (s *settleCtx) get(settleBy *ctxshare.Deadlines) context.Context {
+	if dl := settleBy.Ctx(); s.ctx == nil || dl != s.deadline {
+		s.deadline, s.ctx = dl, ctxshare.WithValues(dl, s.values)
+	}
+	return s.ctx
 }
 
 func ack(ctx context.Context, d consumer.Delivery) error { return d.Ack(ctx) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/textproto"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -64,18 +65,7 @@ func outgoing(ctx context.Context, m *consumer.Message, key string, inject Injec
 // WriteErrors.
 func ForwardKafka(handler string, w KafkaWriter, inject Injector) consumer.BatchFunc {
 	return func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
-		out := make([]kafka.Message, len(ms))
-		for i, m := range ms {
-			mctx := consumer.MessageContext(ctx, i)
-			h := outgoing(mctx, m, claimOf(mctx, handler).Key, inject)
-			msg := kafka.Message{Key: m.Key, Value: m.Payload, Headers: make([]kafka.Header, 0, len(h))}
-			for name, vs := range h {
-				for _, v := range vs {
-					msg.Headers = append(msg.Headers, kafka.Header{Key: name, Value: []byte(v)})
-				}
-			}
-			out[i] = msg
-		}
+		out := kafkaRun(ctx, ms, handler, inject)
 		err := w.WriteMessages(ctx, out...)
 		if err == nil {
 			return
@@ -93,6 +83,69 @@ func ForwardKafka(handler string, w KafkaWriter, inject Injector) consumer.Batch
 			results[i].Err = fmt.Errorf("forward to kafka: %w", err)
 		}
 	}
+}
+
+// kafkaRun builds the forwarded copies of a run: each message's key and
+// payload, its headers as outgoing returns them, in one allocation for every
+// message's headers and one for every header value of the run. The writer
+// may still read them after WriteMessages returned (a cancelled write), so
+// they are never reused. Without an injector the headers are copied from
+// the message's directly, skipping an incoming Idempotency-Key (of any case)
+// when the claim's key replaces it, which is what outgoing does without
+// building the intermediate Header.
+func kafkaRun(ctx context.Context, ms []*consumer.Message, handler string, inject Injector) []kafka.Message {
+	out := make([]kafka.Message, len(ms))
+	keys := make([]string, len(ms))
+	n, size := 0, 0
+	for i, m := range ms {
+		keys[i] = claimOf(consumer.MessageContext(ctx, i), handler).Key
+		for _, vs := range m.Header {
+			n += len(vs)
+			for _, v := range vs {
+				size += len(v)
+			}
+		}
+		n++
+		size += len(keys[i])
+	}
+	hs := make([]kafka.Header, 0, n)
+	vals := make([]byte, 0, size)
+	add := func(name, v string) {
+		start := len(vals)
+		vals = append(vals, v...)
+		hs = append(hs, kafka.Header{Key: name, Value: vals[start:len(vals):len(vals)]})
+	}
+	for i, m := range ms {
+		start := len(hs)
+		key := keys[i]
+		if inject != nil {
+			for name, vs := range outgoing(consumer.MessageContext(ctx, i), m, key, inject) {
+				for _, v := range vs {
+					add(name, v)
+				}
+			}
+		} else {
+			for name, vs := range m.Header {
+				if key != "" && isIdempotencyHeader(name) {
+					continue
+				}
+				for _, v := range vs {
+					add(name, v)
+				}
+			}
+			if key != "" {
+				add(IdempotencyHeader, key)
+			}
+		}
+		out[i] = kafka.Message{Key: m.Key, Value: m.Payload, Headers: hs[start:len(hs):len(hs)]}
+	}
+	return out
+}
+
+// isIdempotencyHeader reports whether name is Idempotency-Key in some
+// case, as consumer.Header.Set matches names.
+func isIdempotencyHeader(name string) bool {
+	return name == IdempotencyHeader || len(name) == len(IdempotencyHeader) && textproto.CanonicalMIMEHeaderKey(name) == IdempotencyHeader
 }
 
 // ForwardNATS publishes the payload unchanged to subject through JetStream,

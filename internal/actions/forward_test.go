@@ -183,3 +183,21 @@ func testForwardNATSHeaders(t *testing.T, publisher func(jetstream.JetStream) NA
 		t.Fatalf("republishing %s: %+v %v, want a duplicate", ids[1], ack, err)
 	}
 }
+
+// isIdempotencyHeader matches Idempotency-Key in any case, as
+// consumer.Header.Set does, and nothing else.
+func TestIsIdempotencyHeader(t *testing.T) {
+	for name, want := range map[string]bool{
+		"Idempotency-Key": true, "idempotency-key": true, "IDEMPOTENCY-KEY": true, "idempotency-KEY": true,
+		"Idempotency-Kez": false, "Idempotency-Ke": false, "Idempotency-Keys": false, "Idempotency Key": false, "": false,
+	} {
+		if got := isIdempotencyHeader(name); got != want {
+			t.Errorf("isIdempotencyHeader(%q) = %v, want %v", name, got, want)
+		}
+		h := consumer.Header{name: {"v"}}
+		h.Set(IdempotencyHeader, "k")
+		if _, kept := h[name]; name != IdempotencyHeader && kept == want {
+			t.Errorf("Header.Set(Idempotency-Key) kept %q: %v; isIdempotencyHeader says %v, they must agree", name, kept, want)
+		}
+	}
+}

@@ -316,8 +316,12 @@ func (a *App) kafkaWriter(k *config.KafkaOut) (*kafka.Writer, error) {
 		BatchTimeout: 2 * time.Millisecond,
 		WriteTimeout: connectTimeout,
 		ReadTimeout:  connectTimeout,
-		Transport:    tr,
+		Transport:    &partitionCounts{RoundTripper: tr, ttl: partitionCountTTL},
 	}
+	// Closers run last first: the writer flushes, then the transport's
+	// connections close (Writer.Close leaves a transport it did not make
+	// open).
+	a.onClose(func() error { tr.CloseIdleConnections(); return nil })
 	a.onClose(w.Close)
 	return w, nil
 }

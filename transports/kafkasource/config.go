@@ -114,7 +114,11 @@ type Config struct {
 	// larger bound holds buys no throughput (measured with cmd/dedupbench
 	// --kafka-unfinished).
 	MaxUnfinished int
-	// FetchMaxBytes caps the size of one fetch response. Default 1 MiB.
+	// FetchMaxBytes caps the size of one fetch response; the broker still
+	// returns a record batch larger than it whole. A partition holds the
+	// fetch it is dispatching and at most one more: the fetcher fetches
+	// again once the rest of its last fetch fits in MaxUnfinished (or
+	// BatchSize, the larger). Default 1 MiB.
 	FetchMaxBytes int
 	// DeadLetterTopic receives dead-lettered messages; empty means none
 	// (Delivery.DeadLetter returns consumer.ErrNoDeadLetter).

@@ -32,7 +32,8 @@ type delivery struct {
 	raw     *kafka.Message
 	attempt int
 
-	first consumer.Message // the message, in the first attempt's allocation
+	first    consumer.Message // the message, in the first attempt's allocation
+	firstRaw kafka.Message    // the fetched message, copied out of its fetch
 
 	mu    sync.Mutex
 	state settlement
@@ -43,12 +44,33 @@ type delivery struct {
 
 var _ consumer.Delivery = (*delivery)(nil)
 
-func newDelivery(p *partition, m *kafka.Message, attempt int) *delivery {
-	d := &delivery{p: p, raw: m, attempt: attempt}
+// newDeliveries returns the first attempts of a dispatched chunk's
+// messages, allocated together: one slab of deliveries and the chunk's
+// headers (headerSpace). Each delivery holds a copy of its kafka.Message,
+// so the caller may clear chunk: the rest of the fetch then no longer
+// keeps what a dispatched message references. A delivery's message stays
+// in the slab for its retries, so the slab lives until the chunk's last
+// delivery is done.
+func newDeliveries(p *partition, chunk []kafka.Message) []*delivery {
+	slab := make([]delivery, len(chunk))
+	ds := make([]*delivery, len(chunk))
+	hs := newHeaderSpace(chunk)
+	for i := range chunk {
+		d := &slab[i]
+		d.init(p, chunk[i], hs.header(chunk[i].Headers))
+		ds[i] = d
+	}
+	return ds
+}
+
+// init makes d the first attempt at m, whose headers are h.
+func (d *delivery) init(p *partition, m kafka.Message, h consumer.Header) {
+	d.firstRaw = m
+	d.p, d.raw, d.attempt = p, &d.firstRaw, 1
 	d.first = consumer.Message{
 		Key:     m.Key,
 		Payload: m.Value,
-		Header:  newHeader(m.Headers),
+		Header:  h,
 		Origin: consumer.Origin{
 			Transport: "kafka",
 			Topic:     m.Topic,
@@ -57,32 +79,51 @@ func newDelivery(p *partition, m *kafka.Message, attempt int) *delivery {
 		},
 	}
 	d.msg = &d.first
-	return d
 }
 
-// newHeader converts Kafka headers, in order, with three allocations however
-// many there are: the map, one slice backing every value list, and one
-// string holding every value.
-func newHeader(hs []kafka.Header) consumer.Header {
+// headerSpace converts the Kafka headers of several messages, in order,
+// with one allocation per message (its map) and two for all of them: one
+// string holding every value and one slice backing every value list. Each
+// message's lists are capped at their length, so appending to one never
+// writes into another's.
+type headerSpace struct {
+	all  string
+	vals []string
+}
+
+func newHeaderSpace(ms []kafka.Message) headerSpace {
+	n, size := 0, 0
+	for i := range ms {
+		n += len(ms[i].Headers)
+		for _, kh := range ms[i].Headers {
+			size += len(kh.Value)
+		}
+	}
+	if n == 0 {
+		return headerSpace{}
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for i := range ms {
+		for _, kh := range ms[i].Headers {
+			b.Write(kh.Value)
+		}
+	}
+	return headerSpace{all: b.String(), vals: make([]string, n)}
+}
+
+// header converts hs, the headers of the next message newHeaderSpace was
+// given; nil when there are none.
+func (s *headerSpace) header(hs []kafka.Header) consumer.Header {
 	if len(hs) == 0 {
 		return nil
 	}
-	n := 0
-	for _, kh := range hs {
-		n += len(kh.Value)
-	}
-	var b strings.Builder
-	b.Grow(n)
-	for _, kh := range hs {
-		b.Write(kh.Value)
-	}
-	all := b.String()
-	vals := make([]string, len(hs))
+	vals := s.vals[:len(hs):len(hs)]
+	s.vals = s.vals[len(hs):]
 	h := make(consumer.Header, len(hs))
-	off := 0
 	for i, kh := range hs {
-		vals[i] = all[off : off+len(kh.Value)]
-		off += len(kh.Value)
+		vals[i] = s.all[:len(kh.Value)]
+		s.all = s.all[len(kh.Value):]
 		if prev, ok := h[kh.Key]; ok {
 			h[kh.Key] = append(prev, vals[i]) // a repeated key: its own slice from now on
 			continue

@@ -17,7 +17,8 @@ import (
 // partition is one assigned partition in one generation. Three kinds of
 // goroutine work on it, all owned by it and waited for by wait:
 //
-//   - the fetcher reads batches from the partition leader;
+//   - the fetcher reads batches from the partition leader, one fetch
+//     ahead of the dispatcher (see more);
 //   - the dispatcher hands each batch to Runner.Prepare, records its offsets
 //     as unfinished and queues the deliveries on lanes;
 //   - a lane runs its queue in order, retrying in place. Partition
@@ -45,6 +46,15 @@ type partition struct {
 
 	batches chan fetched
 	space   chan struct{} // signalled when offsets finish
+	// more holds the fetcher's permission to fetch again after it handed
+	// the dispatcher messages: the dispatcher grants it once the rest of
+	// its fetch fits in MaxUnfinished, so a partition holds one decoded
+	// fetch ahead of what it runs, not a queue of them.
+	more     chan struct{}
+	mayFetch bool // the fetcher holds the permission; only the fetcher uses it
+	// lastFetched is how many messages the last fetch returned; only the
+	// fetcher uses it.
+	lastFetched int
 
 	loops sync.WaitGroup // fetcher and dispatcher
 	lanes sync.WaitGroup // lane goroutines; Add only by the dispatcher
@@ -74,8 +84,10 @@ func newPartition(g *generation, id int, start int64) *partition {
 		log:        g.m.s.log.With("partition", id),
 		from:       start,
 		stopCh:     make(chan struct{}),
-		batches:    make(chan fetched, 1),
+		batches:    make(chan fetched),
 		space:      make(chan struct{}, 1),
+		mayFetch:   true,
+		more:       make(chan struct{}, 1),
 		lanesByID:  make(map[string]*lane),
 		lastCommit: -1,
 	}
@@ -270,6 +282,14 @@ func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset in
 		if ctx.Err() != nil {
 			return offset, ctx.Err()
 		}
+		if !p.mayFetch {
+			select {
+			case <-p.more:
+				p.mayFetch = true
+			case <-ctx.Done():
+				return offset, ctx.Err()
+			}
+		}
 		// fetchOnce is bounded by MaxWait + NetworkTimeout and returns at
 		// once when ctx ends.
 		msgs, next, err := p.fetchOnce(ctx, tr, offset)
@@ -278,6 +298,9 @@ func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset in
 				return next, ctx.Err()
 			}
 			offset = next
+			if len(msgs) > 0 {
+				p.mayFetch = false
+			}
 		}
 		switch {
 		case err == nil, errors.Is(err, kafka.RequestTimedOut):
@@ -314,6 +337,10 @@ func backoff(attempt int) time.Duration {
 func (p *partition) dispatch() {
 	s := p.g.m.s
 	limit := s.cfg.BatchSize
+	// The fetcher may fetch again once this many messages of its last
+	// fetch are left to dispatch: about one window of unfinished messages
+	// runs while it fetches.
+	ahead := max(s.cfg.MaxUnfinished, limit)
 	for {
 		var f fetched
 		select {
@@ -324,28 +351,44 @@ func (p *partition) dispatch() {
 		if p.stopped() {
 			return
 		}
+		asked := len(f.msgs) == 0 // the fetcher needs no permission after no messages
 		for len(f.msgs) > 0 {
+			if !asked && len(f.msgs) <= ahead {
+				p.fetchMore()
+				asked = true
+			}
 			n := min(len(f.msgs), limit)
 			chunk := f.msgs[:n]
 			f.msgs = f.msgs[n:]
 			if !p.waitSpace(s.cfg.MaxUnfinished) {
 				return
 			}
+			ds := newDeliveries(p, chunk)
 			batch := make([]consumer.Delivery, len(chunk))
-			ds := make([]*delivery, len(chunk))
 			p.mu.Lock()
 			for i := range chunk {
-				ds[i] = newDelivery(p, &chunk[i], 1)
 				batch[i] = ds[i]
 				p.track.add(chunk[i].Offset)
 			}
 			p.mu.Unlock()
+			clear(chunk) // the deliveries hold copies
 			p.g.m.r.Prepare(p.workCtx, batch)
 			p.enqueue(ds)
+		}
+		if !asked {
+			p.fetchMore()
 		}
 		p.mu.Lock()
 		p.track.advance(f.next)
 		p.mu.Unlock()
+	}
+}
+
+// fetchMore lets the fetcher fetch again.
+func (p *partition) fetchMore() {
+	select {
+	case p.more <- struct{}{}:
+	default:
 	}
 }
 
