@@ -183,3 +183,44 @@ func testForwardNATSHeaders(t *testing.T, publisher func(jetstream.JetStream) NA
 		t.Fatalf("republishing %s: %+v %v, want a duplicate", ids[1], ack, err)
 	}
 }
+
+// TestNATSOutgoingLeavesTheIncomingHeaders checks the header map ForwardNATS
+// publishes, which shares the incoming value slices: the incoming message is
+// unchanged, an append to an outgoing value does not reach it, names are
+// replaced in any case only when there is a key, and an injected header
+// replaces an incoming one of its name.
+func TestNATSOutgoingLeavesTheIncomingHeaders(t *testing.T) {
+	in := consumer.Header{
+		"idempotency-KEY": {"stale"},
+		"NATS-MSG-ID":     {"stale"},
+		"Tag":             make([]string, 1, 4),
+		"traceparent":     {"00-old"},
+	}
+	in["Tag"][0] = "a"
+	m := &consumer.Message{Header: in}
+	inject := Injector(func(_ context.Context, h consumer.Header) { h.Set("Traceparent", "00-new") })
+
+	h := natsOutgoing(context.Background(), m, "k1", inject)
+	want := nats.Header{"Idempotency-Key": {"k1"}, nats.MsgIdHdr: {"k1"}, "Tag": {"a"}, "Traceparent": {"00-new"}}
+	if fmt.Sprint(h) != fmt.Sprint(want) {
+		t.Fatalf("outgoing headers %v, want %v", h, want)
+	}
+	h["Tag"] = append(h["Tag"], "b")
+	h[nats.MsgIdHdr] = append(h[nats.MsgIdHdr], "x")
+	if got := in["Tag"][:cap(in["Tag"])][1]; got != "" {
+		t.Fatalf("an append to the outgoing Tag wrote %q into the incoming value's array", got)
+	}
+	if got := h.Values(IdempotencyHeader); len(got) != 1 || got[0] != "k1" {
+		t.Fatalf("Idempotency-Key %q after an append to Nats-Msg-Id, want [k1]: the two must not share room to grow", got)
+	}
+	wantIn := consumer.Header{"idempotency-KEY": {"stale"}, "NATS-MSG-ID": {"stale"}, "Tag": {"a"}, "traceparent": {"00-old"}}
+	if fmt.Sprint(in) != fmt.Sprint(wantIn) {
+		t.Fatalf("incoming headers became %v, want %v", in, wantIn)
+	}
+
+	// Without a claim nothing is replaced: the incoming Nats-Msg-Id goes on.
+	h = natsOutgoing(context.Background(), m, "", nil)
+	if got := h.Get("NATS-MSG-ID"); got != "stale" || len(h) != len(in) {
+		t.Fatalf("without a key the headers are %v, want the incoming ones", h)
+	}
+}
