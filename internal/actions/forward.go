@@ -142,9 +142,22 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 		}
 		wctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
 		defer cancel()
-		for i, f := range futures {
+		// Every future is waited for until the one deadline, so any order
+		// is correct. PubAcks of one connection's publishes to a stream
+		// come back in publish order, so the last is waited for first:
+		// once it is in, the earlier ones are taken without parking and
+		// without making their futures' error channels, where waiting in
+		// order woke this goroutine once per message.
+		for i := len(futures) - 1; i >= 0; i-- {
+			f := futures[i]
 			if f == nil {
 				continue
+			}
+			select {
+			case ack := <-f.Ok():
+				results[i].Value = pubAckResult(ack)
+				continue
+			default:
 			}
 			select {
 			case ack := <-f.Ok():
@@ -152,9 +165,24 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 			case err := <-f.Err():
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 			case <-wctx.Done():
-				results[i].Err = fmt.Errorf("forward to nats %s: no PubAck: %w", subject, context.Cause(wctx))
+				// An answer that came while a later message was waited
+				// for is its message's result, not the deadline.
+				results[i] = pubAckAnswered(f, subject, wctx)
 			}
 		}
+	}
+}
+
+// pubAckAnswered is the result of a publish whose wait ended: its PubAck or
+// error when one came, else "no PubAck" with ctx's cause.
+func pubAckAnswered(f jetstream.PubAckFuture, subject string, ctx context.Context) consumer.Result {
+	select {
+	case ack := <-f.Ok():
+		return consumer.Result{Value: pubAckResult(ack)}
+	case err := <-f.Err():
+		return consumer.Result{Err: fmt.Errorf("forward to nats %s: %w", subject, err)}
+	default:
+		return consumer.Result{Err: fmt.Errorf("forward to nats %s: no PubAck: %w", subject, context.Cause(ctx))}
 	}
 }
 
