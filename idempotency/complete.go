@@ -90,6 +90,7 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		}
 		todo = failed
 	}
+	var acks context.Context // settleCtx(ctx), made for the first ack on ctx
 	for i, c := range cs {
 		d := c.d
 		ctx := ctx
@@ -104,8 +105,15 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		case !owned[i]:
 			p.log.Warn("claim lost before completion; the new owner finishes the key", "origin", d.Message().Origin.String(), "fence", c.cl.Fence)
 			p.settle(ctx, d, consumer.OutcomeLeaseLost, p.afterLoss(ctx, d, c.cl))
-		default:
+		case c.ctx != nil:
 			p.settle(ctx, d, c.outcome, ack)
+		default:
+			// The acks of a run follow each other at once: one settle
+			// context serves them all.
+			if acks == nil {
+				acks = p.settleCtx(ctx)
+			}
+			p.settleOn(acks, ctx, d, c.outcome, ack)
 		}
 	}
 }

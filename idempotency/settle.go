@@ -16,9 +16,19 @@ type settleFunc func(ctx context.Context, d consumer.Delivery) error
 // settle acks or naks with its own deadline (it must work during shutdown,
 // when ctx is cancelled) and reports the outcome.
 func (p *processor) settle(ctx context.Context, d consumer.Delivery, outcome consumer.Outcome, f settleFunc) {
-	// The delivery's values (its trace span) on a deadline shared with
-	// the other settles.
-	if err := f(ctxshare.WithValues(p.e.settleBy.Ctx(), ctx), d); err != nil {
+	p.settleOn(p.settleCtx(ctx), ctx, d, outcome, f)
+}
+
+// settleCtx is the context a delivery of ctx is settled on: ctx's values
+// (its trace span) on a deadline shared with the other settles.
+func (p *processor) settleCtx(ctx context.Context) context.Context {
+	return ctxshare.WithValues(p.e.settleBy.Ctx(), ctx)
+}
+
+// settleOn is settle on sctx, made by settleCtx(ctx) (for several
+// deliveries of ctx settled together, once).
+func (p *processor) settleOn(sctx, ctx context.Context, d consumer.Delivery, outcome consumer.Outcome, f settleFunc) {
+	if err := f(sctx, d); err != nil {
 		p.log.Error("settling the delivery failed; the broker will redeliver it", "origin", d.Message().Origin.String(), "outcome", string(outcome), "err", err)
 	}
 	p.e.hooks.Outcome(p.name, d.Message().Origin.Transport, outcome)
