@@ -115,12 +115,17 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 		if async != nil {
 			futures = make([]jetstream.PubAckFuture, len(ms))
 		}
+		// The run's messages in one allocation. jetstream keeps a message
+		// until its PubAck or error is in, and an unanswered one keeps
+		// the run's array with it.
+		out := make([]nats.Msg, len(ms))
 		for i, m := range ms {
 			mctx := consumer.MessageContext(ctx, i)
 			// Nats-Msg-Id is a header of the message rather than a
 			// jetstream.WithMsgID option: a publish without options
 			// skips jetstream's per-message option parsing.
-			msg := &nats.Msg{Subject: subject, Data: m.Payload, Header: natsOutgoing(mctx, m, claimOf(mctx, handler).Key, inject)}
+			msg := &out[i]
+			*msg = nats.Msg{Subject: subject, Data: m.Payload, Header: natsOutgoing(mctx, m, claimOf(mctx, handler).Key, inject)}
 			if async == nil {
 				ack, err := js.PublishMsg(mctx, msg)
 				if err != nil {
