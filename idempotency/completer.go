@@ -126,7 +126,11 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req) ([]Res, []err
 	b.mu.Unlock()
 	res := make([]Res, len(reqs))
 	errs := make([]error, len(reqs))
-	for i, r := range rs {
+	// Flushers answer a batch's requests in queue order, so the last is
+	// waited for first: once it is answered the earlier ones mostly are,
+	// and are taken without parking again.
+	for i := len(rs) - 1; i >= 0; i-- {
+		r := rs[i]
 		select {
 		case <-r.done:
 			res[i], errs[i] = r.res, r.err
@@ -135,7 +139,7 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req) ([]Res, []err
 		case <-ctx.Done():
 			// The rest are answered with ctx's cause; their requests are
 			// not reused (a flusher may still answer them).
-			for j := i; j < len(rs); j++ {
+			for j := i; j >= 0; j-- {
 				errs[j] = context.Cause(ctx)
 			}
 			return res, errs

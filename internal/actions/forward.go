@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/textproto"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -162,53 +164,128 @@ func isIdempotencyHeader(name string) bool {
 func ForwardNATS(handler string, js NATSPublisher, subject string, inject Injector) consumer.BatchFunc {
 	async, _ := js.(NATSAsyncPublisher)
 	return func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
-		futures := make([]jetstream.PubAckFuture, len(ms))
+		var futures []jetstream.PubAckFuture
+		if async != nil {
+			futures = make([]jetstream.PubAckFuture, len(ms))
+		}
+		// The run's messages in one allocation. jetstream keeps a message
+		// until its PubAck or error is in, and an unanswered one keeps
+		// the run's array with it.
+		out := make([]nats.Msg, len(ms))
 		for i, m := range ms {
 			mctx := consumer.MessageContext(ctx, i)
-			key := claimOf(mctx, handler).Key
-			h := outgoing(mctx, m, key, inject)
-			var opts []jetstream.PublishOpt
-			if key != "" {
-				h.Del(nats.MsgIdHdr)
-				opts = append(opts, jetstream.WithMsgID(key))
-			}
-			msg := nats.NewMsg(subject)
-			msg.Data = m.Payload
-			for name, vs := range h {
-				for _, v := range vs {
-					msg.Header.Add(name, v)
-				}
-			}
+			// Nats-Msg-Id is a header of the message rather than a
+			// jetstream.WithMsgID option: a publish without options
+			// skips jetstream's per-message option parsing.
+			msg := &out[i]
+			*msg = nats.Msg{Subject: subject, Data: m.Payload, Header: natsOutgoing(mctx, m, claimOf(mctx, handler).Key, inject)}
 			if async == nil {
-				ack, err := js.PublishMsg(mctx, msg, opts...)
+				ack, err := js.PublishMsg(mctx, msg)
 				if err != nil {
 					results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 					continue
 				}
-				results[i].Value = fmt.Appendf(nil, "%s:%d", ack.Stream, ack.Sequence)
+				results[i].Value = pubAckResult(ack)
 				continue
 			}
-			f, err := async.PublishMsgAsync(msg, opts...)
+			f, err := async.PublishMsgAsync(msg)
 			if err != nil {
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 				continue
 			}
 			futures[i] = f
 		}
+		if async == nil {
+			return
+		}
 		wctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
 		defer cancel()
-		for i, f := range futures {
+		// Every future is waited for until the one deadline, so any order
+		// is correct. PubAcks of one connection's publishes to a stream
+		// come back in publish order, so the last is waited for first:
+		// once it is in, the earlier ones are taken without parking and
+		// without making their futures' error channels, where waiting in
+		// order woke this goroutine once per message.
+		for i := len(futures) - 1; i >= 0; i-- {
+			f := futures[i]
 			if f == nil {
 				continue
 			}
 			select {
 			case ack := <-f.Ok():
-				results[i].Value = fmt.Appendf(nil, "%s:%d", ack.Stream, ack.Sequence)
+				results[i].Value = pubAckResult(ack)
+				continue
+			default:
+			}
+			select {
+			case ack := <-f.Ok():
+				results[i].Value = pubAckResult(ack)
 			case err := <-f.Err():
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 			case <-wctx.Done():
-				results[i].Err = fmt.Errorf("forward to nats %s: no PubAck: %w", subject, context.Cause(wctx))
+				// An answer that came while a later message was waited
+				// for is its message's result, not the deadline.
+				results[i] = pubAckAnswered(f, subject, wctx)
 			}
 		}
 	}
+}
+
+// pubAckAnswered is the result of a publish whose wait ended: its PubAck or
+// error when one came, else "no PubAck" with ctx's cause.
+func pubAckAnswered(f jetstream.PubAckFuture, subject string, ctx context.Context) consumer.Result {
+	select {
+	case ack := <-f.Ok():
+		return consumer.Result{Value: pubAckResult(ack)}
+	case err := <-f.Err():
+		return consumer.Result{Err: fmt.Errorf("forward to nats %s: %w", subject, err)}
+	default:
+		return consumer.Result{Err: fmt.Errorf("forward to nats %s: no PubAck: %w", subject, context.Cause(ctx))}
+	}
+}
+
+// natsOutgoing returns m's headers for the copy ForwardNATS publishes: the
+// incoming ones, with Idempotency-Key and Nats-Msg-Id set to key when there
+// is one (replacing incoming headers of those names in any case), and the
+// trace context of ctx. It is one map: the incoming value slices are
+// shared, clipped so that an append to one of them copies it instead of
+// writing into the incoming message's, and nothing in the publish path
+// writes into a value slice (nats.Header.Set and consumer.Header.Set
+// replace the slice).
+func natsOutgoing(ctx context.Context, m *consumer.Message, key string, inject Injector) nats.Header {
+	n := len(m.Header)
+	if key != "" {
+		n += 2
+	}
+	h := make(nats.Header, n)
+	for k, v := range m.Header {
+		if key != "" && (sameName(k, IdempotencyHeader) || sameName(k, nats.MsgIdHdr)) {
+			continue
+		}
+		h[k] = v[:len(v):len(v)]
+	}
+	if key != "" {
+		kv := []string{key}
+		h[IdempotencyHeader] = kv
+		h[nats.MsgIdHdr] = kv
+	}
+	inject.into(ctx, consumer.Header(h))
+	return h
+}
+
+// sameName reports whether header names a and b are equal in any case, as
+// consumer.Header.Del matches them, without allocating: for a name of
+// header token characters, as IdempotencyHeader and nats.MsgIdHdr are,
+// equal length and Unicode case folding match exactly the names whose
+// canonical forms are equal.
+func sameName(a, b string) bool {
+	return len(a) == len(b) && strings.EqualFold(a, b)
+}
+
+// pubAckResult is a PubAck as a forward result: "<stream>:<sequence>".
+func pubAckResult(ack *jetstream.PubAck) []byte {
+	b := make([]byte, 0, len(ack.Stream)+1+20)
+	b = append(b, ack.Stream...)
+	b = append(b, ':')
+	return strconv.AppendUint(b, ack.Sequence, 10)
 }

@@ -201,3 +201,125 @@ func TestIsIdempotencyHeader(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSOutgoingLeavesTheIncomingHeaders checks the header map ForwardNATS
+// publishes, which shares the incoming value slices: the incoming message is
+// unchanged, an append to an outgoing value does not reach it, names are
+// replaced in any case only when there is a key, and an injected header
+// replaces an incoming one of its name.
+func TestNATSOutgoingLeavesTheIncomingHeaders(t *testing.T) {
+	in := consumer.Header{
+		"idempotency-KEY": {"stale"},
+		"NATS-MSG-ID":     {"stale"},
+		"Tag":             make([]string, 1, 4),
+		"traceparent":     {"00-old"},
+	}
+	in["Tag"][0] = "a"
+	m := &consumer.Message{Header: in}
+	inject := Injector(func(_ context.Context, h consumer.Header) { h.Set("Traceparent", "00-new") })
+
+	h := natsOutgoing(context.Background(), m, "k1", inject)
+	want := nats.Header{"Idempotency-Key": {"k1"}, nats.MsgIdHdr: {"k1"}, "Tag": {"a"}, "Traceparent": {"00-new"}}
+	if fmt.Sprint(h) != fmt.Sprint(want) {
+		t.Fatalf("outgoing headers %v, want %v", h, want)
+	}
+	h["Tag"] = append(h["Tag"], "b")
+	h[nats.MsgIdHdr] = append(h[nats.MsgIdHdr], "x")
+	if got := in["Tag"][:cap(in["Tag"])][1]; got != "" {
+		t.Fatalf("an append to the outgoing Tag wrote %q into the incoming value's array", got)
+	}
+	if got := h.Values(IdempotencyHeader); len(got) != 1 || got[0] != "k1" {
+		t.Fatalf("Idempotency-Key %q after an append to Nats-Msg-Id, want [k1]: the two must not share room to grow", got)
+	}
+	wantIn := consumer.Header{"idempotency-KEY": {"stale"}, "NATS-MSG-ID": {"stale"}, "Tag": {"a"}, "traceparent": {"00-old"}}
+	if fmt.Sprint(in) != fmt.Sprint(wantIn) {
+		t.Fatalf("incoming headers became %v, want %v", in, wantIn)
+	}
+
+	// Without a claim nothing is replaced: the incoming Nats-Msg-Id goes on.
+	h = natsOutgoing(context.Background(), m, "", nil)
+	if got := h.Get("NATS-MSG-ID"); got != "stale" || len(h) != len(in) {
+		t.Fatalf("without a key the headers are %v, want the incoming ones", h)
+	}
+}
+
+// fakeFuture is a PubAckFuture whose answer the test sends.
+type fakeFuture struct {
+	msg *nats.Msg
+	ok  chan *jetstream.PubAck
+	err chan error
+}
+
+func (f *fakeFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
+func (f *fakeFuture) Err() <-chan error            { return f.err }
+func (f *fakeFuture) Msg() *nats.Msg               { return f.msg }
+
+// fakeAsync hands each async publish's future to the test, which answers
+// it.
+type fakeAsync struct {
+	syncOnly
+	sent chan *fakeFuture
+}
+
+func (a *fakeAsync) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	if len(opts) > 0 {
+		return nil, fmt.Errorf("unexpected publish options")
+	}
+	f := &fakeFuture{msg: m, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	a.sent <- f
+	return f, nil
+}
+
+// TestForwardNATSWaitsForEveryPubAck checks that each message of a run gets
+// its own future's answer whatever order the answers come in: a PubAck, an
+// error, or none before the context's deadline.
+func TestForwardNATSWaitsForEveryPubAck(t *testing.T) {
+	ms := make([]*consumer.Message, 4)
+	for i := range ms {
+		ms[i] = &consumer.Message{Payload: []byte{byte(i)}}
+	}
+	pub := &fakeAsync{sent: make(chan *fakeFuture, len(ms))}
+	fwd := ForwardNATS("relay", pub, "out", nil)
+	results := make([]consumer.Result, len(ms))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fwd(ctx, ms, results)
+	}()
+	futures := make([]*fakeFuture, len(ms))
+	for i := range futures {
+		select {
+		case futures[i] = <-pub.sent:
+		case <-done:
+			t.Fatalf("the run returned after %d of %d publishes, before their PubAcks", i, len(ms))
+		}
+	}
+	// The answers, in an order other than the publishes': message 3 never
+	// gets one.
+	futures[1].err <- fmt.Errorf("stream full")
+	futures[0].ok <- &jetstream.PubAck{Stream: "OUT", Sequence: 7}
+	futures[2].ok <- &jetstream.PubAck{Stream: "OUT", Sequence: 8}
+	<-done
+	if string(results[0].Value) != "OUT:7" || results[0].Err != nil {
+		t.Errorf("message 0: %q %v, want OUT:7", results[0].Value, results[0].Err)
+	}
+	if results[1].Err == nil || !strings.Contains(results[1].Err.Error(), "stream full") {
+		t.Errorf("message 1: %v, want its future's error", results[1].Err)
+	}
+	if string(results[2].Value) != "OUT:8" || results[2].Err != nil {
+		t.Errorf("message 2: %q %v, want OUT:8", results[2].Value, results[2].Err)
+	}
+	if results[3].Err == nil || !strings.Contains(results[3].Err.Error(), "no PubAck") {
+		t.Errorf("message 3: %v, want no PubAck by the deadline", results[3].Err)
+	}
+	for i, f := range futures {
+		if got := f.msg.Header.Get(nats.MsgIdHdr); got != "" {
+			t.Errorf("message %d: Nats-Msg-Id %q without a claim", i, got)
+		}
+		if f.msg.Subject != "out" || len(f.msg.Data) != 1 || f.msg.Data[0] != byte(i) {
+			t.Errorf("message %d published as %q %v", i, f.msg.Subject, f.msg.Data)
+		}
+	}
+}

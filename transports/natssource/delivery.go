@@ -39,16 +39,62 @@ func (s *Source) newDelivery(msg jetstream.Msg) *delivery {
 	if len(d.m.Header) == 0 {
 		d.m.Header = nil
 	}
-	md, err := msg.Metadata()
-	if err != nil {
-		s.log.Warn("message without JetStream metadata; attempt counted as 1", "stream", s.cfg.Stream, "consumer", s.cfg.Consumer, "subject", msg.Subject(), "err", err)
+	delivered, seq, ok := ackMetadata(msg.Reply())
+	if !ok {
+		s.log.Warn("message without JetStream metadata; attempt counted as 1", "stream", s.cfg.Stream, "consumer", s.cfg.Consumer, "subject", msg.Subject(), "reply", msg.Reply())
 		return d
 	}
-	d.m.Origin.Offset = int64(md.Sequence.Stream)
-	if md.NumDelivered > 0 {
-		d.attempt = int(md.NumDelivered)
+	d.m.Origin.Offset = int64(seq)
+	if delivered > 0 {
+		d.attempt = int(delivered)
 	}
 	return d
+}
+
+// ackMetadata reads a JetStream message's delivery count and stream
+// sequence from its reply (ack) subject, as jetstream.Msg.Metadata does but
+// without allocating its MsgMetadata: both forms the server sends,
+//
+//	$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
+//	$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<more>...]
+//
+// (9 tokens, or at least 11). A number that is not all digits reads as 0,
+// as jetstream's own parser reads it. ok is false for any other subject.
+func ackMetadata(reply string) (delivered, seq uint64, ok bool) {
+	const prefix = "$JS.ACK."
+	if !strings.HasPrefix(reply, prefix) {
+		return 0, 0, false
+	}
+	tokens := strings.Count(reply, ".") + 1
+	var skip int // tokens after the prefix before <delivered>
+	switch {
+	case tokens == 9:
+		skip = 2
+	case tokens >= 11:
+		skip = 4
+	default:
+		return 0, 0, false
+	}
+	rest := reply[len(prefix):]
+	for range skip {
+		_, rest, _ = strings.Cut(rest, ".")
+	}
+	d, rest, _ := strings.Cut(rest, ".")
+	sq, _, _ := strings.Cut(rest, ".")
+	return parseNum(d), parseNum(sq), true
+}
+
+// parseNum is a decimal number of ASCII digits; anything else is 0.
+func parseNum(s string) uint64 {
+	var n uint64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	return n
 }
 
 // Message returns the message.
