@@ -131,7 +131,7 @@ type localCache struct {
 
 	mu      sync.Mutex
 	entries map[string]*cacheEntry
-	order   *list.List // of *cacheEntry, oldest first
+	order   *list.List               // of *cacheEntry, oldest first
 	pending map[string]*pendingClaim // by token: every claim awaiting its completion
 	held    map[string]*pendingClaim // by Redis key: the claims that answer locally
 	trusted bool
