@@ -4,11 +4,15 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
@@ -393,5 +397,78 @@ func TestLocalInFlightBounded(t *testing.T) {
 		if got.Outcome != idempotency.ClaimInFlight || local != (i < 3) {
 			t.Fatalf("%s: %s, local %v; want IN_FLIGHT, local for the first 3 only", k, got.Outcome, local)
 		}
+	}
+}
+
+// Through the engine: a duplicate that arrives while its original runs in
+// this process is answered IN_FLIGHT locally at its batch claim and at its
+// own claim, waits in process, and is acked as a duplicate once the
+// original completes, without sending Redis a command until then. The
+// handler runs once.
+func TestLocalInFlightThroughTheEngine(t *testing.T) {
+	client, ctx := cacheFixture(t)
+	s := cachedStore(t, client, "lc", time.Minute)
+	eng, err := idempotency.New(s, idempotency.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	dedup, err := eng.Processor(idempotency.WithInFlightWait(20 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	var runs atomic.Int32
+	p := dedup("relay", consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
+		if runs.Add(1) == 1 {
+			close(started)
+			<-release
+		}
+		return []byte("ok"), nil
+	}))
+	process := func(d *consumertest.Delivery) <-chan struct{} {
+		done := make(chan struct{})
+		testenv.Go(t, func(gctx context.Context) error {
+			defer close(done)
+			p.Prepare(gctx, []consumer.Delivery{d})
+			p.Process(gctx, d)
+			return nil
+		})
+		return done
+	}
+	orig := consumertest.NewDelivery(consumertest.NewMessage("o:1", `{"n":1}`), 1)
+	dup := consumertest.NewDelivery(consumertest.NewMessage("o:1", `{"n":1}`), 1)
+	origDone := process(orig)
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // before the goroutines' cleanups: a failed test must not hold the handler
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the original's handler did not start")
+	}
+
+	before := serverCalls(t, ctx, client)
+	dupDone := process(dup)
+	ekey := idempotency.EffectiveKey("relay", "o:1")
+	testenv.Eventually(t, 10*time.Second, "the duplicate waits in process", func() bool { return redisbackend.LocalWaiters(s, ekey) })
+	if n := serverCalls(t, ctx, client) - before; n != 0 {
+		t.Fatalf("the duplicate sent %d commands to Redis while its original ran, want 0", n)
+	}
+	letGo()
+	for _, done := range []<-chan struct{}{origDone, dupDone} {
+		select {
+		case <-done:
+		case <-ctx.Done():
+			t.Fatal("a delivery was not settled")
+		}
+	}
+	orig.ExpectAcked(t)
+	dup.ExpectAcked(t)
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+	if st := s.LocalCacheStats(); st.InFlightHits < 2 || st.LocalWaits != 1 || st.Hits != 1 {
+		t.Fatalf("stats %+v: want the batch claim and the claim IN_FLIGHT locally, one local wait, the final claim a cache hit", st)
 	}
 }
