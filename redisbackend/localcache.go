@@ -14,9 +14,11 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 )
 
-// LocalCache bounds the Store's in-process tier of COMPLETED records: a
-// duplicate of a key this Store completed is answered from it without a
-// Redis call. The zero value turns it off.
+// LocalCache bounds the Store's in-process tier: the COMPLETED records this
+// Store wrote, and the live claims it holds. A duplicate of a key this
+// Store completed is answered from it without a Redis call, and so is a
+// claim of a key this Store is still running, and a Wait on it. The zero
+// value turns it off.
 //
 // Only successful completions (outcome ok) this Store made, and Redis
 // confirmed, of claims without steps (SaveStep) enter it, so a cached record
@@ -32,9 +34,38 @@ import (
 // stale only when a record changed without an invalidation reaching this
 // process (deleted by hand, evicted, a wiped Redis, a message lost between
 // the server and a live subscription), and then for at most TTL.
+//
+// Claims in flight. While this Store holds an owned claim on a key (Redis
+// gave it NEW, RECLAIMED or RECOVERED, without steps, and it has not been
+// completed, released, lost at a renewal or given a step since), a claim of
+// that key with the same fingerprint and version is answered IN_FLIGHT with
+// the CLAIMED record as Redis holds it (token, fence, attempts, claimed-at
+// and lease end), and a Store.Wait on it waits in process: it returns the
+// COMPLETED record once this Store completes the key into the cache, and
+// otherwise (released, dead-lettered, refused, lost) goes on with Redis
+// for what is left of its max. These answers end a tenth of the lease
+// (at most 1s) before the lease's end as this process reckons it (from
+// the start of the call that set it, which is before the server started
+// the lease), are given only while the invalidation subscription is
+// confirmed, and end for a key at its invalidation and for every key at a
+// flush or a change of the subscription. At most Entries claims wait for
+// their completion; a claim past that bound is answered by Redis.
+//
+// Why a local IN_FLIGHT is safe: it can only delay a duplicate, never ack
+// one. The engine acks a delivery as a duplicate only on DUPLICATE, and the
+// only DUPLICATE the cache gives is a completion Redis confirmed to this
+// Store; IN_FLIGHT makes the engine wait or redeliver later, and every
+// wait that is not answered by such a completion ends with Redis. The
+// staleness bound: if this Store's claim was lost without it knowing
+// (Redis lost the record in a failover or a flush, or it was deleted with
+// no invalidation reaching this process, or another worker reclaimed it
+// after renewals were missed), the local IN_FLIGHT holds until this
+// Store's lease end at most (its last renewal's, less the margin), and the
+// duplicate then goes to Redis.
 type LocalCache struct {
-	// Entries is the most records kept; the oldest is dropped first. 0
-	// turns the cache off.
+	// Entries is the most records kept, the oldest dropped first, and the
+	// most claims awaiting their completion that it remembers (and so
+	// answers for). 0 turns the cache off.
 	Entries int
 	// TTL is the longest an entry answers for its key after the completion
 	// (at least 1ms; required when Entries > 0): the staleness bound.
