@@ -85,7 +85,9 @@ type LocalCacheStats struct {
 	LocalWaits int64
 	// Entries is the number of records held now.
 	Entries int
-	// Held is the number of this Store's claims that answer locally now.
+	// Held is the number of this Store's claims that answer locally: not
+	// completed, released or lost yet, and trusted (a claim past its
+	// lease's local end counts until one of those drops it).
 	Held int
 	// Flushes counts the times the cache was emptied: a bulk forget, or its
 	// invalidation subscription lost or (re)established.
