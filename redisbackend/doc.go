@@ -146,7 +146,21 @@
 // changes with no invalidation reaching this process (deleted by hand,
 // evicted, lost with a wiped or failed-over Redis, a message dropped on a
 // live connection) is still answered from the cache for at most TTL after
-// its completion. LocalCacheStats counts the hits.
+// its completion.
+//
+// The same option answers for the claims this Store holds: while it holds
+// a live owned claim on a key, another claim of that key (same fingerprint
+// and version) is IN_FLIGHT without Redis, and a Wait on it waits in
+// process for this Store's completion (then returns the cached COMPLETED
+// record) or for the claim to end otherwise (then asks Redis for the rest of
+// its wait). These answers follow the cache's trust (the confirmed
+// subscription, invalidations, flushes) and end before the claim's lease,
+// by a tenth of it (at most 1s). They can only delay a duplicate: only
+// DUPLICATE acks one, and only a completion Redis confirmed is answered
+// DUPLICATE. If the claim was lost without this Store knowing (a lost
+// record, a reclaim after missed renewals), the local IN_FLIGHT lasts until
+// this Store's lease end at most. LocalCacheStats counts the hits, the
+// in-flight answers and the local waits.
 //
 // Every error from Redis satisfies errors.Is(err, idempotency.ErrStoreUnavailable)
 // and names the operation ("dedup: redis claim: ..."); an error caused by the

@@ -14,9 +14,11 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 )
 
-// LocalCache bounds the Store's in-process tier of COMPLETED records: a
-// duplicate of a key this Store completed is answered from it without a
-// Redis call. The zero value turns it off.
+// LocalCache bounds the Store's in-process tier: the COMPLETED records this
+// Store wrote, and the live claims it holds. A duplicate of a key this
+// Store completed is answered from it without a Redis call, and so is a
+// claim of a key this Store is still running, and a Wait on it. The zero
+// value turns it off.
 //
 // Only successful completions (outcome ok) this Store made, and Redis
 // confirmed, of claims without steps (SaveStep) enter it, so a cached record
@@ -32,9 +34,38 @@ import (
 // stale only when a record changed without an invalidation reaching this
 // process (deleted by hand, evicted, a wiped Redis, a message lost between
 // the server and a live subscription), and then for at most TTL.
+//
+// Claims in flight. While this Store holds an owned claim on a key (Redis
+// gave it NEW, RECLAIMED or RECOVERED, without steps, and it has not been
+// completed, released, lost at a renewal or given a step since), a claim of
+// that key with the same fingerprint and version is answered IN_FLIGHT with
+// the CLAIMED record as Redis holds it (token, fence, attempts, claimed-at
+// and lease end), and a Store.Wait on it waits in process: it returns the
+// COMPLETED record once this Store completes the key into the cache, and
+// otherwise (released, dead-lettered, refused, lost) goes on with Redis
+// for what is left of its max. These answers end a tenth of the lease
+// (at most 1s) before the lease's end as this process reckons it (from
+// the start of the call that set it, which is before the server started
+// the lease), are given only while the invalidation subscription is
+// confirmed, and end for a key at its invalidation and for every key at a
+// flush or a change of the subscription. At most Entries claims wait for
+// their completion; a claim past that bound is answered by Redis.
+//
+// Why a local IN_FLIGHT is safe: it can only delay a duplicate, never ack
+// one. The engine acks a delivery as a duplicate only on DUPLICATE, and the
+// only DUPLICATE the cache gives is a completion Redis confirmed to this
+// Store; IN_FLIGHT makes the engine wait or redeliver later, and every
+// wait that is not answered by such a completion ends with Redis. The
+// staleness bound: if this Store's claim was lost without it knowing
+// (Redis lost the record in a failover or a flush, or it was deleted with
+// no invalidation reaching this process, or another worker reclaimed it
+// after renewals were missed), the local IN_FLIGHT holds until this
+// Store's lease end at most (its last renewal's, less the margin), and the
+// duplicate then goes to Redis.
 type LocalCache struct {
-	// Entries is the most records kept; the oldest is dropped first. 0
-	// turns the cache off.
+	// Entries is the most records kept, the oldest dropped first, and the
+	// most claims awaiting their completion that it remembers (and so
+	// answers for). 0 turns the cache off.
 	Entries int
 	// TTL is the longest an entry answers for its key after the completion
 	// (at least 1ms; required when Entries > 0): the staleness bound.
@@ -45,8 +76,19 @@ type LocalCache struct {
 type LocalCacheStats struct {
 	// Hits counts claims answered DUPLICATE from the cache, without Redis.
 	Hits int64
+	// InFlightHits counts claims answered IN_FLIGHT without Redis: keys
+	// this Store held a live claim on.
+	InFlightHits int64
+	// LocalWaits counts Waits that ended without Redis: the claim this
+	// Store held completed into the cache, or the wait ran out while it
+	// was still live.
+	LocalWaits int64
 	// Entries is the number of records held now.
 	Entries int
+	// Held is the number of this Store's claims that answer locally: not
+	// completed, released or lost yet, and trusted (a claim past its
+	// lease's local end counts until one of those drops it).
+	Held int
 	// Flushes counts the times the cache was emptied: a bulk forget, or its
 	// invalidation subscription lost or (re)established.
 	Flushes int64
@@ -65,33 +107,70 @@ type cacheEntry struct {
 
 // pendingClaim is what a claim this Store made knows of its record, kept
 // until its completion so that the completed record can be cached: the
-// completion itself carries no fingerprint, fence or attempts.
+// completion itself carries no fingerprint, fence or attempts. While it is
+// the held claim of its key (localCache.held) and answerUntil has not
+// passed, it also answers the key's other claims IN_FLIGHT and its Waits.
 type pendingClaim struct {
+	key        string // the caller's key; rkey is the Redis key
 	rkey       string
+	token      string
 	fp         string
 	fpv        int
 	fence      int64
 	attempts   int
-	claimedAt  time.Time
-	leaseUntil time.Time
+	claimedAt  time.Time // the server's clock, as the record holds it
+	leaseUntil time.Time // the server's clock, as the record holds it
+	// answerUntil is when local answers for the claim end, on this
+	// process's monotonic clock: the start of the call that set the lease
+	// (claim or renewal), plus the lease, less leaseMargin. The server
+	// started the lease after that call started, so its lease ends later.
+	answerUntil time.Time
+	// ended is made by the first local Wait on the claim and closed when
+	// the claim stops answering locally (completed, released, renewed
+	// unsuccessfully, invalidated, replaced, or trust lost).
+	ended chan struct{}
 }
 
-// localCache is the cache of LocalCache, keyed by Redis key. Trust follows
-// the invalidation subscription: entries are answered only while it is
-// confirmed, and every change of trust, every invalidation and every flush
-// moves epoch, so that a completion that raced one is not cached.
+// leaseMargin is how long before its lease end, as this process reckons
+// it, a claim stops answering locally: a tenth of the lease, at most 1s,
+// room for the Redis server's clock to run ahead of this one.
+func leaseMargin(lease time.Duration) time.Duration {
+	return min(lease/10, time.Second)
+}
+
+// record is the CLAIMED record the claim stands for, as Redis holds it.
+func (p *pendingClaim) record() *idempotency.Record {
+	return &idempotency.Record{
+		Key:                p.key,
+		State:              idempotency.StateClaimed,
+		Fingerprint:        p.fp,
+		FingerprintVersion: p.fpv,
+		Token:              p.token,
+		Fence:              p.fence,
+		ClaimedAt:          p.claimedAt,
+		LeaseUntil:         p.leaseUntil,
+		Attempts:           p.attempts,
+	}
+}
+
+// localCache is the cache of LocalCache, keyed by Redis key, and the owned
+// claims this Store holds. Trust follows the invalidation subscription:
+// entries and held claims are answered only while it is confirmed, and
+// every change of trust, every invalidation and every flush moves epoch, so
+// that a completion or a claim that raced one is not answered from.
 type localCache struct {
 	max int
 	ttl time.Duration
 
 	mu      sync.Mutex
 	entries map[string]*cacheEntry
-	order   *list.List // of *cacheEntry, oldest first
-	pending map[string]pendingClaim
+	order   *list.List               // of *cacheEntry, oldest first
+	pending map[string]*pendingClaim // by token: every claim awaiting its completion
+	held    map[string]*pendingClaim // by Redis key: the claims that answer locally
 	trusted bool
 	epoch   uint64
 
-	hits, flushes atomic.Int64
+	hits, inFlightHits, localWaits, flushes atomic.Int64
 }
 
 func newLocalCache(o LocalCache) *localCache {
@@ -100,19 +179,42 @@ func newLocalCache(o LocalCache) *localCache {
 		ttl:     o.TTL,
 		entries: make(map[string]*cacheEntry),
 		order:   list.New(),
-		pending: make(map[string]pendingClaim),
+		pending: make(map[string]*pendingClaim),
+		held:    make(map[string]*pendingClaim),
 	}
 }
 
-// lookup returns the cached record of rkey when it answers a claim with fp
-// and fpv: trusted, not expired, same fingerprint and version. The record is
-// a copy the caller may keep.
-func (c *localCache) lookup(rkey, fp string, fpv int, now time.Time) (*idempotency.Record, bool) {
+// answer is the local answer to a claim of rkey with fp and fpv, when
+// there is one: DUPLICATE with the cached record when it is trusted, not
+// expired and of the same fingerprint and version; IN_FLIGHT with the
+// CLAIMED record when this Store holds a live claim on rkey of the same
+// fingerprint and version. Any other claim goes to Redis, which reports a
+// MISMATCH or a fingerprint version change. The record is a copy the
+// caller may keep.
+func (c *localCache) answer(rkey, fp string, fpv int, now time.Time) (idempotency.ClaimResult, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.trusted {
-		return nil, false
+		return idempotency.ClaimResult{}, false
 	}
+	if p := c.held[rkey]; p != nil {
+		if !now.Before(p.answerUntil) || p.fp != fp || p.fpv != fpv {
+			return idempotency.ClaimResult{}, false
+		}
+		c.inFlightHits.Add(1)
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimInFlight, Record: p.record()}, true
+	}
+	rec, ok := c.entryLocked(rkey, now)
+	if !ok || rec.Fingerprint != fp || rec.FingerprintVersion != fpv {
+		return idempotency.ClaimResult{}, false
+	}
+	c.hits.Add(1)
+	return idempotency.ClaimResult{Outcome: idempotency.ClaimDuplicate, Record: rec}, true
+}
+
+// entryLocked returns a copy of the unexpired entry of rkey, dropping an
+// expired one; c.mu is held and the cache trusted.
+func (c *localCache) entryLocked(rkey string, now time.Time) (*idempotency.Record, bool) {
 	e := c.entries[rkey]
 	if e == nil {
 		return nil, false
@@ -121,22 +223,54 @@ func (c *localCache) lookup(rkey, fp string, fpv int, now time.Time) (*idempoten
 		c.removeLocked(e)
 		return nil, false
 	}
-	if e.rec.Fingerprint != fp || e.rec.FingerprintVersion != fpv {
-		return nil, false
-	}
-	c.hits.Add(1)
 	rec := e.rec
-	rec.Result = append([]byte(nil), e.rec.Result...)
-	if e.rec.Result == nil {
-		rec.Result = nil
+	if e.rec.Result != nil {
+		rec.Result = append([]byte(nil), e.rec.Result...)
+	}
+	if e.rec.Meta != nil {
+		rec.Meta = make(map[string]string, len(e.rec.Meta))
+		for k, v := range e.rec.Meta {
+			rec.Meta[k] = v
+		}
 	}
 	return &rec, true
 }
 
+// localWait is what a Wait on a key can learn locally (see await).
+type localWait struct {
+	completed *idempotency.Record // the key's cached COMPLETED record
+	claim     *idempotency.Record // the CLAIMED record of the held claim
+	ended     <-chan struct{}     // closed when the held claim stops answering
+	until     time.Time           // its answerUntil
+}
+
+// await reports what a Wait on rkey can rely on locally: the cached
+// COMPLETED record, or the live claim this Store holds on it (wait for
+// ended or until, then ask again), or neither (ask Redis).
+func (c *localCache) await(rkey string, now time.Time) (localWait, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.trusted {
+		return localWait{}, false
+	}
+	if p := c.held[rkey]; p != nil && now.Before(p.answerUntil) {
+		if p.ended == nil {
+			p.ended = make(chan struct{})
+		}
+		return localWait{claim: p.record(), ended: p.ended, until: p.answerUntil}, true
+	}
+	if rec, ok := c.entryLocked(rkey, now); ok {
+		return localWait{completed: rec}, true
+	}
+	return localWait{}, false
+}
+
 // claimed remembers the owned claims a Claim call made, while trusted and
 // while fewer than max claims wait for their completion; when full, claims
-// whose lease (plus grace) has passed are dropped first.
-func (c *localCache) claimed(p []pendingClaim, token []string, grace time.Duration) {
+// whose lease (plus grace) has passed are dropped first. A claim answers
+// locally only when the epoch is still the one the call started in: an
+// invalidation that raced the call may have deleted it.
+func (c *localCache) claimed(p []pendingClaim, epoch uint64, grace time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.trusted {
@@ -145,34 +279,69 @@ func (c *localCache) claimed(p []pendingClaim, token []string, grace time.Durati
 	for i := range p {
 		if len(c.pending) >= c.max {
 			now := time.Now()
-			for t, q := range c.pending {
+			for _, q := range c.pending {
 				if now.After(q.leaseUntil.Add(grace)) {
-					delete(c.pending, t)
+					c.dropLocked(q)
 				}
 			}
 			if len(c.pending) >= c.max {
 				return
 			}
 		}
-		c.pending[token[i]] = p[i]
+		q := new(pendingClaim)
+		*q = p[i]
+		c.pending[q.token] = q
+		// Redis gave this claim the key: a cached completion of it is no
+		// longer the stored record, and an older claim of it here is lost.
+		if e := c.entries[q.rkey]; e != nil {
+			c.removeLocked(e)
+		}
+		if old := c.held[q.rkey]; old != nil {
+			c.unholdLocked(old)
+		}
+		if c.epoch == epoch {
+			c.held[q.rkey] = q
+		}
 	}
 }
 
-// renewed moves the lease of a pending claim.
-func (c *localCache) renewed(token string, until time.Time) {
+// renewed moves the lease of a pending claim: until on the server's clock,
+// answerUntil on this one's.
+func (c *localCache) renewed(token string, until, answerUntil time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p, ok := c.pending[token]; ok {
+	if p := c.pending[token]; p != nil {
 		p.leaseUntil = until
-		c.pending[token] = p
+		p.answerUntil = answerUntil
 	}
 }
 
-// dropPending forgets a claim that will not be completed by this Store.
+// dropPending forgets a claim that will not be completed by this Store, or
+// whose record will have steps.
 func (c *localCache) dropPending(token string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.pending, token)
+	if p := c.pending[token]; p != nil {
+		c.dropLocked(p)
+	}
+}
+
+// dropLocked forgets p, and ends its local answers.
+func (c *localCache) dropLocked(p *pendingClaim) {
+	delete(c.pending, p.token)
+	c.unholdLocked(p)
+}
+
+// unholdLocked ends p's local answers: it no longer answers claims, and
+// its waiters wake to ask again.
+func (c *localCache) unholdLocked(p *pendingClaim) {
+	if c.held[p.rkey] == p {
+		delete(c.held, p.rkey)
+	}
+	if p.ended != nil {
+		close(p.ended)
+		p.ended = nil
+	}
 }
 
 // snapshot returns the epoch before a completion is sent.
@@ -195,12 +364,16 @@ func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.C
 	now := time.Now()
 	for i := range cs {
 		cp := &cs[i]
-		p, had := c.pending[cp.Token]
-		delete(c.pending, cp.Token)
+		p := c.pending[cp.Token]
+		if p != nil {
+			// Its waiters wake once the lock is let go, after the record
+			// below is cached.
+			c.dropLocked(p)
+		}
 		// Only successful completions: a dead-lettered key is what an
 		// operator redrives (forget, then republish), and the republished
 		// message may reach this process before the forget's invalidation.
-		if !ok || !had || !written[i] || cp.Outcome != idempotency.RecordOutcomeOK {
+		if !ok || p == nil || !written[i] || cp.Outcome != idempotency.RecordOutcomeOK {
 			continue
 		}
 		expires := now.Add(c.ttl)
@@ -262,6 +435,9 @@ func (c *localCache) invalidate(rkey string) {
 	if e := c.entries[rkey]; e != nil {
 		c.removeLocked(e)
 	}
+	if p := c.held[rkey]; p != nil {
+		c.unholdLocked(p)
+	}
 }
 
 // setTrusted empties the cache and trusts it, or not, from now on: at a
@@ -273,20 +449,30 @@ func (c *localCache) setTrusted(trusted bool) {
 	c.epoch++
 	c.trusted = trusted
 	c.flushLocked()
-	clear(c.pending)
+	for _, p := range c.pending {
+		c.dropLocked(p)
+	}
 }
 
+// flushLocked empties the cache and ends every held claim's local answers
+// (their completions may still be cached).
 func (c *localCache) flushLocked() {
 	c.flushes.Add(1)
 	clear(c.entries)
 	c.order.Init()
+	for _, p := range c.held {
+		c.unholdLocked(p)
+	}
 }
 
 func (c *localCache) stats() LocalCacheStats {
 	c.mu.Lock()
-	n, trusted := len(c.entries), c.trusted
+	n, held, trusted := len(c.entries), len(c.held), c.trusted
 	c.mu.Unlock()
-	return LocalCacheStats{Hits: c.hits.Load(), Entries: n, Flushes: c.flushes.Load(), Subscribed: trusted}
+	return LocalCacheStats{
+		Hits: c.hits.Load(), InFlightHits: c.inFlightHits.Load(), LocalWaits: c.localWaits.Load(),
+		Entries: n, Held: held, Flushes: c.flushes.Load(), Subscribed: trusted,
+	}
 }
 
 // invalidator keeps the subscription to the namespace's invalidation

@@ -54,8 +54,10 @@ type Options struct {
 	// the Store's methods; these see inside them. Default: none.
 	Hooks consumer.Hooks
 	// LocalCache keeps the records this Store completed in process, so
-	// that their duplicates are answered without Redis (see LocalCache for
-	// what it answers and its staleness bound). The zero value is off.
+	// that their duplicates are answered without Redis, and answers the
+	// claims and Waits of keys this Store holds a live claim on (see
+	// LocalCache for what it answers and its staleness bounds). The zero
+	// value is off.
 	LocalCache LocalCache
 }
 

@@ -202,17 +202,17 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 	if s.cache == nil {
 		return s.claimRedis(ctx, reqs)
 	}
-	// Duplicates of keys this Store completed are answered from the local
-	// cache; the rest go to Redis, and their results are put back in
-	// request order.
+	// Duplicates of keys this Store completed, and claims of keys it holds
+	// a live claim on, are answered locally; the rest go to Redis, and
+	// their results are put back in request order.
 	results := make([]idempotency.ClaimResult, len(reqs))
 	var rest []idempotency.ClaimRequest
 	var restIdx []int
 	now := time.Now()
 	for i := range reqs {
 		r := &reqs[i]
-		if rec, ok := s.cache.lookup(s.prefix+r.Key, r.Fingerprint, r.FingerprintVersion, now); ok {
-			results[i] = idempotency.ClaimResult{Outcome: idempotency.ClaimDuplicate, Record: rec}
+		if res, ok := s.cache.answer(s.prefix+r.Key, r.Fingerprint, r.FingerprintVersion, now); ok {
+			results[i] = res
 			continue
 		}
 		rest = append(rest, *r)
@@ -237,6 +237,11 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 // claimRedis is Claim of valid requests, all sent to Redis.
 func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
 	const op = "claim"
+	var epoch uint64
+	start := time.Now() // before the server starts any lease of this call
+	if s.cache != nil {
+		epoch = s.cache.snapshot()
+	}
 	tokens := newTokens(len(reqs))
 	groups := s.groups(len(reqs), func(i int) string { return reqs[i].Key })
 	calls := make([]*call, len(groups))
@@ -279,7 +284,6 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	}
 	results := make([]idempotency.ClaimResult, len(reqs))
 	var pending []pendingClaim // the owned claims, for the local cache
-	var pendingTokens []string
 	for gi, g := range groups {
 		vals, nowUs, err := claimReply(calls[gi].cmd, len(g.idx))
 		if err != nil {
@@ -296,15 +300,15 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 			if s.cache != nil && res.Claim != nil && len(res.Claim.Steps) == 0 {
 				r := &reqs[i]
 				pending = append(pending, pendingClaim{
-					rkey: s.prefix + r.Key, fp: r.Fingerprint, fpv: r.FingerprintVersion,
+					key: r.Key, rkey: s.prefix + r.Key, token: tokens[i], fp: r.Fingerprint, fpv: r.FingerprintVersion,
 					fence: res.Claim.Fence, attempts: res.Claim.Attempts, claimedAt: claimedAt, leaseUntil: res.Claim.LeaseUntil,
+					answerUntil: start.Add(r.Lease - leaseMargin(r.Lease)),
 				})
-				pendingTokens = append(pendingTokens, tokens[i])
 			}
 		}
 	}
 	if len(pending) > 0 {
-		s.cache.claimed(pending, pendingTokens, time.Duration(s.graceMs)*time.Millisecond)
+		s.cache.claimed(pending, epoch, time.Duration(s.graceMs)*time.Millisecond)
 	}
 	return results, nil
 }
@@ -537,6 +541,7 @@ func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duratio
 	if lease <= 0 {
 		return time.Time{}, false, invalid(op, "key hash %s: non-positive lease %s", keyHash(key), lease)
 	}
+	start := time.Now() // before the server moves the lease
 	c := &call{script: s.renew, keys: []string{s.prefix + key}, args: []any{token, durMs(lease), s.graceMs}}
 	if err := s.exec(ctx, op, []*call{c}); err != nil {
 		return time.Time{}, false, err
@@ -546,10 +551,13 @@ func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duratio
 		return time.Time{}, false, storeErr(op, err)
 	}
 	if until == 0 {
+		if s.cache != nil {
+			s.cache.dropPending(token) // the claim is not this Store's any more
+		}
 		return time.Time{}, false, nil
 	}
 	if s.cache != nil {
-		s.cache.renewed(token, time.UnixMilli(until))
+		s.cache.renewed(token, time.UnixMilli(until), start.Add(lease-leaseMargin(lease)))
 	}
 	return time.UnixMilli(until), true, nil
 }

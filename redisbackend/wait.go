@@ -21,6 +21,13 @@ import (
 // its first read, so a completion between the two is not missed, and re-reads
 // after PollFloor, doubling to PollCap, whether or not a notification comes.
 // A done ctx ends it with ctx's error.
+//
+// With Options.LocalCache, a Wait on a key this Store holds a live claim on
+// waits in process for that claim to end, without Redis: it returns the
+// COMPLETED record once this Store completed it into the cache, or the
+// CLAIMED record when max passes first; when the claim ends otherwise
+// (released, lost, its lease passing, the cache's trust lost), the wait
+// goes on with Redis for what is left of max.
 func (s *Store) Wait(ctx context.Context, key string, max time.Duration) (*idempotency.Record, error) {
 	const op = "wait" // errors name the method; the engine times it as op "inflight"
 	if err := s.live(op); err != nil {
@@ -28,6 +35,12 @@ func (s *Store) Wait(ctx context.Context, key string, max time.Duration) (*idemp
 	}
 	deadline := time.Now().Add(max)
 	rkey := s.prefix + key
+	if s.cache != nil {
+		if rec, settled, err := s.waitLocal(ctx, op, rkey, deadline); settled {
+			return rec, err
+		}
+		max = time.Until(deadline)
+	}
 	wake, ready, stopped := s.notify.watch(rkey)
 	defer s.notify.unwatch(rkey, wake)
 
@@ -75,6 +88,46 @@ func (s *Store) Wait(ctx context.Context, key string, max time.Duration) (*idemp
 			return nil, storeErr(op, ErrClosed)
 		}
 		poll = min(2*poll, s.cap)
+	}
+}
+
+// waitLocal is the part of a Wait on rkey that the local cache answers
+// (see Wait): it returns settled false, having waited at most until
+// deadline, once nothing local can be relied on, and Redis must be asked.
+func (s *Store) waitLocal(ctx context.Context, op, rkey string, deadline time.Time) (rec *idempotency.Record, settled bool, err error) {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		now := time.Now()
+		w, ok := s.cache.await(rkey, now)
+		switch {
+		case !ok:
+			return nil, false, nil
+		case w.completed != nil:
+			s.cache.localWaits.Add(1)
+			return w.completed, true, nil
+		case !now.Before(deadline):
+			s.cache.localWaits.Add(1)
+			return w.claim, true, nil
+		}
+		d := min(deadline.Sub(now), w.until.Sub(now))
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-w.ended: // completed, released, lost: look again
+		case <-timer.C: // max, or the claim's local answers, ran out
+		case <-ctx.Done():
+			return nil, true, waitCtxErr(ctx)
+		case <-s.notify.stop:
+			return nil, true, storeErr(op, ErrClosed)
+		}
 	}
 }
 

@@ -72,7 +72,10 @@ const (
 // than the record's retention), and answers their duplicates without a
 // Redis call. A forget (dedupworker forget) reaches every worker's cache
 // through Redis Pub/Sub; a record that changes otherwise (deleted by hand,
-// evicted) may be answered from a cache for up to TTL.
+// evicted) may be answered from a cache for up to TTL. A duplicate of a key
+// the worker is still running is answered in flight from memory too, and
+// waits in memory for that run's completion; if the worker's claim was
+// lost without it knowing, that lasts until the claim's lease end at most.
 type LocalCache struct {
 	// Entries is the most records kept; default 10000, 0 turns the cache
 	// off.
