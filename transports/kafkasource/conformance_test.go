@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/sourcetest"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
@@ -16,7 +17,7 @@ func TestSourceConformance(t *testing.T) {
 	sourcetest.Run(t, func(t *testing.T) *sourcetest.Env {
 		e := newEnv(t, 1)
 		dlq := e.topic + "-dlq"
-		testenvCreate(t, e, dlq, 1)
+		testenv.CreateKafkaTopic(t, e.brokers, dlq, 1)
 		return &sourcetest.Env{
 			Transport: "kafka",
 			NewSource: func(t *testing.T) consumer.Source {

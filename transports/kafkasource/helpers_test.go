@@ -274,8 +274,3 @@ func hdrs(kv ...string) []kafka.Header {
 	}
 	return out
 }
-
-func testenvCreate(t *testing.T, e *env, topic string, partitions int) {
-	t.Helper()
-	testenv.CreateKafkaTopic(t, e.brokers, topic, partitions)
-}

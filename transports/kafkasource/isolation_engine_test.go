@@ -25,7 +25,7 @@ func TestIsolationThroughEngine(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	dlq := e.topic + ".dlq"
-	testenvCreate(t, e, dlq, 1)
+	testenv.CreateKafkaTopic(t, e.brokers, dlq, 1)
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: e.topic})
 	if err != nil {
 		t.Fatal(err)

@@ -26,7 +26,7 @@ func TestKcatEndToEnd(t *testing.T) {
 	}
 	e := newEnv(t, 3)
 	out := e.topic + ".out"
-	testenvCreate(t, e, out, 1)
+	testenv.CreateKafkaTopic(t, e.brokers, out, 1)
 	broker := e.brokers[0]
 
 	inputs := []struct{ key, value, idem string }{

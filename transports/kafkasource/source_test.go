@@ -237,7 +237,7 @@ func TestRetryInPlaceThenDeadLetter(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	dlq := e.topic + ".dlq"
-	testenvCreate(t, e, dlq, 1)
+	testenv.CreateKafkaTopic(t, e.brokers, dlq, 1)
 	e.produce(e.topic, []msg{
 		{partition: 1, value: "ok-1"},
 		{partition: 1, key: "entity-7", value: "bad", headers: hdrs("Trace", "a", "Trace", "b", "Idempotency-Key", "idem-1")},
