@@ -34,6 +34,7 @@ func NewKafkaWriter(addr net.Addr, topic string, tr kafka.RoundTripper, ioTimeou
 		Balancer:     &partitionHash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: kafkaWriterBatchTimeout,
+		BatchSize:    kafkaFlightMessages,
 		WriteTimeout: ioTimeout,
 		ReadTimeout:  ioTimeout,
 		Transport:    tr,
@@ -56,9 +57,12 @@ func (h *partitionHash) Balance(msg kafka.Message, partitions ...int) int {
 
 // Limits of coalescingWriter.
 const (
-	// kafkaFlightMessages bounds the messages of one coalesced call; a
-	// single caller's share larger than this is still written whole.
-	kafkaFlightMessages = 1000
+	// kafkaFlightMessages bounds the messages of one coalesced call, and is
+	// NewKafkaWriter's BatchSize, so that a coalesced call for one
+	// partition is one produce request (kafka-go's default batch size, and
+	// the Kafka source's default batch_size, so a lane's full run is one
+	// too). A single caller's share larger than this is still written whole.
+	kafkaFlightMessages = 100
 	// kafkaFlightTimeout bounds a coalesced call whose callers have no
 	// deadline of their own.
 	kafkaFlightTimeout = 30 * time.Second
@@ -271,8 +275,19 @@ func (c *coalescingWriter) write(batch []*writePart) {
 	}
 	ctx, cancel := flightContext(batch)
 	err := c.w.WriteMessages(ctx, msgs...)
+	expired := ctx.Err() != nil
 	cancel()
 	var werrs kafka.WriteErrors
+	if err != nil && !expired && len(batch) > 1 && !(errors.As(err, &werrs) && len(werrs) == len(msgs)) {
+		// One error for the whole call (kafka-go refuses a call with a
+		// message larger than BatchBytes before writing any): write each
+		// caller's share alone, so that each gets its own answer and no
+		// caller fails for another's message.
+		for _, p := range batch {
+			c.write([]*writePart{p})
+		}
+		return
+	}
 	perMessage := err != nil && errors.As(err, &werrs) && len(werrs) == len(msgs)
 	off := 0
 	for _, p := range batch {

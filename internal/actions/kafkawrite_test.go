@@ -260,6 +260,48 @@ func TestCoalescingWriterErrorsPerCaller(t *testing.T) {
 	}
 }
 
+// When kafka-go fails a coalesced call as a whole (as it refuses a call with
+// one message over BatchBytes before writing any), each caller's share is
+// written again alone, so a caller fails only for its own messages.
+func TestCoalescingWriterWholeCallErrorIsolatesCallers(t *testing.T) {
+	g := newGatedWriter()
+	c := newCoalescingWriter(g)
+	ctx := context.Background()
+	first := asyncWrite(ctx, c, run("a", "a1"))
+	g.nextCall(t)
+	good := asyncWrite(ctx, c, run("b", "b1"))
+	bad := asyncWrite(ctx, c, run("c", "too-large"))
+	waitQueued(t, c, 2)
+	g.release <- nil
+	if err := result(t, first); err != nil {
+		t.Fatal(err)
+	}
+	if got := g.nextCall(t); len(got) != 2 {
+		t.Fatalf("coalesced call wrote %q, want both queued runs", values(got))
+	}
+	tooLarge := errors.New("message too large")
+	g.release <- tooLarge
+	// Each run again alone, in queue order unknown: answer by content.
+	for range 2 {
+		got := values(g.nextCall(t))
+		switch fmt.Sprint(got) {
+		case "[b1]":
+			g.release <- nil
+		case "[too-large]":
+			g.release <- tooLarge
+		default:
+			t.Fatalf("retry wrote %q, want one run alone", got)
+		}
+	}
+	if err := result(t, good); err != nil {
+		t.Fatalf("the run without the large message: %v, want written", err)
+	}
+	var werrs kafka.WriteErrors
+	if err := result(t, bad); !errors.As(err, &werrs) || !errors.Is(werrs[0], tooLarge) {
+		t.Fatalf("the run with the large message: %v, want its error", err)
+	}
+}
+
 // A caller that leaves before its run is taken gets its context's cause and
 // its messages are not written.
 func TestCoalescingWriterDropsRunsOfCallersThatLeft(t *testing.T) {
