@@ -71,40 +71,37 @@ const (
 // coalescingWriter writes the runs of concurrent callers to the writer
 // partition by partition, Nagle's way: a run's messages for a partition
 // with no write in flight go at once; those for a partition that has one
-// queue, and when it returns the next write takes everything queued for
-// that partition in one call. It adds no delay, writes grow exactly when
-// the broker is the bottleneck, and partitions never wait for each other.
+// queue, and when it returns, everything queued for the partitions that
+// are then idle goes in one call. It adds no delay, writes grow exactly
+// when the broker is the bottleneck, a partition never waits for another's
+// write to start, and a call carries up to maxMsgs messages per partition.
 //
-// A caller's messages for one partition stay contiguous and in order in a
-// single call, and kafka-go keeps a call's order within a partition, so a
-// caller that waits for each write before the next (a lane) keeps its order.
-// The partition of a message is computed as the writer's partitionHash
-// computes it, over the partition count it saw last; before its first
-// write, or for a writer NewKafkaWriter did not make, every message is in
-// one group (one write in flight at a time). Keyless messages, which
-// kafka.Hash spreads round-robin, form a group of their own.
+// A partition is in at most one call at a time, a caller's messages for it
+// stay contiguous and in order in that call, and kafka-go keeps a call's
+// order within a partition, so a caller that waits for each write before
+// the next (a lane) keeps its order. The partition of a message is
+// computed as the writer's partitionHash computes it, over the partition
+// count it saw last; before its first write, or for a writer NewKafkaWriter
+// did not make, every message is in one group (one call in flight at a
+// time). Keyless messages, which kafka.Hash spreads round-robin, form a
+// group of their own.
 //
-// Flushers are goroutines, one per group with work, that end when the
-// group's queue is empty.
+// Each call runs on a goroutine of its own that ends when the call has
+// returned and the next call, if any, has started.
 type coalescingWriter struct {
 	w       KafkaWriter
 	hash    *partitionHash // nil: one group
 	maxMsgs int
 
-	mu     sync.Mutex
-	groups map[int]*writeGroup
-	seq    []int // 0..n-1 for the grouping's Balance calls
-	group  kafka.Hash
-}
-
-// writeGroup is the queue of one partition (or of keyless messages).
-type writeGroup struct {
-	pending []*writePart
-	busy    bool // a flusher owns the group
+	mu      sync.Mutex
+	pending map[int][]*writePart // by group, in arrival order
+	busy    map[int]bool         // groups in a call
+	seq     []int                // 0..n-1 for the grouping's Balance calls
+	group   kafka.Hash
 }
 
 // writePart is one caller's messages for one group, answered once on done
-// (buffered for every part of the call: a flusher never waits for a caller
+// (buffered for every part of the call: a call never waits for a caller
 // that left).
 type writePart struct {
 	ctx  context.Context
@@ -122,7 +119,7 @@ type partResult struct {
 }
 
 func newCoalescingWriter(w KafkaWriter) *coalescingWriter {
-	c := &coalescingWriter{w: w, maxMsgs: kafkaFlightMessages, groups: map[int]*writeGroup{}}
+	c := &coalescingWriter{w: w, maxMsgs: kafkaFlightMessages, pending: map[int][]*writePart{}, busy: map[int]bool{}}
 	if kw, ok := w.(*kafka.Writer); ok {
 		c.hash, _ = kw.Balancer.(*partitionHash)
 	}
@@ -153,11 +150,10 @@ func (c *coalescingWriter) groupOf(m *kafka.Message) int {
 	return c.group.Balance(kafka.Message{Key: m.Key}, c.seq...)
 }
 
-// WriteMessages writes msgs, each with other callers' messages for its
-// partition or alone, and returns nil, or kafka.WriteErrors of len(msgs)
-// with an entry for each message that failed. It returns ctx's cause when
-// ctx ends first; the messages may still be written then, as with a
-// kafka.Writer.
+// WriteMessages writes msgs, each with other callers' messages or alone,
+// and returns nil, or kafka.WriteErrors of len(msgs) with an entry for each
+// message that failed. It returns ctx's cause when ctx ends first; the
+// messages may still be written then, as with a kafka.Writer.
 func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -179,17 +175,9 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 	done := make(chan partResult, len(parts))
 	for g, p := range byGroup {
 		p.done = done
-		wg := c.groups[g]
-		if wg == nil {
-			wg = &writeGroup{}
-			c.groups[g] = wg
-		}
-		wg.pending = append(wg.pending, p)
-		if !wg.busy {
-			wg.busy = true
-			go c.flusher(g)
-		}
+		c.pending[g] = append(c.pending[g], p)
 	}
+	c.launch()
 	c.mu.Unlock()
 	var werrs kafka.WriteErrors
 	for range parts {
@@ -218,45 +206,57 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 	return werrs
 }
 
-// next takes the queued parts of group g whose callers still wait, in
-// order, up to maxMsgs messages (the first part whatever its size). With
-// none it releases the group.
-func (c *coalescingWriter) next(g int) []*writePart {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	wg := c.groups[g]
+// launch starts one call with the queued parts of every group not in a
+// call, taking per group the parts of callers still waiting, in order, up
+// to maxMsgs messages (the first part whatever its size). Call it with
+// c.mu held.
+func (c *coalescingWriter) launch() {
 	var batch []*writePart
-	n, i := 0, 0
-	for ; i < len(wg.pending); i++ {
-		p := wg.pending[i]
-		if p.ctx.Err() != nil {
-			p.done <- partResult{part: p, err: context.Cause(p.ctx)}
+	var groups []int
+	for g, queue := range c.pending {
+		if c.busy[g] {
 			continue
 		}
-		if len(batch) > 0 && n+len(p.msgs) > c.maxMsgs {
-			break
+		n, i, took := 0, 0, false
+		for ; i < len(queue); i++ {
+			p := queue[i]
+			if p.ctx.Err() != nil {
+				p.done <- partResult{part: p, err: context.Cause(p.ctx)}
+				continue
+			}
+			if took && n+len(p.msgs) > c.maxMsgs {
+				break
+			}
+			batch = append(batch, p)
+			n += len(p.msgs)
+			took = true
 		}
-		batch = append(batch, p)
-		n += len(p.msgs)
+		rest := copy(queue, queue[i:])
+		clear(queue[rest:])
+		if rest == 0 {
+			delete(c.pending, g)
+		} else {
+			c.pending[g] = queue[:rest]
+		}
+		if took {
+			c.busy[g] = true
+			groups = append(groups, g)
+		}
 	}
-	rest := copy(wg.pending, wg.pending[i:])
-	clear(wg.pending[rest:])
-	wg.pending = wg.pending[:rest]
-	if len(batch) == 0 {
-		delete(c.groups, g)
+	if len(batch) > 0 {
+		go c.fly(groups, batch)
 	}
-	return batch
 }
 
-// flusher writes group g's queued parts until its queue is empty.
-func (c *coalescingWriter) flusher(g int) {
-	for {
-		batch := c.next(g)
-		if len(batch) == 0 {
-			return
-		}
-		c.write(batch)
+// fly writes batch, then frees its groups and starts the next call.
+func (c *coalescingWriter) fly(groups []int, batch []*writePart) {
+	c.write(batch)
+	c.mu.Lock()
+	for _, g := range groups {
+		delete(c.busy, g)
 	}
+	c.launch()
+	c.mu.Unlock()
 }
 
 // write sends batch's parts in one call and answers each with its share of
