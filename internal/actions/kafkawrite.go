@@ -83,8 +83,12 @@ const (
 // computed as the writer's partitionHash computes it, over the partition
 // count it saw last; before its first write, or for a writer NewKafkaWriter
 // did not make, every message is in one group (one call in flight at a
-// time). Keyless messages, which kafka.Hash spreads round-robin, form a
-// group of their own.
+// time). After the topic gains partitions, until a call has seen the new
+// count, two groups may name one partition: a key's messages still share a
+// group and keep their order, but a run's messages of different keys may
+// then land in that partition in two calls at once. kafka.Hash spreads
+// keyless messages round-robin over every partition, so a run with a
+// keyless message is written whole, in one call, as a group of its own.
 //
 // Each call runs on a goroutine of its own that ends when the call has
 // returned and the next call, if any, has started.
@@ -126,16 +130,13 @@ func newCoalescingWriter(w KafkaWriter) *coalescingWriter {
 	return c
 }
 
-// keyless is the group of messages without a key.
+// keyless is the group of the runs that hold a message without a key.
 const keyless = -1
 
 // groupOf returns the group of a message; call with c.mu held.
 func (c *coalescingWriter) groupOf(m *kafka.Message) int {
 	if c.hash == nil {
 		return 0
-	}
-	if m.Key == nil {
-		return keyless
 	}
 	n := int(c.hash.n.Load())
 	if n <= 0 {
@@ -158,11 +159,18 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 	if len(msgs) == 0 {
 		return nil
 	}
+	whole := false
+	for i := range msgs {
+		whole = whole || msgs[i].Key == nil
+	}
 	c.mu.Lock()
 	var parts []*writePart
 	byGroup := map[int]*writePart{}
 	for i := range msgs {
-		g := c.groupOf(&msgs[i])
+		g := keyless
+		if !whole {
+			g = c.groupOf(&msgs[i])
+		}
 		p := byGroup[g]
 		if p == nil {
 			p = &writePart{ctx: ctx}

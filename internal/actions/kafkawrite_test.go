@@ -232,6 +232,25 @@ func TestCoalescingWriterPartitionsAreIndependent(t *testing.T) {
 	}
 }
 
+// A run holding a keyless message, which kafka.Hash may put in any
+// partition, is written whole in one call, so its order holds in every
+// partition; a keyed run's partitions go in parts.
+func TestCoalescingWriterKeylessRunIsWrittenWhole(t *testing.T) {
+	g := newGatedWriter()
+	c := newCoalescingWriter(g)
+	c.hash = &partitionHash{}
+	c.hash.n.Store(64)
+	mixed := append(run("k1", "m1"), kafka.Message{Value: []byte("m2")}, kafka.Message{Key: []byte("k2"), Value: []byte("m3")})
+	done := asyncWrite(context.Background(), c, mixed)
+	if got := values(g.nextCall(t)); fmt.Sprint(got) != "[m1 m2 m3]" {
+		t.Fatalf("call wrote %q, want the whole run in order", got)
+	}
+	g.release <- nil
+	if err := result(t, done); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Each caller gets its own messages' errors from a coalesced call, at their
 // indexes in its run, whether kafka-go failed single messages or the whole
 // call.
