@@ -97,11 +97,12 @@ type coalescingWriter struct {
 	hash    *partitionHash // nil: one group
 	maxMsgs int
 
+	group kafka.Hash            // computes groups; safe for concurrent use with keys
+	seq   atomic.Pointer[[]int] // 0..n-1, the partitions of the last count
+
 	mu      sync.Mutex
 	pending map[int][]*writePart // by group, in arrival order
 	busy    map[int]bool         // groups in a call
-	seq     []int                // 0..n-1 for the grouping's Balance calls
-	group   kafka.Hash
 }
 
 // writePart is one caller's messages for one group, answered once on done
@@ -110,7 +111,7 @@ type coalescingWriter struct {
 type writePart struct {
 	ctx  context.Context
 	msgs []kafka.Message
-	idx  []int // the messages' indexes in the caller's run
+	idx  []int // the messages' indexes in the caller's run; nil: all of it
 	done chan partResult
 }
 
@@ -133,8 +134,8 @@ func newCoalescingWriter(w KafkaWriter) *coalescingWriter {
 // keyless is the group of the runs that hold a message without a key.
 const keyless = -1
 
-// groupOf returns the group of a message; call with c.mu held.
-func (c *coalescingWriter) groupOf(m *kafka.Message) int {
+// groupOf returns the group of a message with a key.
+func (c *coalescingWriter) groupOf(key []byte) int {
 	if c.hash == nil {
 		return 0
 	}
@@ -142,45 +143,59 @@ func (c *coalescingWriter) groupOf(m *kafka.Message) int {
 	if n <= 0 {
 		return 0
 	}
-	if len(c.seq) != n {
-		c.seq = make([]int, n)
-		for i := range c.seq {
-			c.seq[i] = i
+	seq := c.seq.Load()
+	if seq == nil || len(*seq) != n {
+		s := make([]int, n)
+		for i := range s {
+			s[i] = i
 		}
+		c.seq.Store(&s)
+		seq = &s
 	}
-	return c.group.Balance(kafka.Message{Key: m.Key}, c.seq...)
+	return c.group.Balance(kafka.Message{Key: key}, *seq...)
 }
 
 // WriteMessages writes msgs, each with other callers' messages or alone,
 // and returns nil, or kafka.WriteErrors of len(msgs) with an entry for each
 // message that failed. It returns ctx's cause when ctx ends first; the
-// messages may still be written then, as with a kafka.Writer.
+// messages may still be written then, as with a kafka.Writer, so the caller
+// must not modify msgs or their contents after the call.
 func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	whole := false
+	groups := make([]int, len(msgs))
+	one := true
 	for i := range msgs {
-		whole = whole || msgs[i].Key == nil
+		if msgs[i].Key == nil {
+			one, groups[0] = true, keyless
+			break
+		}
+		groups[i] = c.groupOf(msgs[i].Key)
+		one = one && groups[i] == groups[0]
 	}
-	c.mu.Lock()
 	var parts []*writePart
-	byGroup := map[int]*writePart{}
-	for i := range msgs {
-		g := keyless
-		if !whole {
-			g = c.groupOf(&msgs[i])
+	var byGroup map[int]*writePart
+	if one {
+		// The common case (a lane's run to one partition, or a run with a
+		// keyless message): the run is the part.
+		parts = []*writePart{{ctx: ctx, msgs: msgs}}
+		byGroup = map[int]*writePart{groups[0]: parts[0]}
+	} else {
+		byGroup = map[int]*writePart{}
+		for i, g := range groups {
+			p := byGroup[g]
+			if p == nil {
+				p = &writePart{ctx: ctx}
+				byGroup[g] = p
+				parts = append(parts, p)
+			}
+			p.msgs = append(p.msgs, msgs[i])
+			p.idx = append(p.idx, i)
 		}
-		p := byGroup[g]
-		if p == nil {
-			p = &writePart{ctx: ctx}
-			byGroup[g] = p
-			parts = append(parts, p)
-		}
-		p.msgs = append(p.msgs, msgs[i])
-		p.idx = append(p.idx, i)
 	}
 	done := make(chan partResult, len(parts))
+	c.mu.Lock()
 	for g, p := range byGroup {
 		p.done = done
 		c.pending[g] = append(c.pending[g], p)
@@ -197,7 +212,11 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 			if werrs == nil {
 				werrs = make(kafka.WriteErrors, len(msgs))
 			}
-			for j, i := range r.part.idx {
+			for j := range r.part.msgs {
+				i := j
+				if r.part.idx != nil {
+					i = r.part.idx[j]
+				}
 				if r.errs != nil {
 					werrs[i] = r.errs[j]
 				} else {
