@@ -61,14 +61,21 @@ func outgoing(ctx context.Context, m *consumer.Message, key string, inject Injec
 // headers and Idempotency-Key set to the idempotency key (SPEC §9.3), and
 // waits for the write to be acknowledged. The writer decides the topic.
 //
-// It is a consumer.BatchHandler: a run is written with one WriteMessages
+// It is a consumer.BatchHandler: a run is written in one WriteMessages
 // call, in order (the writer keeps the order of the messages it puts in one
 // partition), and each message's result is its own entry of kafka-go's
-// WriteErrors.
+// WriteErrors. The messages that concurrent calls (other partitions' lanes)
+// send to one output partition while a write to it is in flight go to w
+// together in the next call (coalescingWriter); messages for a partition
+// with no write in flight are written at once. With a w NewKafkaWriter did
+// not make, coalescingWriter cannot tell partitions apart and keeps one
+// write in flight. w should not linger (NewKafkaWriter's does not): what it
+// gets is already whole.
 func ForwardKafka(handler string, w KafkaWriter, inject Injector) consumer.BatchFunc {
+	cw := newCoalescingWriter(w)
 	return func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
 		out := kafkaRun(ctx, ms, handler, inject)
-		err := w.WriteMessages(ctx, out...)
+		err := cw.WriteMessages(ctx, out...)
 		if err == nil {
 			return
 		}

@@ -20,7 +20,7 @@ import (
 	"github.com/idemkit/dedupworker/redisbackend"
 )
 
-func randomSuffix(t *testing.T) string {
+func randomSuffix(t testing.TB) string {
 	var b [6]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		t.Fatal(err)

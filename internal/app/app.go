@@ -308,16 +308,7 @@ func (a *App) kafkaWriter(k *config.KafkaOut) (*kafka.Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(k.Brokers...),
-		Topic:        k.Topic,
-		Balancer:     &kafka.Hash{}, // same message key, same partition: per-key order survives the relay
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: 2 * time.Millisecond,
-		WriteTimeout: connectTimeout,
-		ReadTimeout:  connectTimeout,
-		Transport:    &partitionCounts{RoundTripper: tr, ttl: partitionCountTTL},
-	}
+	w := actions.NewKafkaWriter(kafka.TCP(k.Brokers...), k.Topic, &partitionCounts{RoundTripper: tr, ttl: partitionCountTTL}, connectTimeout)
 	// Closers run last first: the writer flushes, then the transport's
 	// connections close (Writer.Close leaves a transport it did not make
 	// open).
