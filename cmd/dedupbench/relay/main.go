@@ -17,7 +17,9 @@
 // output latency at a fixed -rate, and correctness: every distinct key out
 // at least once, and the first copies of each input partition's keys in
 // input order. Scale-out runs 1, 2 and 4 dedupworker processes on one
-// Kafka group or NATS durable.
+// Kafka group or NATS durable. With -soak D it instead runs the dedupworker
+// forward relay on each transport for D at -rate and samples it every
+// -soak-every (soak.go).
 //
 //	go run ./cmd/dedupbench/relay                       # everything, from the module root
 //	go run ./cmd/dedupbench/relay -json relay.json
