@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
@@ -283,10 +284,10 @@ func waitReady(ctx context.Context, hc *http.Client, addr string, procs children
 }
 
 // readRedisUsedMemory returns INFO memory's used_memory in bytes.
-func readRedisUsedMemory(ctx context.Context, b *bench) (int64, error) {
+func readRedisUsedMemory(ctx context.Context, c *redis.Client) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	txt, err := b.stats.Info(ctx, "memory").Result()
+	txt, err := c.Info(ctx, "memory").Result()
 	if err != nil {
 		return 0, fmt.Errorf("redis INFO memory: %w", err)
 	}
@@ -456,7 +457,7 @@ func (b *bench) soak(ctx context.Context, sc scenario, res *soakResult) error {
 			return err
 		}
 		s.HeapMB, s.Goroutines = heap/(1<<20), gr
-		mem, err := readRedisUsedMemory(ctx, b)
+		mem, err := readRedisUsedMemory(ctx, b.stats)
 		if err != nil {
 			return err
 		}
