@@ -28,20 +28,24 @@ type workerSpec struct {
 	HandlerName   string
 	CommitEvery   time.Duration // Kafka commit_interval; 0 leaves the default
 	MaxAckPending int           // NATS max_ack_pending; 0 leaves the default
+	// MetricsAddr is the host:port of the binary's /metrics and /readyz
+	// server; empty turns it off.
+	MetricsAddr string
 }
 
 // yamlQuote quotes s as a YAML double-quoted scalar.
 func yamlQuote(s string) string { return strconv.Quote(s) }
 
 // workerYAML renders spec as a dedupworker config (docs in README.md and
-// internal/config): one handler, logging at warn, no HTTP listener.
+// internal/config): one handler, logging at warn, and the metrics server
+// on MetricsAddr only when it is set.
 func workerYAML(s workerSpec) (string, error) {
 	if s.RedisURL == "" || s.Namespace == "" || s.Concurrency <= 0 || s.Lease <= 0 {
 		return "", fmt.Errorf("relay config: Redis URL, namespace, a concurrency > 0 and a lease > 0 are required")
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "redis: {url: %s, namespace: %s}\n", yamlQuote(s.RedisURL), yamlQuote(s.Namespace))
-	b.WriteString("http: {addr: \"\"}\nlog: {level: warn, format: text}\nhandlers:\n")
+	fmt.Fprintf(&b, "http: {addr: %s}\nlog: {level: warn, format: text}\nhandlers:\n", yamlQuote(s.MetricsAddr))
 	fmt.Fprintf(&b, "  - name: %s\n", yamlQuote(orDefault(s.HandlerName, "relay")))
 	switch {
 	case len(s.Brokers) > 0:

@@ -19,6 +19,10 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 		"nats forward": func(s *workerSpec) {
 			s.NATSURL, s.InStream, s.Consumer, s.OutSubject = "nats://127.0.0.1:4222", "IN", "c", "out.x"
 		},
+		"nats forward with metrics": func(s *workerSpec) {
+			s.NATSURL, s.InStream, s.Consumer, s.OutSubject = "nats://127.0.0.1:4222", "IN", "c", "out.x"
+			s.MetricsAddr = "127.0.0.1:19464"
+		},
 		"kafka http": func(s *workerSpec) {
 			s.Brokers, s.InTopic, s.Group, s.HTTPURL = []string{"127.0.0.1:9092"}, "in", "g", "http://127.0.0.1:1/"
 		},
@@ -37,6 +41,9 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 			}
 			if len(cfg.Handlers) != 1 {
 				t.Fatalf("%d handlers", len(cfg.Handlers))
+			}
+			if cfg.HTTP.Addr == nil || *cfg.HTTP.Addr != s.MetricsAddr {
+				t.Fatalf("http.addr = %v, want %q", cfg.HTTP.Addr, s.MetricsAddr)
 			}
 			h := cfg.Handlers[0]
 			if h.Concurrency != 64 || h.Lease.D() != 30*time.Second || cfg.Redis.Namespace != "rb-1" {

@@ -17,11 +17,14 @@
 // output latency at a fixed -rate, and correctness: every distinct key out
 // at least once, and the first copies of each input partition's keys in
 // input order. Scale-out runs 1, 2 and 4 dedupworker processes on one
-// Kafka group or NATS durable.
+// Kafka group or NATS durable. With -soak D it instead runs the dedupworker
+// forward relay on each transport for D at -rate and samples it every
+// -soak-every (soak.go).
 //
 //	go run ./cmd/dedupbench/relay                       # everything, from the module root
 //	go run ./cmd/dedupbench/relay -json relay.json
 //	go run ./cmd/dedupbench/relay -transports kafka -contenders raw,dedupworker -dups 0 -scale ""
+//	go run ./cmd/dedupbench/relay -soak 10m -dups 30 -redis-server redis-server
 //
 // It reports; it does not judge. A Ctrl-C stops every child process and
 // deletes what the run created.
@@ -65,6 +68,9 @@ type options struct {
 	jsonOut                string
 	redisServer            string
 	timeout, quiet         time.Duration
+	// A soak (soak.go) instead of the measurements: for soak, sampled
+	// every soakEvery, compared from soakWarmup on.
+	soak, soakEvery, soakWarmup time.Duration
 }
 
 func main() {
@@ -111,6 +117,9 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.jsonOut, "json", "", "also write the results as JSON to this file")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "how long one backlog may take")
 	fs.DurationVar(&o.quiet, "quiet", 2*time.Second, "after every distinct key is out, how long without output ends a backlog that repeats some")
+	fs.DurationVar(&o.soak, "soak", 0, "instead of the measurements, soak the dedupworker forward relay (one process) on each of -transports for this long at -rate with the first -dups share of duplicates (0: no soak)")
+	fs.DurationVar(&o.soakEvery, "soak-every", 30*time.Second, "how often the soak samples the relay")
+	fs.DurationVar(&o.soakWarmup, "soak-warmup", 2*time.Minute, "the soak's flatness compares the first sample from this time on with the last")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -121,6 +130,19 @@ func parseOptions(args []string) (options, error) {
 	}
 	if o.scale, err = intList("-scale", scale, 1, 64); err != nil {
 		return o, err
+	}
+	if o.soak < 0 || o.soakEvery <= 0 || o.soakWarmup < 0 {
+		return o, errors.New("-soak, -soak-every, -soak-warmup: durations ≥ 0, and -soak-every > 0")
+	}
+	if o.soak > 0 {
+		if o.soakEvery > o.soak {
+			return o, fmt.Errorf("-soak-every %v: at most -soak %v, so that the soak takes a sample", o.soakEvery, o.soak)
+		}
+		if len(o.dups) == 0 {
+			return o, errors.New("-dups: the soak takes its duplicate share from the first value; give one")
+		}
+		// The soak runs the dedupworker relay alone.
+		o.contenders, o.scale = []string{"dedupworker"}, nil
 	}
 	if o.msgs < 2*minDupDistance {
 		return o, fmt.Errorf("-msgs: at least %d, so that duplicates come %d messages after their originals", 2*minDupDistance, minDupDistance)
@@ -153,7 +175,8 @@ type report struct {
 	CPUs      int            `json:"cpus"`
 	Commit    string         `json:"commit,omitempty"`
 	Options   map[string]any `json:"options"`
-	Results   []result       `json:"results"`
+	Results   []result       `json:"results,omitempty"`
+	Soaks     []soakResult   `json:"soaks,omitempty"`
 }
 
 // run measures every planned scenario, writes the report to w and returns
@@ -207,6 +230,22 @@ func run(ctx context.Context, o options, w io.Writer) (report, error) {
 			"concurrency": o.concurrency, "lease": o.lease.String(), "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL, "private_redis": o.redisServer != "",
 		},
 	}
+	if o.soak > 0 {
+		rep.Options["soak"], rep.Options["soak_every"], rep.Options["soak_warmup"], rep.Options["dups"] = o.soak.String(), o.soakEvery.String(), o.soakWarmup.String(), o.dups[0]
+		log.Printf("relay soak %s at %s: load average %s", b.run, orDefault(rep.Commit, "?"), benchutil.LoadAvg())
+		for _, t := range o.transports {
+			if ctx.Err() != nil {
+				break
+			}
+			r := b.runSoak(ctx, t)
+			if r.Err != "" {
+				log.Printf("soak %s FAILED: %s", t, r.Err)
+			}
+			rep.Soaks = append(rep.Soaks, r)
+		}
+		printSoakReport(w, rep)
+		return rep, writeJSON(o.jsonOut, rep, ctx.Err())
+	}
 	log.Printf("relay benchmark %s at %s: %d messages per measurement, load average %s", b.run, orDefault(rep.Commit, "?"), o.msgs, benchutil.LoadAvg())
 	for _, sc := range plannedScenarios(o) {
 		if ctx.Err() != nil {
@@ -219,13 +258,23 @@ func run(ctx context.Context, o options, w io.Writer) (report, error) {
 		rep.Results = append(rep.Results, r)
 	}
 	printReport(w, rep)
-	if o.jsonOut != "" {
-		js, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(o.jsonOut, append(js, '\n'), 0o644); err != nil {
-			return report{}, err
-		}
+	return rep, writeJSON(o.jsonOut, rep, ctx.Err())
+}
+
+// writeJSON writes rep to path unless path is empty, and returns err or the
+// write's error.
+func writeJSON(path string, rep report, err error) error {
+	if path == "" {
+		return err
 	}
-	return rep, ctx.Err()
+	js, jerr := json.MarshalIndent(rep, "", "  ")
+	if jerr == nil {
+		jerr = os.WriteFile(path, append(js, '\n'), 0o644)
+	}
+	if jerr != nil {
+		return errors.Join(err, fmt.Errorf("-json %s: %w", path, jerr))
+	}
+	return err
 }
 
 // plannedScenarios lists the measurements in run order: per duplicate

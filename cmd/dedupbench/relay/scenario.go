@@ -28,12 +28,16 @@ type scenario struct {
 	DupPct, Procs        int
 	Latency              bool // run the latency phase after the backlog
 	ScaleOut             bool
+	Soak                 bool // a soak (soak.go), not a backlog
 }
 
 func (s scenario) id(run string) string {
 	kind := "m"
-	if s.ScaleOut {
+	switch {
+	case s.ScaleOut:
 		kind = "s"
+	case s.Soak:
+		kind = "k"
 	}
 	return fmt.Sprintf("rb%s-%s-%s-%s%d-x%d", run, s.Transport, s.Contender, kind, s.DupPct, s.Procs)
 }
@@ -104,6 +108,7 @@ type endpoints struct {
 	inSubject, outSubject string
 	group                 string
 	httpURL               string
+	metricsAddr           string // the dedupworker's /metrics server; "" for none
 }
 
 func (b *bench) runScenario(ctx context.Context, sc scenario) (res result) {
@@ -134,7 +139,6 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	var m0 machineCPU
 	var m0err error
 	rec := newRecorder(func() { m0, m0err = readMachineCPU() })
-	ep := endpoints{group: id}
 	var cleanups []func() error
 	defer func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
@@ -144,63 +148,10 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		}
 	}()
 
-	// The output side first, then the input, then the backlog.
-	if sc.Contender == "dedupworker-http" {
-		stop, url, err := serveHTTP(rec)
-		if err != nil {
-			return err
-		}
-		cleanups = append(cleanups, stop)
-		ep.httpURL = url
-	}
-	switch sc.Transport {
-	case "kafka":
-		ep.inTopic, ep.outTopic = id+"-in", id+"-out"
-		topics := []string{ep.inTopic}
-		if ep.httpURL == "" {
-			topics = append(topics, ep.outTopic)
-		}
-		if err := b.kafka.create(ctx, b.o.partitions, topics...); err != nil {
-			return err
-		}
-		cleanups = append(cleanups, func() error { return b.kafka.delete(topics...) })
-		if err := b.kafka.publishBacklog(ctx, ep.inTopic, plan); err != nil {
-			return err
-		}
-		if ep.httpURL == "" {
-			stop, err := readKafkaOutput(ctx, b.o.brokers, ep.outTopic, b.o.partitions, rec)
-			if err != nil {
-				return err
-			}
-			cleanups = append(cleanups, func() error { stop(); return nil })
-		}
-	case "nats":
-		name := strings.ToUpper(strings.ReplaceAll(id, "-", "_"))
-		ep.inStream, ep.outStream = name+"_IN", name+"_OUT"
-		ep.inSubject, ep.outSubject = strings.ReplaceAll(id, "-", ".")+".in", strings.ReplaceAll(id, "-", ".")+".out"
-		if err := b.nats.createStream(ctx, ep.inStream, ep.inSubject); err != nil {
-			return err
-		}
-		streams := []string{ep.inStream}
-		cleanups = append(cleanups, func() error { return b.nats.deleteStreams(streams...) })
-		if ep.httpURL == "" {
-			if err := b.nats.createStream(ctx, ep.outStream, ep.outSubject); err != nil {
-				return err
-			}
-			streams = append(streams, ep.outStream)
-		}
-		if err := b.nats.publishBacklog(ctx, ep.inSubject, plan); err != nil {
-			return err
-		}
-		if ep.httpURL == "" {
-			stop, err := b.nats.readNATSOutput(ctx, ep.outStream, rec)
-			if err != nil {
-				return err
-			}
-			cleanups = append(cleanups, func() error { stop(); return nil })
-		}
-	default:
-		return fmt.Errorf("-transports: unknown %q (kafka, nats)", sc.Transport)
+	ep, opened, err := b.openEndpoints(ctx, sc, id, rec, plan)
+	cleanups = append(cleanups, opened...)
+	if err != nil {
+		return err
 	}
 	cleanups = append(cleanups, func() error { return b.dropRedisKeys(id) })
 
@@ -306,6 +257,73 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	return nil
 }
 
+// openEndpoints creates what scenario id reads from and writes to: the
+// http action's server, the input and output topics or streams, the
+// backlog published to the input, and the reader of the output into rec.
+// The cleanups it returns undo what was created, also when it fails.
+func (b *bench) openEndpoints(ctx context.Context, sc scenario, id string, rec *recorder, backlog []input) (ep endpoints, cleanups []func() error, err error) {
+	ep = endpoints{group: id}
+	// The output side first, then the input, then the backlog.
+	if sc.Contender == "dedupworker-http" {
+		stop, url, err := serveHTTP(rec)
+		if err != nil {
+			return ep, cleanups, err
+		}
+		cleanups = append(cleanups, stop)
+		ep.httpURL = url
+	}
+	switch sc.Transport {
+	case "kafka":
+		ep.inTopic, ep.outTopic = id+"-in", id+"-out"
+		topics := []string{ep.inTopic}
+		if ep.httpURL == "" {
+			topics = append(topics, ep.outTopic)
+		}
+		if err := b.kafka.create(ctx, b.o.partitions, topics...); err != nil {
+			return ep, cleanups, err
+		}
+		cleanups = append(cleanups, func() error { return b.kafka.delete(topics...) })
+		if err := b.kafka.publishBacklog(ctx, ep.inTopic, backlog); err != nil {
+			return ep, cleanups, err
+		}
+		if ep.httpURL == "" {
+			stop, err := readKafkaOutput(ctx, b.o.brokers, ep.outTopic, b.o.partitions, rec)
+			if err != nil {
+				return ep, cleanups, err
+			}
+			cleanups = append(cleanups, func() error { stop(); return nil })
+		}
+	case "nats":
+		name := strings.ToUpper(strings.ReplaceAll(id, "-", "_"))
+		ep.inStream, ep.outStream = name+"_IN", name+"_OUT"
+		ep.inSubject, ep.outSubject = strings.ReplaceAll(id, "-", ".")+".in", strings.ReplaceAll(id, "-", ".")+".out"
+		if err := b.nats.createStream(ctx, ep.inStream, ep.inSubject); err != nil {
+			return ep, cleanups, err
+		}
+		streams := []string{ep.inStream}
+		cleanups = append(cleanups, func() error { return b.nats.deleteStreams(streams...) })
+		if ep.httpURL == "" {
+			if err := b.nats.createStream(ctx, ep.outStream, ep.outSubject); err != nil {
+				return ep, cleanups, err
+			}
+			streams = append(streams, ep.outStream)
+		}
+		if err := b.nats.publishBacklog(ctx, ep.inSubject, backlog); err != nil {
+			return ep, cleanups, err
+		}
+		if ep.httpURL == "" {
+			stop, err := b.nats.readNATSOutput(ctx, ep.outStream, rec)
+			if err != nil {
+				return ep, cleanups, err
+			}
+			cleanups = append(cleanups, func() error { stop(); return nil })
+		}
+	default:
+		return ep, cleanups, fmt.Errorf("-transports: unknown %q (kafka, nats)", sc.Transport)
+	}
+	return ep, cleanups, nil
+}
+
 // startContender starts sc.Procs processes of the contender.
 func (b *bench) startContender(sc scenario, id string, ep endpoints) (children, error) {
 	var procs children
@@ -359,7 +377,7 @@ func (b *bench) startContender(sc scenario, id string, ep endpoints) (children, 
 func (b *bench) writeWorkerConfig(sc scenario, id string, ep endpoints) error {
 	spec := workerSpec{
 		RedisURL: b.o.redisURL, Namespace: id, Concurrency: b.o.concurrency, Lease: b.o.lease,
-		HTTPURL: ep.httpURL,
+		HTTPURL: ep.httpURL, MetricsAddr: ep.metricsAddr,
 	}
 	if sc.Transport == "kafka" {
 		spec.Brokers, spec.InTopic, spec.Group = b.o.brokers, ep.inTopic, ep.group

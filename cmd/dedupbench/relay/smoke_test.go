@@ -95,3 +95,73 @@ func TestRelaySmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestRelaySoakSmoke runs a soak of a few seconds on Kafka and NATS: every
+// sample reads the relay's RSS, heap, goroutines, CPU and latency, every
+// key comes out, Kafka keeps each partition's order, and the flatness
+// table compares the samples after the warm-up.
+func TestRelaySoakSmoke(t *testing.T) {
+	redisURL := testenv.Redis(t)
+	natsURL := testenv.NATS(t)
+	brokers := testenv.RealKafka(t)
+	args := []string{
+		"-soak", "6s", "-soak-every", "1s", "-soak-warmup", "2s", "-rate", "300", "-dups", "30", "-src", "../../..",
+		"-redis", redisURL, "-nats", natsURL, "-kafka", strings.Join(brokers, ","),
+	}
+	if bin, err := exec.LookPath("redis-server"); err == nil {
+		args = append(args, "-redis-server", bin)
+	}
+	o, err := parseOptions(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	rep, err := run(ctx, o, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out.String())
+	if len(rep.Soaks) != 2 || len(rep.Results) != 0 {
+		t.Fatalf("%d soaks and %d measurements, want 2 soaks only", len(rep.Soaks), len(rep.Results))
+	}
+	for _, r := range rep.Soaks {
+		if r.Err != "" {
+			t.Errorf("%s: %s", r.Transport, r.Err)
+			continue
+		}
+		if len(r.Samples) != 6 {
+			t.Errorf("%s: %d samples, want 6", r.Transport, len(r.Samples))
+		}
+		latencies, outputs := 0, 0
+		for _, s := range r.Samples {
+			if s.Published <= 0 || s.RSSMB <= 0 || s.HeapMB <= 0 || s.Goroutines <= 0 || s.RelayCPUUs <= 0 || s.RedisMemMB <= 0 {
+				t.Errorf("%s at %.0f s: a measurement is missing: %+v", r.Transport, s.At, s)
+			}
+			latencies, outputs = latencies+s.LatencyN, outputs+s.Outputs
+		}
+		// Every output carries its publish time; an interval's latencies are
+		// taken just after its output count, so they may hold a few more.
+		if outputs == 0 || latencies < outputs {
+			t.Errorf("%s: %d latency samples for the %d outputs of the intervals", r.Transport, latencies, outputs)
+		}
+		if r.Published != 1800 || r.Distinct != r.Published-r.Published*30/100 {
+			t.Errorf("%s: %d published, %d distinct; want 1800 and 1260", r.Transport, r.Published, r.Distinct)
+		}
+		if r.MissingKeys != 0 || r.BadPayloads != 0 {
+			t.Errorf("%s: %d keys missing, %d unreadable outputs", r.Transport, r.MissingKeys, r.BadPayloads)
+		}
+		if r.Transport == "kafka" && r.OrderViolations != 0 {
+			t.Errorf("kafka: %d per-partition order violations", r.OrderViolations)
+		}
+		if len(r.Flatness) != len(soakMetrics) || r.FirstAt < 2 || r.PeakRSSMB <= 0 {
+			t.Errorf("%s: %d flatness rows from %.0f s, peak RSS %.1f MB", r.Transport, len(r.Flatness), r.FirstAt, r.PeakRSSMB)
+		}
+	}
+	for _, want := range []string{"Kafka → Kafka: dedupworker forward", "NATS → NATS: dedupworker forward", "| relay goroutines |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+}
