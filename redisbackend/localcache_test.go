@@ -142,9 +142,17 @@ func TestLocalCacheMismatchGoesToRedis(t *testing.T) {
 	client, ctx := cacheFixture(t)
 	s := cachedStore(t, client, "lc", time.Minute)
 	runOnce(t, ctx, s, "o:1", nil)
+	expectMismatchFromRedis(t, ctx, client, s, "o:1", "1:b")
+}
+
+// expectMismatchFromRedis fails unless a claim of key with fingerprint fp
+// is MISMATCH and reaches Redis: the cache answers only the fingerprint it
+// holds.
+func expectMismatchFromRedis(t *testing.T, ctx context.Context, client *redis.Client, s *redisbackend.Store, key, fp string) {
+	t.Helper()
 	before := evalshaCalls(t, ctx, client)
-	if got := claimOutcome(t, ctx, s, "o:1", "1:b"); got.Outcome != idempotency.ClaimMismatch {
-		t.Fatalf("another fingerprint: %s, want MISMATCH", got.Outcome)
+	if got := claimOutcome(t, ctx, s, key, fp); got.Outcome != idempotency.ClaimMismatch {
+		t.Fatalf("claim of %s with another fingerprint: %s, want MISMATCH", key, got.Outcome)
 	}
 	if evalshaCalls(t, ctx, client) == before {
 		t.Fatal("the mismatch was answered without Redis")
