@@ -5,6 +5,10 @@ package metrics
 
 import (
 	"errors"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,7 +37,29 @@ var StoreOps = []string{"claim", "complete", "renew", "release", "step", "inflig
 // the store writes that wait for replicas.
 var DurableOps = []string{"claim", "complete", "release", "step"}
 
+// outcomeIndex is the position of each outcome in Outcomes, the index of a
+// handler's resolved dedup_messages_total children.
+var outcomeIndex = func() map[consumer.Outcome]int {
+	idx := make(map[consumer.Outcome]int, len(Outcomes))
+	for i, o := range Outcomes {
+		idx[o] = i
+	}
+	return idx
+}()
+
 // Metrics is a consumer.Hook that implements every hook interface.
+//
+// The hooks run for every delivery, so they do not look series up by label
+// values: New resolves the children of the fixed label sets (StoreOps,
+// DurableOps, the lease renewal results) and Register those of a handler
+// (each outcome for its transport, its in-flight gauge and duration
+// histogram) once, and the hooks find them by a lookup in maps that are
+// never written after they are published. The resolved sets are bounded:
+// the fixed lists, and per handler what Register was called with, once per
+// configured handler. A label value outside them (a handler never
+// registered, an op or result not listed) is looked up by
+// WithLabelValues on each call, as Prometheus does, and never cached, so
+// it adds nothing here.
 type Metrics struct {
 	messages        *prometheus.CounterVec
 	handlerDuration *prometheus.HistogramVec
@@ -45,6 +71,35 @@ type Metrics struct {
 	shortfalls      *prometheus.CounterVec
 	storeRisk       *prometheus.GaugeVec
 	evictions       prometheus.Counter
+
+	store      map[string]storeSeries        // by op; written only in New
+	renewals   map[string]prometheus.Counter // by result; written only in New
+	shortfallC map[string]prometheus.Counter // by op; written only in New
+
+	mu       sync.Mutex                                // serialises Register's copy and publish
+	handlers atomic.Pointer[map[string]*handlerSeries] // by handler; replaced, never written, once published
+}
+
+// storeSeries is one store op's resolved children.
+type storeSeries struct {
+	duration prometheus.Observer
+	errors   prometheus.Counter
+}
+
+// handlerSeries is one registered handler's resolved children.
+type handlerSeries struct {
+	duration prometheus.Observer
+	inflight prometheus.Gauge
+	// transports holds the outcome counters per transport the handler was
+	// registered with: one in the binary, where a handler has one source.
+	transports []transportSeries
+}
+
+// transportSeries is dedup_messages_total of one handler and transport, by
+// the outcome's position in Outcomes.
+type transportSeries struct {
+	transport string
+	outcomes  []prometheus.Counter // len(Outcomes)
 }
 
 // StoreRiskChecks lists the check label values of dedup_store_risk: the
@@ -122,14 +177,20 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			return nil, err
 		}
 	}
+	m.renewals = make(map[string]prometheus.Counter, 3)
 	for _, r := range []string{"ok", "lost", "error"} {
-		m.leaseRenewals.WithLabelValues(r)
+		m.renewals[r] = m.leaseRenewals.WithLabelValues(r)
 	}
+	m.store = make(map[string]storeSeries, len(StoreOps))
 	for _, op := range StoreOps {
-		m.storeErrors.WithLabelValues(op) // zero series: an alert on rate() sees them before the first error
+		m.store[op] = storeSeries{
+			duration: m.storeDuration.WithLabelValues(op),
+			errors:   m.storeErrors.WithLabelValues(op), // zero series: an alert on rate() sees them before the first error
+		}
 	}
+	m.shortfallC = make(map[string]prometheus.Counter, len(DurableOps))
 	for _, op := range DurableOps {
-		m.shortfalls.WithLabelValues(op)
+		m.shortfallC[op] = m.shortfalls.WithLabelValues(op)
 	}
 	for _, c := range StoreRiskChecks {
 		m.storeRisk.WithLabelValues(c)
@@ -137,40 +198,110 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// Register makes a handler's series exist (at zero) before its first message.
+// Register makes a handler's series exist (at zero) before its first
+// message, and resolves them for the hooks. Calling it again for the same
+// handler and transport changes nothing.
 func (m *Metrics) Register(transport, handler string) {
-	for _, o := range Outcomes {
-		m.messages.WithLabelValues(transport, handler, string(o))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.handlers.Load()
+	var prev *handlerSeries
+	if old != nil {
+		prev = (*old)[handler]
 	}
-	m.inflight.WithLabelValues(handler)
-	m.handlerDuration.WithLabelValues(handler)
+	if prev != nil && prev.transport(transport) != nil {
+		return
+	}
+	hs := &handlerSeries{
+		duration: m.handlerDuration.WithLabelValues(handler),
+		inflight: m.inflight.WithLabelValues(handler),
+	}
+	if prev != nil {
+		hs.transports = slices.Clone(prev.transports)
+	}
+	ts := transportSeries{transport: transport, outcomes: make([]prometheus.Counter, len(Outcomes))}
+	for i, o := range Outcomes {
+		ts.outcomes[i] = m.messages.WithLabelValues(transport, handler, string(o))
+	}
+	hs.transports = append(hs.transports, ts)
+	next := make(map[string]*handlerSeries, 1)
+	if old != nil {
+		next = maps.Clone(*old)
+	}
+	next[handler] = hs
+	m.handlers.Store(&next)
+}
+
+// handler is the resolved series of a registered handler, or nil.
+func (m *Metrics) handler(name string) *handlerSeries {
+	if hs := m.handlers.Load(); hs != nil {
+		return (*hs)[name]
+	}
+	return nil
+}
+
+// transport is the handler's outcome counters for transport, or nil.
+func (hs *handlerSeries) transport(name string) *transportSeries {
+	for i := range hs.transports {
+		if hs.transports[i].transport == name {
+			return &hs.transports[i]
+		}
+	}
+	return nil
 }
 
 // OnOutcome counts a settled delivery.
 func (m *Metrics) OnOutcome(handler, transport string, o consumer.Outcome) {
+	if hs := m.handler(handler); hs != nil {
+		if ts := hs.transport(transport); ts != nil {
+			if i, ok := outcomeIndex[o]; ok {
+				ts.outcomes[i].Inc()
+				return
+			}
+		}
+	}
 	m.messages.WithLabelValues(transport, handler, string(o)).Inc()
 }
 
 // OnHandlerDone observes a handler run.
 func (m *Metrics) OnHandlerDone(handler string, took time.Duration, _ error) {
+	if hs := m.handler(handler); hs != nil {
+		hs.duration.Observe(took.Seconds())
+		return
+	}
 	m.handlerDuration.WithLabelValues(handler).Observe(took.Seconds())
 }
 
 // OnInflight moves the in-flight gauge.
 func (m *Metrics) OnInflight(handler string, delta int) {
+	if hs := m.handler(handler); hs != nil {
+		hs.inflight.Add(float64(delta))
+		return
+	}
 	m.inflight.WithLabelValues(handler).Add(float64(delta))
 }
 
 // OnStoreCall observes a store call and counts its failure.
 func (m *Metrics) OnStoreCall(op string, took time.Duration, err error) {
-	m.storeDuration.WithLabelValues(op).Observe(took.Seconds())
+	s, ok := m.store[op]
+	if !ok {
+		s = storeSeries{duration: m.storeDuration.WithLabelValues(op)}
+	}
+	s.duration.Observe(took.Seconds())
 	if err != nil {
-		m.storeErrors.WithLabelValues(op).Inc()
+		if s.errors == nil {
+			s.errors = m.storeErrors.WithLabelValues(op)
+		}
+		s.errors.Inc()
 	}
 }
 
 // OnLeaseRenewal counts a renewal by result.
 func (m *Metrics) OnLeaseRenewal(_ string, result string) {
+	if c, ok := m.renewals[result]; ok {
+		c.Inc()
+		return
+	}
 	m.leaseRenewals.WithLabelValues(result).Inc()
 }
 
@@ -179,7 +310,13 @@ func (m *Metrics) OnCorruptRecord(string) { m.corrupt.Inc() }
 
 // OnDurabilityShortfall counts a store write that too few replicas
 // acknowledged.
-func (m *Metrics) OnDurabilityShortfall(op string) { m.shortfalls.WithLabelValues(op).Inc() }
+func (m *Metrics) OnDurabilityShortfall(op string) {
+	if c, ok := m.shortfallC[op]; ok {
+		c.Inc()
+		return
+	}
+	m.shortfalls.WithLabelValues(op).Inc()
+}
 
 // SetStoreRisk sets dedup_store_risk{check} to 1 when risk, else 0.
 func (m *Metrics) SetStoreRisk(check string, risk bool) {

@@ -201,3 +201,25 @@ func BenchmarkHooks(b *testing.B) {
 		}
 	})
 }
+
+// TestRegisterTwice checks that registering a handler again, for the same
+// transport or another, keeps what it counted and counts each transport's
+// outcomes apart.
+func TestRegisterTwice(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Register("kafka", "orders")
+	m.OnOutcome("orders", "kafka", consumer.OutcomeProcessed)
+	m.OnInflight("orders", 2)
+	m.Register("kafka", "orders")
+	m.Register("nats", "orders")
+	m.OnOutcome("orders", "kafka", consumer.OutcomeProcessed)
+	m.OnOutcome("orders", "nats", consumer.OutcomeDuplicate)
+	m.OnInflight("orders", 1)
+	expect(t, reg, 2, "dedup_messages_total", "transport", "kafka", "handler", "orders", "outcome", string(consumer.OutcomeProcessed))
+	expect(t, reg, 0, "dedup_messages_total", "transport", "nats", "handler", "orders", "outcome", string(consumer.OutcomeProcessed))
+	expect(t, reg, 1, "dedup_messages_total", "transport", "nats", "handler", "orders", "outcome", string(consumer.OutcomeDuplicate))
+	expect(t, reg, 3, "dedup_inflight", "handler", "orders")
+	if got, want := seriesCount(t, reg, "dedup_messages_total"), 2*len(Outcomes); got != want {
+		t.Errorf("dedup_messages_total has %d series, want %d", got, want)
+	}
+}
