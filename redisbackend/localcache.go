@@ -191,21 +191,22 @@ func newLocalCache(o LocalCache) *localCache {
 // CLAIMED record when this Store holds a live claim on rkey of the same
 // fingerprint and version. Any other claim goes to Redis, which reports a
 // MISMATCH or a fingerprint version change. The record is a copy the
-// caller may keep.
-func (c *localCache) answer(rkey, fp string, fpv int, now time.Time) (idempotency.ClaimResult, bool) {
+// caller may keep. rkey is bytes so that the caller can build it in place:
+// the lookups do not copy it.
+func (c *localCache) answer(rkey []byte, fp string, fpv int, now time.Time) (idempotency.ClaimResult, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.trusted {
 		return idempotency.ClaimResult{}, false
 	}
-	if p := c.held[rkey]; p != nil {
+	if p := c.held[string(rkey)]; p != nil {
 		if !now.Before(p.answerUntil) || p.fp != fp || p.fpv != fpv {
 			return idempotency.ClaimResult{}, false
 		}
 		c.inFlightHits.Add(1)
 		return idempotency.ClaimResult{Outcome: idempotency.ClaimInFlight, Record: p.record()}, true
 	}
-	rec, ok := c.entryLocked(rkey, now)
+	rec, ok := c.liveLocked(c.entries[string(rkey)], now)
 	if !ok || rec.Fingerprint != fp || rec.FingerprintVersion != fpv {
 		return idempotency.ClaimResult{}, false
 	}
@@ -216,7 +217,13 @@ func (c *localCache) answer(rkey, fp string, fpv int, now time.Time) (idempotenc
 // entryLocked returns a copy of the unexpired entry of rkey, dropping an
 // expired one; c.mu is held and the cache trusted.
 func (c *localCache) entryLocked(rkey string, now time.Time) (*idempotency.Record, bool) {
-	e := c.entries[rkey]
+	return c.liveLocked(c.entries[rkey], now)
+}
+
+// liveLocked returns a copy of the record of e (nil when there is no
+// entry) when it has not expired, dropping it when it has; c.mu is held
+// and the cache trusted.
+func (c *localCache) liveLocked(e *cacheEntry, now time.Time) (*idempotency.Record, bool) {
 	if e == nil {
 		return nil, false
 	}

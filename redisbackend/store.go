@@ -210,25 +210,38 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 	}
 	// Duplicates of keys this Store completed, and claims of keys it holds
 	// a live claim on, are answered locally; the rest go to Redis, and
-	// their results are put back in request order.
-	results := make([]idempotency.ClaimResult, len(reqs))
+	// their results are put back in request order. Until the first local
+	// answer every request is still going to Redis, and nothing is copied.
+	var results []idempotency.ClaimResult
 	var rest []idempotency.ClaimRequest
 	var restIdx []int
+	var rkey []byte // the Redis key looked up, built in place
 	now := time.Now()
 	for i := range reqs {
 		r := &reqs[i]
-		if res, ok := s.cache.answer(s.prefix+r.Key, r.Fingerprint, r.FingerprintVersion, now); ok {
+		rkey = append(append(rkey[:0], s.prefix...), r.Key...)
+		res, ok := s.cache.answer(rkey, r.Fingerprint, r.FingerprintVersion, now)
+		switch {
+		case ok && results == nil:
+			results = make([]idempotency.ClaimResult, len(reqs))
+			rest = append(make([]idempotency.ClaimRequest, 0, len(reqs)-1), reqs[:i]...)
+			restIdx = make([]int, i, len(reqs)-1)
+			for j := range restIdx {
+				restIdx[j] = j
+			}
+			fallthrough
+		case ok:
 			results[i] = res
-			continue
+		case results != nil:
+			rest = append(rest, *r)
+			restIdx = append(restIdx, i)
 		}
-		rest = append(rest, *r)
-		restIdx = append(restIdx, i)
 	}
-	switch len(rest) {
-	case 0:
-		return results, nil
-	case len(reqs):
+	if results == nil {
 		return s.claimRedis(ctx, reqs)
+	}
+	if len(rest) == 0 {
+		return results, nil
 	}
 	got, err := s.claimRedis(ctx, rest)
 	if err != nil {
