@@ -126,6 +126,9 @@ type pendingClaim struct {
 	// (claim or renewal), plus the lease, less leaseMargin. The server
 	// started the lease after that call started, so its lease ends later.
 	answerUntil time.Time
+	// held reports whether the claim is localCache.held's entry for rkey,
+	// so that ending it needs no lookup to tell.
+	held bool
 	// ended is made by the first local Wait on the claim and closed when
 	// the claim stops answering locally (completed, released, renewed
 	// unsuccessfully, invalidated, replaced, or trust lost).
@@ -309,6 +312,7 @@ func (c *localCache) claimed(p []pendingClaim, epoch uint64, grace time.Duration
 		}
 		if c.epoch == epoch {
 			c.held[q.rkey] = q
+			q.held = true
 		}
 	}
 }
@@ -343,8 +347,9 @@ func (c *localCache) dropLocked(p *pendingClaim) {
 // unholdLocked ends p's local answers: it no longer answers claims, and
 // its waiters wake to ask again.
 func (c *localCache) unholdLocked(p *pendingClaim) {
-	if c.held[p.rkey] == p {
+	if p.held {
 		delete(c.held, p.rkey)
+		p.held = false
 	}
 	if p.ended != nil {
 		close(p.ended)
