@@ -3,6 +3,7 @@ package redisbackend_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,4 +87,112 @@ func BenchmarkClaimComplete(b *testing.B) {
 			b.ReportMetric(float64(hook.trips.Load())/float64(msgs), "trips/msg")
 		})
 	}
+}
+
+// BenchmarkStoreClientSide measures the client side of Store.Claim and
+// Store.Complete on a real Redis: one call of a batch of 1, 10 or 100 new
+// keys (claim) or of their completions (complete), plain and with a
+// LocalCache. allocs/key and B/key are the heap allocations of the timed
+// call divided by its keys; they count the Store's and go-redis's work,
+// not the server's, and so do not move with the machine's load. The keys
+// and claims are made outside the timed call.
+func BenchmarkStoreClientSide(b *testing.B) {
+	client := testenv.RedisClient(b)
+	fp := "1:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
+	result := []byte(`{"status":"shipped"}`)
+	for _, cached := range []bool{false, true} {
+		for _, op := range []string{"claim", "complete"} {
+			for _, size := range []int{1, 10, 100} {
+				name := fmt.Sprintf("%s/keys-%d", op, size)
+				opts := redisbackend.Options{}
+				if cached {
+					name = "cache/" + name
+					opts.LocalCache = redisbackend.LocalCache{Entries: 1 << 16, TTL: time.Minute}
+				}
+				b.Run(name, func(b *testing.B) {
+					s := newStore(b, client, opts)
+					if cached {
+						waitSubscribed(b, s)
+					}
+					ctx := context.Background()
+					reqs := make([]idempotency.ClaimRequest, size)
+					cs := make([]idempotency.Completion, size)
+					prepare := func() {
+						for i := range reqs {
+							reqs[i] = idempotency.ClaimRequest{
+								Key: fmt.Sprintf("bench:%d", benchSeq.Add(1)), Fingerprint: fp, FingerprintVersion: 1,
+								Lease: 30 * time.Second, Retention: time.Minute,
+							}
+						}
+					}
+					claim := func() {
+						res, err := s.Claim(ctx, reqs)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for i, r := range res {
+							if r.Outcome != idempotency.ClaimNew {
+								b.Fatalf("outcome %s", r.Outcome)
+							}
+							cs[i] = idempotency.Completion{
+								Key: r.Claim.Key, Token: r.Claim.Token, Outcome: idempotency.RecordOutcomeOK,
+								Result: result, Retention: time.Minute,
+							}
+						}
+					}
+					complete := func() {
+						ok, err := s.Complete(ctx, cs)
+						if err != nil {
+							b.Fatal(err)
+						}
+						for _, v := range ok {
+							if !v {
+								b.Fatal("completion not owned")
+							}
+						}
+					}
+					prepare()
+					claim()
+					complete() // the scripts are loaded
+					var before, after runtime.MemStats
+					var mallocs, bytes uint64
+					keys := 0
+					for b.Loop() {
+						b.StopTimer()
+						prepare()
+						if op == "complete" {
+							claim()
+						}
+						runtime.ReadMemStats(&before)
+						b.StartTimer()
+						if op == "claim" {
+							claim()
+						} else {
+							complete()
+						}
+						b.StopTimer()
+						runtime.ReadMemStats(&after)
+						mallocs += after.Mallocs - before.Mallocs
+						bytes += after.TotalAlloc - before.TotalAlloc
+						keys += size
+						if op == "claim" {
+							complete() // keeps the cache's pending claims bounded
+						}
+						b.StartTimer()
+					}
+					b.ReportMetric(float64(mallocs)/float64(keys), "allocs/key")
+					b.ReportMetric(float64(bytes)/float64(keys), "B/key")
+				})
+			}
+		}
+	}
+}
+
+// waitSubscribed waits, up to 10s, for s's local cache to trust its
+// invalidation subscription: before that it answers nothing.
+func waitSubscribed(b *testing.B, s *redisbackend.Store) {
+	b.Helper()
+	testenv.Eventually(b, 10*time.Second, "the local cache's invalidation subscription is confirmed", func() bool {
+		return s.LocalCacheStats().Subscribed
+	})
 }

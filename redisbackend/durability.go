@@ -81,7 +81,7 @@ func (s *Store) execDurable(ctx context.Context, op string, calls []*call) error
 	s.pipelineDurable(ctx, batches, false)
 	var again []*call
 	for _, c := range calls {
-		if isNoScript(c.cmd.Err()) {
+		if isNoScript(c.err()) {
 			again = append(again, c)
 		}
 	}
@@ -95,7 +95,7 @@ func (s *Store) execDurable(ctx context.Context, op string, calls []*call) error
 		batches = append(batches, more...)
 	}
 	for _, c := range calls {
-		if err := c.cmd.Err(); err != nil {
+		if err := c.err(); err != nil {
 			if s.cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
 				s.cluster.ReloadState(ctx)
 			}
@@ -123,7 +123,7 @@ func (s *Store) execDurable(ctx context.Context, op string, calls []*call) error
 func (s *Store) checkWait(b *nodeBatch) error {
 	ran := false
 	for _, c := range b.calls {
-		ran = ran || !isNoScript(c.cmd.Err())
+		ran = ran || !isNoScript(c.err())
 	}
 	if !ran {
 		return nil
@@ -156,12 +156,13 @@ func (s *Store) checkWait(b *nodeBatch) error {
 func (s *Store) undoClaims(ctx context.Context, reqs []idempotency.ClaimRequest, tokens []string, groups []group, calls []*call) {
 	var undo []*call
 	for gi, g := range groups {
-		vals, nowUs, err := claimReply(calls[gi].cmd, len(g.idx))
+		vals, nowUs, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
 			continue
 		}
 		for j, i := range g.idx {
-			res, _, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1])
+			var claim idempotency.Claim
+			res, _, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1], &claim)
 			if err != nil || !res.Outcome.Owned() {
 				continue
 			}
@@ -212,11 +213,7 @@ func (s *Store) pipelineDurable(ctx context.Context, batches []*nodeBatch, eval 
 	run := func(b *nodeBatch) {
 		_, _ = b.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range b.calls {
-				if eval {
-					c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
-				} else {
-					c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
-				}
+				c.send(ctx, p, eval)
 			}
 			b.before = p.Time(ctx)
 			b.wait = redis.NewIntCmd(ctx, "wait", s.replicas, s.waitTimeout.Milliseconds())

@@ -1,7 +1,6 @@
 package redisbackend
 
 import (
-	"container/list"
 	"context"
 	"errors"
 	"log/slog"
@@ -97,12 +96,14 @@ type LocalCacheStats struct {
 	Subscribed bool
 }
 
-// cacheEntry is one COMPLETED record this Store wrote.
+// cacheEntry is one COMPLETED record this Store wrote. The entries form a
+// list, oldest first, through prev and next: an entry is its own list
+// element, so caching a record allocates no element of its own.
 type cacheEntry struct {
-	rkey    string
-	rec     idempotency.Record
-	expires time.Time // monotonic: min(completion + TTL, call start + retention)
-	elem    *list.Element
+	rkey       string
+	rec        idempotency.Record
+	expires    time.Time // monotonic: min(completion + TTL, call start + retention)
+	prev, next *cacheEntry
 }
 
 // pendingClaim is what a claim this Store made knows of its record, kept
@@ -125,6 +126,9 @@ type pendingClaim struct {
 	// (claim or renewal), plus the lease, less leaseMargin. The server
 	// started the lease after that call started, so its lease ends later.
 	answerUntil time.Time
+	// held reports whether the claim is localCache.held's entry for rkey,
+	// so that ending it needs no lookup to tell.
+	held bool
 	// ended is made by the first local Wait on the claim and closed when
 	// the claim stops answering locally (completed, released, renewed
 	// unsuccessfully, invalidated, replaced, or trust lost).
@@ -164,11 +168,12 @@ type localCache struct {
 
 	mu      sync.Mutex
 	entries map[string]*cacheEntry
-	order   *list.List               // of *cacheEntry, oldest first
-	pending map[string]*pendingClaim // by token: every claim awaiting its completion
-	held    map[string]*pendingClaim // by Redis key: the claims that answer locally
-	trusted bool
-	epoch   uint64
+	// oldest and newest are the ends of the list of entries.
+	oldest, newest *cacheEntry
+	pending        map[string]*pendingClaim // by token: every claim awaiting its completion
+	held           map[string]*pendingClaim // by Redis key: the claims that answer locally
+	trusted        bool
+	epoch          uint64
 
 	hits, inFlightHits, localWaits, flushes atomic.Int64
 }
@@ -178,7 +183,6 @@ func newLocalCache(o LocalCache) *localCache {
 		max:     o.Entries,
 		ttl:     o.TTL,
 		entries: make(map[string]*cacheEntry),
-		order:   list.New(),
 		pending: make(map[string]*pendingClaim),
 		held:    make(map[string]*pendingClaim),
 	}
@@ -190,21 +194,22 @@ func newLocalCache(o LocalCache) *localCache {
 // CLAIMED record when this Store holds a live claim on rkey of the same
 // fingerprint and version. Any other claim goes to Redis, which reports a
 // MISMATCH or a fingerprint version change. The record is a copy the
-// caller may keep.
-func (c *localCache) answer(rkey, fp string, fpv int, now time.Time) (idempotency.ClaimResult, bool) {
+// caller may keep. rkey is bytes so that the caller can build it in place:
+// the lookups do not copy it.
+func (c *localCache) answer(rkey []byte, fp string, fpv int, now time.Time) (idempotency.ClaimResult, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.trusted {
 		return idempotency.ClaimResult{}, false
 	}
-	if p := c.held[rkey]; p != nil {
+	if p := c.held[string(rkey)]; p != nil {
 		if !now.Before(p.answerUntil) || p.fp != fp || p.fpv != fpv {
 			return idempotency.ClaimResult{}, false
 		}
 		c.inFlightHits.Add(1)
 		return idempotency.ClaimResult{Outcome: idempotency.ClaimInFlight, Record: p.record()}, true
 	}
-	rec, ok := c.entryLocked(rkey, now)
+	rec, ok := c.liveLocked(c.entries[string(rkey)], now)
 	if !ok || rec.Fingerprint != fp || rec.FingerprintVersion != fpv {
 		return idempotency.ClaimResult{}, false
 	}
@@ -215,7 +220,13 @@ func (c *localCache) answer(rkey, fp string, fpv int, now time.Time) (idempotenc
 // entryLocked returns a copy of the unexpired entry of rkey, dropping an
 // expired one; c.mu is held and the cache trusted.
 func (c *localCache) entryLocked(rkey string, now time.Time) (*idempotency.Record, bool) {
-	e := c.entries[rkey]
+	return c.liveLocked(c.entries[rkey], now)
+}
+
+// liveLocked returns a copy of the record of e (nil when there is no
+// entry) when it has not expired, dropping it when it has; c.mu is held
+// and the cache trusted.
+func (c *localCache) liveLocked(e *cacheEntry, now time.Time) (*idempotency.Record, bool) {
 	if e == nil {
 		return nil, false
 	}
@@ -269,7 +280,8 @@ func (c *localCache) await(rkey string, now time.Time) (localWait, bool) {
 // while fewer than max claims wait for their completion; when full, claims
 // whose lease (plus grace) has passed are dropped first. A claim answers
 // locally only when the epoch is still the one the call started in: an
-// invalidation that raced the call may have deleted it.
+// invalidation that raced the call may have deleted it. The cache keeps
+// pointers into p, which the caller gives up.
 func (c *localCache) claimed(p []pendingClaim, epoch uint64, grace time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -288,8 +300,7 @@ func (c *localCache) claimed(p []pendingClaim, epoch uint64, grace time.Duration
 				return
 			}
 		}
-		q := new(pendingClaim)
-		*q = p[i]
+		q := &p[i]
 		c.pending[q.token] = q
 		// Redis gave this claim the key: a cached completion of it is no
 		// longer the stored record, and an older claim of it here is lost.
@@ -301,6 +312,7 @@ func (c *localCache) claimed(p []pendingClaim, epoch uint64, grace time.Duration
 		}
 		if c.epoch == epoch {
 			c.held[q.rkey] = q
+			q.held = true
 		}
 	}
 }
@@ -335,8 +347,9 @@ func (c *localCache) dropLocked(p *pendingClaim) {
 // unholdLocked ends p's local answers: it no longer answers claims, and
 // its waiters wake to ask again.
 func (c *localCache) unholdLocked(p *pendingClaim) {
-	if c.held[p.rkey] == p {
+	if p.held {
 		delete(c.held, p.rkey)
+		p.held = false
 	}
 	if p.ended != nil {
 		close(p.ended)
@@ -351,17 +364,37 @@ func (c *localCache) snapshot() uint64 {
 	return c.epoch
 }
 
-// completed caches the records a Complete call wrote: written[i] tells
-// whether completion i was written by this call (not a retry that found it
-// done), completedAt[i] its completed_at on the server's clock. Nothing is
-// cached when the epoch moved since snapshot (an invalidation or a change of
-// trust raced the call) or the cache is not trusted; the pending claims are
-// dropped either way.
-func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.Completion, written []bool, completedAt []time.Time) {
+// completedKey is what a Complete call learnt of one completion: whether
+// it was written by this call (not a retry that found it done), and its
+// completed_at on the server's clock.
+type completedKey struct {
+	written bool
+	at      time.Time
+}
+
+// completed caches the records a Complete call wrote, done[i] telling of
+// completion i. Nothing is cached when the epoch moved since snapshot (an
+// invalidation or a change of trust raced the call) or the cache is not
+// trusted; the pending claims are dropped either way. The entries of one
+// call, and their results, are allocated together: they were made at once
+// and leave the list, oldest first, nearly together.
+func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.Completion, done []completedKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ok := c.trusted && c.epoch == epoch
 	now := time.Now()
+	var slab []cacheEntry
+	var results []byte
+	if ok {
+		n, size := 0, 0
+		for i := range cs {
+			if done[i].written && cs[i].Outcome == idempotency.RecordOutcomeOK {
+				n++
+				size += len(cs[i].Result)
+			}
+		}
+		slab, results = make([]cacheEntry, 0, n), make([]byte, 0, size)
+	}
 	for i := range cs {
 		cp := &cs[i]
 		p := c.pending[cp.Token]
@@ -373,7 +406,7 @@ func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.C
 		// Only successful completions: a dead-lettered key is what an
 		// operator redrives (forget, then republish), and the republished
 		// message may reach this process before the forget's invalidation.
-		if !ok || p == nil || !written[i] || cp.Outcome != idempotency.RecordOutcomeOK {
+		if !ok || p == nil || !done[i].written || cp.Outcome != idempotency.RecordOutcomeOK {
 			continue
 		}
 		expires := now.Add(c.ttl)
@@ -392,12 +425,14 @@ func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.C
 			Fence:              p.fence,
 			ClaimedAt:          p.claimedAt,
 			LeaseUntil:         p.leaseUntil,
-			CompletedAt:        completedAt[i],
+			CompletedAt:        done[i].at,
 			Outcome:            cp.Outcome,
 			Attempts:           p.attempts,
 		}
 		if len(cp.Result) > 0 {
-			rec.Result = append([]byte(nil), cp.Result...)
+			off := len(results)
+			results = append(results, cp.Result...)
+			rec.Result = results[off:len(results):len(results)]
 		}
 		if len(cp.Meta) > 0 {
 			rec.Meta = make(map[string]string, len(cp.Meta))
@@ -408,17 +443,40 @@ func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.C
 		if old := c.entries[p.rkey]; old != nil {
 			c.removeLocked(old)
 		}
-		e := &cacheEntry{rkey: p.rkey, rec: rec, expires: expires}
-		e.elem = c.order.PushBack(e)
+		slab = append(slab, cacheEntry{rkey: p.rkey, rec: rec, expires: expires})
+		e := &slab[len(slab)-1]
+		c.pushLocked(e)
 		c.entries[p.rkey] = e
 		for len(c.entries) > c.max {
-			c.removeLocked(c.order.Front().Value.(*cacheEntry))
+			c.removeLocked(c.oldest)
 		}
 	}
 }
 
+// pushLocked puts e at the newest end of the list.
+func (c *localCache) pushLocked(e *cacheEntry) {
+	e.prev, e.next = c.newest, nil
+	if c.newest != nil {
+		c.newest.next = e
+	} else {
+		c.oldest = e
+	}
+	c.newest = e
+}
+
+// removeLocked takes e out of the list and the map.
 func (c *localCache) removeLocked(e *cacheEntry) {
-	c.order.Remove(e.elem)
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		c.oldest = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		c.newest = e.prev
+	}
+	e.prev, e.next = nil, nil
 	delete(c.entries, e.rkey)
 }
 
@@ -459,7 +517,7 @@ func (c *localCache) setTrusted(trusted bool) {
 func (c *localCache) flushLocked() {
 	c.flushes.Add(1)
 	clear(c.entries)
-	c.order.Init()
+	c.oldest, c.newest = nil, nil
 	for _, p := range c.held {
 		c.unholdLocked(p)
 	}

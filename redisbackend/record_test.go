@@ -13,7 +13,7 @@ const storedClaim = `{"v":1,"state":"CLAIMED","fp":"1:f","fpv":1,"token":"aaaa",
 // request's own token: the claim is owned, not IN_FLIGHT.
 func TestClaimResultOwnRetriedClaim(t *testing.T) {
 	r := &idempotency.ClaimRequest{Key: "k", Fingerprint: "1:f", FingerprintVersion: 1, Lease: 30 * time.Second}
-	res, _, err := claimResult(r, "aaaa", 2_000_000, "IN_FLIGHT", storedClaim)
+	res, _, err := claimResult(r, "aaaa", 2_000_000, "IN_FLIGHT", storedClaim, new(idempotency.Claim))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,7 +21,7 @@ func TestClaimResultOwnRetriedClaim(t *testing.T) {
 		res.Claim.Fence != 3 || res.Claim.Attempts != 3 || len(res.Claim.Steps["s"]) != 1 || res.Record != nil {
 		t.Errorf("own claim found again: %+v %+v", res, res.Claim)
 	}
-	res, _, err = claimResult(r, "bbbb", 2_000_000, "IN_FLIGHT", storedClaim)
+	res, _, err = claimResult(r, "bbbb", 2_000_000, "IN_FLIGHT", storedClaim, new(idempotency.Claim))
 	if err != nil || res.Outcome != idempotency.ClaimInFlight || res.Claim != nil || res.Record.Token != "aaaa" {
 		t.Errorf("another owner's claim: %+v, %v", res, err)
 	}
@@ -34,7 +34,7 @@ func TestClaimResultRejectsWhatItCannotRead(t *testing.T) {
 		{"cccc", "NEW", storedClaim}, // a claim under another token
 	} {
 		r := &idempotency.ClaimRequest{Key: "k", Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Second}
-		if _, _, err := claimResult(r, tc[0], 2_000_000, tc[1], tc[2]); err == nil {
+		if _, _, err := claimResult(r, tc[0], 2_000_000, tc[1], tc[2], new(idempotency.Claim)); err == nil {
 			t.Errorf("claimResult(%q, %q, %q): no error", tc[0], tc[1], tc[2])
 		}
 	}
@@ -47,7 +47,7 @@ func TestClaimResultRejectsWhatItCannotRead(t *testing.T) {
 func TestClaimResultFreshFromTheCallsTime(t *testing.T) {
 	r := &idempotency.ClaimRequest{Key: "k", Fingerprint: "1:f", FingerprintVersion: 1, Lease: 1500*time.Millisecond + time.Microsecond}
 	const nowUs = 1_764_000_000_123_456
-	res, claimedAt, err := claimResult(r, "aaaa", nowUs, "NEW", "")
+	res, claimedAt, err := claimResult(r, "aaaa", nowUs, "NEW", "", new(idempotency.Claim))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestClaimResultFreshFromTheCallsTime(t *testing.T) {
 	}
 	// '' stands for the fresh claim only with NEW: any other outcome needs
 	// its record.
-	if _, _, err := claimResult(r, "aaaa", nowUs, "RECLAIMED", ""); err == nil {
+	if _, _, err := claimResult(r, "aaaa", nowUs, "RECLAIMED", "", new(idempotency.Claim)); err == nil {
 		t.Error("RECLAIMED without a record: no error")
 	}
 }

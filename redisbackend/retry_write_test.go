@@ -51,16 +51,16 @@ func TestRetriedWriteIsWrittenAgain(t *testing.T) {
 	const key, token = "orders:1", "0123456789abcdef0123456789abcdef"
 	claimOnce := func() idempotency.ClaimResult {
 		t.Helper()
-		c := &call{script: s.claim, keys: []string{s.RedisKey(key)}, args: []any{s.graceMs, token, "1:f", 1, int64(60_000), int64(0)}}
+		c := &call{script: s.claim, keys: []string{s.RedisKey(key)}, reply: replyStrings, args: []any{s.graceMs, token, "1:f", 1, int64(60_000), int64(0)}}
 		if err := s.exec(ctx, "claim", []*call{c}); err != nil {
 			t.Fatal(err)
 		}
-		vals, nowUs, err := claimReply(c.cmd, 1)
+		vals, nowUs, err := claimReply(c.strs, 1)
 		if err != nil {
-			t.Fatalf("claim reply %v, %v", c.cmd.Val(), err)
+			t.Fatalf("claim reply %v, %v", c.strs.Val(), err)
 		}
 		r := idempotency.ClaimRequest{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}
-		res, _, err := claimResult(&r, token, nowUs, vals[0], vals[1])
+		res, _, err := claimResult(&r, token, nowUs, vals[0], vals[1], new(idempotency.Claim))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -223,7 +223,7 @@ type ForgetResult struct {
 	Gone int
 }
 
-var forgetIfScript = redis.NewScript(lua.ForgetIf)
+var forgetIfScript = newScript(lua.ForgetIf)
 
 // ForgetIf deletes each of keys (effective keys, "<scope>:<key>") whose
 // record is, when the script runs, of class and, with olderThan > 0, older

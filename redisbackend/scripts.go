@@ -7,29 +7,128 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// script is a Lua script with its source and SHA-1 boxed once as command
+// arguments, not once a call.
+type script struct {
+	*redis.Script
+	src, sha any
+}
+
+func newScript(src string) *script {
+	sc := redis.NewScript(src)
+	return &script{Script: sc, src: src, sha: sc.Hash()}
+}
+
 // call is one script invocation: its keys (already namespaced), its
-// arguments, and after exec its reply.
+// arguments, and after send its reply: in cmd, or in strs or ints when
+// reply says the script's reply is read as strings or integers.
 type call struct {
-	script *redis.Script
+	script *script
 	keys   []string
 	args   []any
-	cmd    *redis.Cmd
+	reply  replyKind
+	// argv, when set, is the whole command with its first three entries
+	// left for send (name, script, number of keys), then the keys, then
+	// the arguments; newCall makes it so that the arguments are written
+	// into it directly. Without it, send builds it from keys and args.
+	argv []any
+
+	cmd  *redis.Cmd
+	strs *redis.StringSliceCmd
+	ints *redis.IntSliceCmd
+}
+
+// replyKind is how a call's reply is read.
+type replyKind uint8
+
+const (
+	replyAny     replyKind = iota // a *redis.Cmd: any reply
+	replyStrings                  // a *redis.StringSliceCmd: an array, integers as their decimal text
+	replyInts                     // a *redis.IntSliceCmd: an array of integers
+)
+
+// newCall returns a call of script on keys whose reply is read as reply,
+// with room for nargs arguments: the caller appends them to c.argv. Keys
+// go into the command as pointers into keys, which go-redis writes as the
+// strings they point to (and routes by on a cluster), so no key is copied
+// to the heap to fit in an interface.
+func newCall(script *script, keys []string, reply replyKind, nargs int) *call {
+	argv := make([]any, 3+len(keys), 3+len(keys)+nargs)
+	argv[2] = len(keys)
+	for i := range keys {
+		argv[3+i] = &keys[i]
+	}
+	return &call{script: script, keys: keys, reply: reply, argv: argv}
+}
+
+// processor is where a command is sent: a client or a pipeline.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// send sends c on p, as EVALSHA or, when eval is set, EVAL. The bytes on
+// the wire are those of go-redis's Script.EvalSha and Script.Eval with
+// c.keys and c.args.
+func (c *call) send(ctx context.Context, p processor, eval bool) {
+	if c.argv == nil {
+		c.argv = make([]any, 3+len(c.keys), 3+len(c.keys)+len(c.args))
+		c.argv[2] = len(c.keys)
+		for i := range c.keys {
+			c.argv[3+i] = &c.keys[i]
+		}
+		c.argv = append(c.argv, c.args...)
+	}
+	if eval {
+		c.argv[0], c.argv[1] = "eval", c.script.src
+	} else {
+		c.argv[0], c.argv[1] = "evalsha", c.script.sha
+	}
+	var cmd interface {
+		redis.Cmder
+		SetFirstKeyPos(int8)
+	}
+	switch c.reply {
+	case replyStrings:
+		c.strs = redis.NewStringSliceCmd(ctx, c.argv...)
+		cmd = c.strs
+	case replyInts:
+		c.ints = redis.NewIntSliceCmd(ctx, c.argv...)
+		cmd = c.ints
+	default:
+		c.cmd = redis.NewCmd(ctx, c.argv...)
+		cmd = c.cmd
+	}
+	if len(c.keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = p.Process(ctx, cmd)
+}
+
+// err is the error of c's reply.
+func (c *call) err() error {
+	switch c.reply {
+	case replyStrings:
+		return c.strs.Err()
+	case replyInts:
+		return c.ints.Err()
+	}
+	return c.cmd.Err()
 }
 
 // exec runs calls: a single one with EVALSHA, falling back on NOSCRIPT to
 // reloading the scripts and EVAL; several in one pipeline of EVALSHA, after
 // loading the scripts once, sending the calls that met NOSCRIPT again with
 // EVAL (the others ran and must not run twice). It returns the first error,
-// wrapped for op; each call's reply is in call.cmd.
+// wrapped for op; each call's reply is in it (see call).
 func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 	if len(calls) == 1 {
 		c := calls[0]
-		c.cmd = c.script.EvalSha(ctx, s.client, c.keys, c.args...)
-		if isNoScript(c.cmd.Err()) {
+		c.send(ctx, s.client, false)
+		if isNoScript(c.err()) {
 			s.loadScripts(ctx, op)
-			c.cmd = c.script.Eval(ctx, s.client, c.keys, c.args...)
+			c.send(ctx, s.client, true)
 		}
-		return storeErr(op, c.cmd.Err())
+		return storeErr(op, c.err())
 	}
 	if !s.scriptsLoaded.Load() {
 		s.loadScripts(ctx, op)
@@ -37,7 +136,7 @@ func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 	s.pipeline(ctx, calls, false)
 	var again []*call
 	for _, c := range calls {
-		if isNoScript(c.cmd.Err()) {
+		if isNoScript(c.err()) {
 			again = append(again, c)
 		}
 	}
@@ -46,7 +145,7 @@ func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 		s.pipeline(ctx, again, true)
 	}
 	for _, c := range calls {
-		if err := c.cmd.Err(); err != nil {
+		if err := c.err(); err != nil {
 			return storeErr(op, err)
 		}
 	}
@@ -58,11 +157,7 @@ func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 func (s *Store) pipeline(ctx context.Context, calls []*call, eval bool) {
 	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range calls {
-			if eval {
-				c.cmd = c.script.Eval(ctx, p, c.keys, c.args...)
-			} else {
-				c.cmd = c.script.EvalSha(ctx, p, c.keys, c.args...)
-			}
+			c.send(ctx, p, eval)
 		}
 		return nil
 	})
@@ -73,7 +168,7 @@ func (s *Store) pipeline(ctx context.Context, calls []*call, eval bool) {
 // node). A failure is only logged: the caller falls back to EVAL, which
 // needs no cache, and reports any error of its own.
 func (s *Store) loadScripts(ctx context.Context, op string) {
-	for _, sc := range []*redis.Script{s.claim, s.complete, s.renew, s.release, s.step, s.forget} {
+	for _, sc := range []*script{s.claim, s.complete, s.renew, s.release, s.step, s.forget} {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
 			s.log.Warn("dedup: loading redis scripts failed", "op", op, "err", err)
 			return

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,17 +36,20 @@ type Store struct {
 	// Redis key it deleted there, ForgetIf "" (every key).
 	invalidation string
 	graceMs      int64
-	floor        time.Duration
-	cap          time.Duration
-	log          *slog.Logger
-	hooks        consumer.Hooks
+	// graceArg and channelArg are graceMs and channel boxed once as
+	// script arguments, not once a call.
+	graceArg, channelArg any
+	floor                time.Duration
+	cap                  time.Duration
+	log                  *slog.Logger
+	hooks                consumer.Hooks
 
 	// replicas and waitTimeout are Options.Durability: with replicas > 0,
 	// writes go through execDurable.
 	replicas    int
 	waitTimeout time.Duration
 
-	claim, complete, renew, release, step, forget *redis.Script
+	claim, complete, renew, release, step, forget *script
 	scriptsLoaded                                 atomic.Bool
 
 	// cache is Options.LocalCache (nil when off), trusted while inval
@@ -97,14 +102,15 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 		log:      opts.Logger,
 		hooks:    opts.Hooks,
 		replicas: opts.Durability.Replicas,
-		claim:    redis.NewScript(lua.Claim),
-		complete: redis.NewScript(lua.Complete),
-		renew:    redis.NewScript(lua.Renew),
-		release:  redis.NewScript(lua.Release),
-		step:     redis.NewScript(lua.Step),
-		forget:   redis.NewScript(lua.Forget),
+		claim:    newScript(lua.Claim),
+		complete: newScript(lua.Complete),
+		renew:    newScript(lua.Renew),
+		release:  newScript(lua.Release),
+		step:     newScript(lua.Step),
+		forget:   newScript(lua.Forget),
 	}
 	s.invalidation = opts.Namespace + ":dedup:forget"
+	s.graceArg, s.channelArg = s.graceMs, s.channel
 	s.waitTimeout = opts.Durability.Timeout
 	s.cluster, _ = client.(*redis.ClusterClient)
 	s.notify = newNotifier(client, s.channel, opts.Logger)
@@ -204,25 +210,38 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 	}
 	// Duplicates of keys this Store completed, and claims of keys it holds
 	// a live claim on, are answered locally; the rest go to Redis, and
-	// their results are put back in request order.
-	results := make([]idempotency.ClaimResult, len(reqs))
+	// their results are put back in request order. Until the first local
+	// answer every request is still going to Redis, and nothing is copied.
+	var results []idempotency.ClaimResult
 	var rest []idempotency.ClaimRequest
 	var restIdx []int
+	var rkey []byte // the Redis key looked up, built in place
 	now := time.Now()
 	for i := range reqs {
 		r := &reqs[i]
-		if res, ok := s.cache.answer(s.prefix+r.Key, r.Fingerprint, r.FingerprintVersion, now); ok {
+		rkey = append(append(rkey[:0], s.prefix...), r.Key...)
+		res, ok := s.cache.answer(rkey, r.Fingerprint, r.FingerprintVersion, now)
+		switch {
+		case ok && results == nil:
+			results = make([]idempotency.ClaimResult, len(reqs))
+			rest = append(make([]idempotency.ClaimRequest, 0, len(reqs)-1), reqs[:i]...)
+			restIdx = make([]int, i, len(reqs)-1)
+			for j := range restIdx {
+				restIdx[j] = j
+			}
+			fallthrough
+		case ok:
 			results[i] = res
-			continue
+		case results != nil:
+			rest = append(rest, *r)
+			restIdx = append(restIdx, i)
 		}
-		rest = append(rest, *r)
-		restIdx = append(restIdx, i)
 	}
-	switch len(rest) {
-	case 0:
-		return results, nil
-	case len(reqs):
+	if results == nil {
 		return s.claimRedis(ctx, reqs)
+	}
+	if len(rest) == 0 {
+		return results, nil
 	}
 	got, err := s.claimRedis(ctx, rest)
 	if err != nil {
@@ -253,16 +272,16 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 			if s.replicas > 0 {
 				durable = 1 // duplicates are written back for the WAIT
 			}
-			args := make([]any, 0, 6+2*len(g.idx))
-			args = append(args, s.graceMs, "=", r0.FingerprintVersion, durMs(r0.Lease), durMs(r0.Retention), durable)
+			c := newCall(s.claim, g.keys, replyStrings, 6+2*len(g.idx))
+			c.argv = append(c.argv, s.graceArg, "=", r0.FingerprintVersion, durMs(r0.Lease), durMs(r0.Retention), durable)
 			for _, i := range g.idx {
-				args = append(args, &tokens[i], &reqs[i].Fingerprint)
+				c.argv = append(c.argv, &tokens[i], &reqs[i].Fingerprint)
 			}
-			calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
+			calls[gi] = c
 			continue
 		}
-		args := make([]any, 0, 2+5*len(g.idx))
-		args = append(args, s.graceMs)
+		c := newCall(s.claim, g.keys, replyStrings, 2+5*len(g.idx))
+		args := append(c.argv, s.graceArg)
 		var lease, retention msBox
 		for _, i := range g.idx {
 			r := &reqs[i]
@@ -274,7 +293,8 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 		if s.replicas > 0 {
 			args = append(args, 1) // durable: duplicates are written back for the WAIT
 		}
-		calls[gi] = &call{script: s.claim, keys: g.keys, args: args}
+		c.argv = args
+		calls[gi] = c
 	}
 	if err := s.write(ctx, op, calls); err != nil {
 		if errors.Is(err, ErrReplicaShortfall) {
@@ -283,14 +303,19 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 		return nil, err
 	}
 	results := make([]idempotency.ClaimResult, len(reqs))
+	// The owned claims' Claims, one allocation for the batch.
+	claims := make([]idempotency.Claim, len(reqs))
 	var pending []pendingClaim // the owned claims, for the local cache
+	if s.cache != nil {
+		pending = make([]pendingClaim, 0, len(reqs))
+	}
 	for gi, g := range groups {
-		vals, nowUs, err := claimReply(calls[gi].cmd, len(g.idx))
+		vals, nowUs, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
 		}
 		for j, i := range g.idx {
-			res, claimedAt, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1])
+			res, claimedAt, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1], &claims[i])
 			if err != nil {
 				return nil, storeErr(op, err)
 			}
@@ -300,7 +325,7 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 			if s.cache != nil && res.Claim != nil && len(res.Claim.Steps) == 0 {
 				r := &reqs[i]
 				pending = append(pending, pendingClaim{
-					key: r.Key, rkey: s.prefix + r.Key, token: tokens[i], fp: r.Fingerprint, fpv: r.FingerprintVersion,
+					key: r.Key, rkey: g.keys[j], token: tokens[i], fp: r.Fingerprint, fpv: r.FingerprintVersion,
 					fence: res.Claim.Fence, attempts: res.Claim.Attempts, claimedAt: claimedAt, leaseUntil: res.Claim.LeaseUntil,
 					answerUntil: start.Add(r.Lease - leaseMargin(r.Lease)),
 				})
@@ -342,17 +367,19 @@ func jsonPlain(s string) bool {
 
 // claimReply checks the claim script's reply for n keys: two values a key,
 // then the call's TIME in microseconds.
-func claimReply(cmd *redis.Cmd, n int) (vals []any, nowUs int64, err error) {
-	vals, err = cmd.Slice()
+// The reply is read as strings (an integer as its decimal text), so that
+// no value is boxed into an interface.
+func claimReply(cmd *redis.StringSliceCmd, n int) (vals []string, nowUs int64, err error) {
+	vals, err = cmd.Result()
 	if err != nil {
 		return nil, 0, err
 	}
 	if len(vals) != 2*n+1 {
 		return nil, 0, fmt.Errorf("script returned %d values for %d keys, want %d", len(vals), n, 2*n+1)
 	}
-	nowUs, ok := vals[2*n].(int64)
-	if !ok || nowUs <= 0 {
-		return nil, 0, fmt.Errorf("script returned %v as its time, want microseconds", vals[2*n])
+	nowUs, err = strconv.ParseInt(vals[2*n], 10, 64)
+	if err != nil || nowUs <= 0 {
+		return nil, 0, fmt.Errorf("script returned %q as its time, want microseconds", vals[2*n])
 	}
 	return vals[:2*n], nowUs, nil
 }
@@ -360,17 +387,17 @@ func claimReply(cmd *redis.Cmd, n int) (vals []any, nowUs int64, err error) {
 // claimResult turns one (outcome, record JSON) pair of the claim script
 // into the ClaimResult of r, and the record's claimed_at. nowUs is the
 // call's TIME: with it, a NEW claim the script left out of its reply (”)
-// is the template it wrote from r, token and that time.
-func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, outcome, raw any) (idempotency.ClaimResult, time.Time, error) {
+// is the template it wrote from r, token and that time. An owned claim's
+// Claim is written to slot, which the result then points to.
+func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, o, js string, slot *idempotency.Claim) (idempotency.ClaimResult, time.Time, error) {
 	key := r.Key
-	o, _ := outcome.(string)
-	js, _ := raw.(string)
 	if js == "" && o == string(idempotency.ClaimNew) {
 		nowMs := nowUs / 1000
 		claimedAt := time.UnixMilli(nowMs)
-		return idempotency.ClaimResult{Outcome: idempotency.ClaimNew, Claim: &idempotency.Claim{
+		*slot = idempotency.Claim{
 			Key: key, Token: token, Fence: nowUs, LeaseUntil: time.UnixMilli(nowMs + durMs(r.Lease)), Attempts: 1,
-		}}, claimedAt, nil
+		}
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimNew, Claim: slot}, claimedAt, nil
 	}
 	// Nearly every other reply is in the scripts' template: read it in
 	// place, into a record on the stack (an owned claim keeps only a Claim).
@@ -399,7 +426,7 @@ func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, outcome
 		if rec.Token != token {
 			return idempotency.ClaimResult{}, time.Time{}, fmt.Errorf("key hash %s: script returned a claim under another token", keyHash(key))
 		}
-		res.Claim = &idempotency.Claim{
+		*slot = idempotency.Claim{
 			Key:        key,
 			Token:      token,
 			Fence:      rec.Fence,
@@ -407,6 +434,7 @@ func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, outcome
 			Attempts:   rec.Attempts,
 			Steps:      rec.Steps,
 		}
+		res.Claim = slot
 	case idempotency.ClaimDuplicate, idempotency.ClaimInFlight, idempotency.ClaimMismatch:
 		cp := *rec
 		res.Record = &cp
@@ -452,21 +480,22 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		epoch = s.cache.snapshot()
 	}
 	groups := s.groups(len(cs), func(i int) string { return cs[i].Key })
+	results := encodeResults(cs)
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {
 		if uniformCompletions(cs, g.idx) {
 			// The short form of complete.lua: outcome and retention once.
 			c0 := &cs[g.idx[0]]
-			args := make([]any, 0, 4+2*len(g.idx))
-			args = append(args, s.channel, "=", &c0.Outcome, durMs(c0.Retention))
+			c := newCall(s.complete, g.keys, replyInts, 4+2*len(g.idx))
+			c.argv = append(c.argv, s.channelArg, "=", &c0.Outcome, durMs(c0.Retention))
 			for _, i := range g.idx {
-				args = append(args, &cs[i].Token, base64.StdEncoding.EncodeToString(cs[i].Result))
+				c.argv = append(c.argv, &cs[i].Token, &results[i])
 			}
-			calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
+			calls[gi] = c
 			continue
 		}
-		args := make([]any, 0, 1+5*len(g.idx))
-		args = append(args, s.channel)
+		c := newCall(s.complete, g.keys, replyInts, 1+5*len(g.idx))
+		args := append(c.argv, s.channelArg)
 		var retention msBox
 		for _, i := range g.idx {
 			c := &cs[i]
@@ -478,21 +507,21 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 				}
 				meta = string(b)
 			}
-			args = append(args, &c.Token, &c.Outcome, base64.StdEncoding.EncodeToString(c.Result), meta, retention.of(c.Retention))
+			args = append(args, &c.Token, &c.Outcome, &results[i], meta, retention.of(c.Retention))
 		}
-		calls[gi] = &call{script: s.complete, keys: g.keys, args: args}
+		c.argv = args
+		calls[gi] = c
 	}
 	if err := s.write(ctx, op, calls); err != nil {
 		return nil, err
 	}
 	ok := make([]bool, len(cs))
-	var written []bool // completed by this call, not a retry: for the local cache
-	var completedAt []time.Time
+	var done []completedKey // for the local cache
 	if s.cache != nil {
-		written, completedAt = make([]bool, len(cs)), make([]time.Time, len(cs))
+		done = make([]completedKey, len(cs))
 	}
 	for gi, g := range groups {
-		vals, err := calls[gi].cmd.Int64Slice()
+		vals, err := calls[gi].ints.Result()
 		if err != nil {
 			return nil, storeErr(op, err)
 		}
@@ -502,15 +531,46 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		at := time.UnixMilli(vals[len(g.idx)])
 		for j, i := range g.idx {
 			ok[i] = vals[j] == 1 || vals[j] == 2
-			if written != nil {
-				written[i], completedAt[i] = vals[j] == 1, at
+			if done != nil {
+				done[i] = completedKey{written: vals[j] == 1, at: at}
 			}
 		}
 	}
 	if s.cache != nil {
-		s.cache.completed(epoch, start, cs, written, completedAt)
+		s.cache.completed(epoch, start, cs, done)
 	}
 	return ok, nil
+}
+
+// encodeResults returns the base64 of each completion's result, all
+// substrings of one string: one allocation for the batch, not one a key.
+func encodeResults(cs []idempotency.Completion) []string {
+	enc := base64.StdEncoding
+	n := 0
+	for i := range cs {
+		n += enc.EncodedLen(len(cs[i].Result))
+	}
+	var b strings.Builder
+	b.Grow(n)
+	var chunk [256]byte
+	const step = len(chunk) / 4 * 3 // whole groups of 3 bytes: the chunks' encodings join into the whole's
+	for i := range cs {
+		for r := cs[i].Result; len(r) > 0; {
+			m := min(len(r), step)
+			enc.Encode(chunk[:], r[:m])
+			b.Write(chunk[:enc.EncodedLen(m)])
+			r = r[m:]
+		}
+	}
+	all := b.String()
+	out := make([]string, len(cs))
+	off := 0
+	for i := range cs {
+		l := enc.EncodedLen(len(cs[i].Result))
+		out[i] = all[off : off+l]
+		off += l
+	}
+	return out
 }
 
 // uniformCompletions reports whether the completions idx of cs share outcome
@@ -706,17 +766,17 @@ type group struct {
 // groups splits a batch of n keys into script calls: one group on a single
 // node, one per hash slot on a cluster, in order of first appearance.
 func (s *Store) groups(n int, key func(int) string) []group {
+	keys := s.redisKeys(n, key)
 	if s.cluster == nil {
-		g := group{idx: make([]int, n), keys: make([]string, n)}
+		g := group{idx: make([]int, n), keys: keys}
 		for i := range n {
-			g.idx[i], g.keys[i] = i, s.prefix+key(i)
+			g.idx[i] = i
 		}
 		return []group{g}
 	}
 	var gs []group
 	bySlot := make(map[uint16]int, n)
-	for i := range n {
-		k := s.prefix + key(i)
+	for i, k := range keys {
 		slot := hashSlot(k)
 		gi, ok := bySlot[slot]
 		if !ok {
@@ -728,6 +788,30 @@ func (s *Store) groups(n int, key func(int) string) []group {
 		gs[gi].keys = append(gs[gi].keys, k)
 	}
 	return gs
+}
+
+// redisKeys returns the Redis keys of a batch of n keys, all substrings of
+// one string: one allocation for the batch, not one a key.
+func (s *Store) redisKeys(n int, key func(int) string) []string {
+	size := n * len(s.prefix)
+	for i := range n {
+		size += len(key(i))
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for i := range n {
+		b.WriteString(s.prefix)
+		b.WriteString(key(i))
+	}
+	all := b.String()
+	keys := make([]string, n)
+	off := 0
+	for i := range n {
+		l := len(s.prefix) + len(key(i))
+		keys[i] = all[off : off+l]
+		off += l
+	}
+	return keys
 }
 
 // noDuplicates refuses a batch that names one key twice: its results could
