@@ -17,6 +17,50 @@ import (
 
 var benchSeq atomic.Int64
 
+// benchFP is a fingerprint of the size the engine sends.
+const benchFP = "1:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
+
+// newBenchKeys fills reqs with claims of new keys.
+func newBenchKeys(reqs []idempotency.ClaimRequest, retention time.Duration) {
+	for i := range reqs {
+		reqs[i] = idempotency.ClaimRequest{
+			Key: fmt.Sprintf("bench:%d", benchSeq.Add(1)), Fingerprint: benchFP, FingerprintVersion: 1,
+			Lease: 30 * time.Second, Retention: retention,
+		}
+	}
+}
+
+// claimBench claims reqs, which must all be new, and fills cs with their
+// completions.
+func claimBench(b *testing.B, ctx context.Context, s *redisbackend.Store, reqs []idempotency.ClaimRequest, cs []idempotency.Completion, result []byte, keep time.Duration) {
+	res, err := s.Claim(ctx, reqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Outcome != idempotency.ClaimNew {
+			b.Fatalf("outcome %s", r.Outcome)
+		}
+		cs[i] = idempotency.Completion{
+			Key: r.Claim.Key, Token: r.Claim.Token, Outcome: idempotency.RecordOutcomeOK,
+			Result: result, Retention: keep,
+		}
+	}
+}
+
+// completeBench completes cs, which must all be owned.
+func completeBench(b *testing.B, ctx context.Context, s *redisbackend.Store, cs []idempotency.Completion) {
+	ok, err := s.Complete(ctx, cs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, v := range ok {
+		if !v {
+			b.Fatal("completion not owned")
+		}
+	}
+}
+
 // BenchmarkClaimComplete measures the store's work for one message that
 // runs once: claim, then complete. per-message sends one claim and one
 // completion per message; batch-64 claims 64 messages in one call and
@@ -44,35 +88,9 @@ func BenchmarkClaimComplete(b *testing.B) {
 			reqs := make([]idempotency.ClaimRequest, size)
 			cs := make([]idempotency.Completion, size)
 			run := func() {
-				for i := range reqs {
-					reqs[i] = idempotency.ClaimRequest{
-						Key:         fmt.Sprintf("bench:%d", benchSeq.Add(1)),
-						Fingerprint: "1:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8", FingerprintVersion: 1,
-						Lease: 30 * time.Second, Retention: 24 * time.Hour,
-					}
-				}
-				res, err := s.Claim(ctx, reqs)
-				if err != nil {
-					b.Fatal(err)
-				}
-				for i, r := range res {
-					if r.Outcome != idempotency.ClaimNew {
-						b.Fatalf("outcome %s", r.Outcome)
-					}
-					cs[i] = idempotency.Completion{
-						Key: r.Claim.Key, Token: r.Claim.Token, Outcome: idempotency.RecordOutcomeOK,
-						Result: []byte(`{"status":"shipped"}`), Retention: 30 * time.Second,
-					}
-				}
-				ok, err := s.Complete(ctx, cs)
-				if err != nil {
-					b.Fatal(err)
-				}
-				for _, v := range ok {
-					if !v {
-						b.Fatal("completion not owned")
-					}
-				}
+				newBenchKeys(reqs, 24*time.Hour)
+				claimBench(b, ctx, s, reqs, cs, []byte(`{"status":"shipped"}`), 30*time.Second)
+				completeBench(b, ctx, s, cs)
 			}
 			run() // load the scripts
 			hook.cmds.Store(0)
@@ -98,7 +116,6 @@ func BenchmarkClaimComplete(b *testing.B) {
 // and claims are made outside the timed call.
 func BenchmarkStoreClientSide(b *testing.B) {
 	client := testenv.RedisClient(b)
-	fp := "1:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
 	result := []byte(`{"status":"shipped"}`)
 	for _, cached := range []bool{false, true} {
 		for _, op := range []string{"claim", "complete"} {
@@ -117,40 +134,9 @@ func BenchmarkStoreClientSide(b *testing.B) {
 					ctx := context.Background()
 					reqs := make([]idempotency.ClaimRequest, size)
 					cs := make([]idempotency.Completion, size)
-					prepare := func() {
-						for i := range reqs {
-							reqs[i] = idempotency.ClaimRequest{
-								Key: fmt.Sprintf("bench:%d", benchSeq.Add(1)), Fingerprint: fp, FingerprintVersion: 1,
-								Lease: 30 * time.Second, Retention: time.Minute,
-							}
-						}
-					}
-					claim := func() {
-						res, err := s.Claim(ctx, reqs)
-						if err != nil {
-							b.Fatal(err)
-						}
-						for i, r := range res {
-							if r.Outcome != idempotency.ClaimNew {
-								b.Fatalf("outcome %s", r.Outcome)
-							}
-							cs[i] = idempotency.Completion{
-								Key: r.Claim.Key, Token: r.Claim.Token, Outcome: idempotency.RecordOutcomeOK,
-								Result: result, Retention: time.Minute,
-							}
-						}
-					}
-					complete := func() {
-						ok, err := s.Complete(ctx, cs)
-						if err != nil {
-							b.Fatal(err)
-						}
-						for _, v := range ok {
-							if !v {
-								b.Fatal("completion not owned")
-							}
-						}
-					}
+					prepare := func() { newBenchKeys(reqs, time.Minute) }
+					claim := func() { claimBench(b, ctx, s, reqs, cs, result, time.Minute) }
+					complete := func() { completeBench(b, ctx, s, cs) }
 					prepare()
 					claim()
 					complete() // the scripts are loaded
