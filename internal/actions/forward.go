@@ -250,8 +250,8 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 }
 
 // pubAckAnswered is the result of a publish whose wait ended: its PubAck or
-// error when one came, else "no PubAck" with ctx's cause.
-// Its value is added to res.
+// error when one came, else "no PubAck" with ctx's cause. A PubAck's
+// result is written into res.
 func pubAckAnswered(f jetstream.PubAckFuture, subject string, ctx context.Context, res *resultBlock) consumer.Result {
 	select {
 	case ack := <-f.Ok():
@@ -316,9 +316,10 @@ func sameName(a, b string) bool {
 // resultBlock writes the forward results of a run into shared blocks
 // rather than one allocation each: left is how many results of the run are
 // still to come, each of which is either added or, when its message failed,
-// counted off. A result is its own clipped slice of a block (an append to
-// it copies), and the stores of this module copy what they keep, so a
-// block lives no longer than the run's completions.
+// counted off; it only sizes the next block, so a miscount costs an
+// allocation, never a result. A result is its own clipped slice of a
+// block (an append to it copies), and the stores of this module copy what
+// they keep, so a block lives no longer than the run's completions.
 type resultBlock struct {
 	b    []byte
 	left int
