@@ -123,13 +123,11 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		r.cancel(nil)
 		return
 	}
-	slab := make([]handlerRun, len(run))
-	runs := make([]*handlerRun, len(run))
+	runs := make([]handlerRun, len(run))
 	hctxs := make([]context.Context, len(run))
 	msgs := make([]*consumer.Message, len(run))
 	for i, o := range run {
-		runs[i] = &slab[i]
-		hctxs[i] = p.startIn(runs[i], o.ctx, o.d, o.pr, o.leaseEnd)
+		hctxs[i] = p.startIn(&runs[i], o.ctx, o.d, o.pr, o.leaseEnd)
 		msgs[i] = o.d.Message()
 	}
 	results := make([]consumer.Result, len(run))
@@ -138,15 +136,15 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 	consumer.CallBatchHandler(bctx, bh, msgs, results)
 	took := time.Since(start)
 	cancel()
-	for _, r := range runs {
-		r.renewer.stop()
+	for i := range runs {
+		runs[i].renewer.stop()
 	}
 	cs := make([]completing, 0, len(run))
 	for i, o := range run {
 		// A delivery with a context of its own has an Observation of its
 		// own; the run's is shared by all of them.
 		own := o.ctx != ctx
-		if c, ok := p.outcome(o.ctx, o.d, o.pr, runs[i], hctxs[i], results[i].Value, results[i].Err, took, own); ok {
+		if c, ok := p.outcome(o.ctx, o.d, o.pr, &runs[i], hctxs[i], results[i].Value, results[i].Err, took, own); ok {
 			if own {
 				c.ctx = o.ctx
 			}
@@ -156,7 +154,7 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 	if len(cs) > 0 {
 		p.complete(ctx, cs)
 	}
-	for _, r := range runs {
-		r.cancel(nil)
+	for i := range runs {
+		runs[i].cancel(nil)
 	}
 }

@@ -32,6 +32,7 @@ type batcher[Req, Res any] struct {
 	mu      sync.Mutex
 	pending []*batchReq[Req, Res]
 	flights int
+	keys    map[string]struct{} // next's, emptied at each call: a batch's keys
 	wg      sync.WaitGroup
 
 	// free holds requests whose caller took the answer, for reuse: a
@@ -153,8 +154,19 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req) ([]Res, []err
 func (b *batcher[Req, Res]) next() []*batchReq[Req, Res] {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var batch []*batchReq[Req, Res]
-	var keys map[string]struct{}
+	if len(b.pending) == 0 {
+		b.pending = nil // let the backing array go
+		b.flights--
+		return nil
+	}
+	batch := make([]*batchReq[Req, Res], 0, min(len(b.pending), b.maxBatch))
+	// One map for every batch, reused under mu: a batch's keys are needed
+	// only while next runs.
+	if b.keys == nil {
+		b.keys = make(map[string]struct{}, b.maxBatch)
+	}
+	keys := b.keys
+	defer clear(keys)
 	rest := b.pending[:0]
 	for i, r := range b.pending {
 		if len(batch) == b.maxBatch {
@@ -170,9 +182,6 @@ func (b *batcher[Req, Res]) next() []*batchReq[Req, Res] {
 		if _, dup := keys[k]; dup {
 			rest = append(rest, r)
 			continue
-		}
-		if keys == nil {
-			keys = make(map[string]struct{})
 		}
 		keys[k] = struct{}{}
 		batch = append(batch, r)

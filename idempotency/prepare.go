@@ -7,9 +7,19 @@ import (
 	"github.com/idemkit/dedupworker/consumer"
 )
 
+// inspect reads d's fingerprint and idempotency key into a new prepared
+// state, not claimed yet.
 func (p *processor) inspect(d consumer.Delivery) *prepared {
+	pr := &prepared{}
+	p.inspectInto(pr, d)
+	return pr
+}
+
+// inspectInto is inspect into the zero prepared pr, for a batch that
+// allocates its prepared states together.
+func (p *processor) inspectInto(pr *prepared, d consumer.Delivery) {
 	m := d.Message()
-	pr := &prepared{fp: Fingerprint(m, p.cfg.fpHeaders)}
+	pr.fp = Fingerprint(m, p.cfg.fpHeaders)
 	key, _, err := ExtractKey(m, p.cfg.keySources, pr.fp)
 	if err != nil {
 		p.log.Warn("key extraction failed; treating as missing key", "origin", m.Origin.String(), "err", err)
@@ -18,21 +28,24 @@ func (p *processor) inspect(d consumer.Delivery) *prepared {
 		pr.key = key
 		pr.ekey = EffectiveKey(p.name, key)
 	}
-	return pr
 }
 
 // Prepare claims the keys of a fetched batch in one store call
 // (SPEC §4.4). A key that appears twice in the batch is claimed for its first
 // delivery only; the later one claims when it runs and finds the key in
 // flight or done.
+//
+// The batch's prepared states are one allocation: each stays reachable
+// until its delivery took it (take) and ran, so the slab lives as long as
+// the batch's last delivery.
 func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
-	prs := make([]*prepared, len(batch))
+	prs := make([]prepared, len(batch))
 	reqs := make([]ClaimRequest, 0, len(batch))
 	idx := make([]int, 0, len(batch))
 	seen := make(map[string]struct{}, len(batch))
 	for i, d := range batch {
-		pr := p.inspect(d)
-		prs[i] = pr
+		pr := &prs[i]
+		p.inspectInto(pr, d)
 		if pr.key == "" || ctx.Err() != nil {
 			continue
 		}
@@ -47,7 +60,7 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 		now := p.e.clock.Now()
 		res, err := p.claim(ctx, reqs)
 		for j, i := range idx {
-			pr := prs[i]
+			pr := &prs[i]
 			pr.claimed, pr.claimAt, pr.err, pr.batched = true, now, err, true
 			if err == nil {
 				pr.res = res[j]
@@ -56,7 +69,7 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	}
 	p.mu.Lock()
 	for i, d := range batch {
-		pr := prs[i]
+		pr := &prs[i]
 		p.prepared[d] = pr
 		if pr.claimed && pr.err == nil && pr.res.Outcome.Owned() {
 			p.held[pr.ekey] = pr

@@ -175,28 +175,38 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 		if async != nil {
 			futures = make([]jetstream.PubAckFuture, len(ms))
 		}
-		// The run's messages in one allocation. jetstream keeps a message
-		// until its PubAck or error is in, and an unanswered one keeps
-		// the run's array with it.
+		// The run's messages in one allocation, and the one-key value
+		// slices of their Idempotency-Key and Nats-Msg-Id headers in
+		// another. jetstream keeps a message until its PubAck or error
+		// is in, and an unanswered one keeps the run's arrays with it.
 		out := make([]nats.Msg, len(ms))
+		keys := make([]string, len(ms))
+		res := resultBlock{left: len(ms)}
 		for i, m := range ms {
 			mctx := consumer.MessageContext(ctx, i)
+			var kv []string
+			if key := claimOf(mctx, handler).Key; key != "" {
+				keys[i] = key
+				kv = keys[i : i+1 : i+1]
+			}
 			// Nats-Msg-Id is a header of the message rather than a
 			// jetstream.WithMsgID option: a publish without options
 			// skips jetstream's per-message option parsing.
 			msg := &out[i]
-			*msg = nats.Msg{Subject: subject, Data: m.Payload, Header: natsOutgoing(mctx, m, claimOf(mctx, handler).Key, inject)}
+			*msg = nats.Msg{Subject: subject, Data: m.Payload, Header: natsHeader(mctx, m, kv, inject)}
 			if async == nil {
 				ack, err := js.PublishMsg(mctx, msg)
 				if err != nil {
+					res.left--
 					results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 					continue
 				}
-				results[i].Value = pubAckResult(ack)
+				results[i].Value = res.add(ack)
 				continue
 			}
 			f, err := async.PublishMsgAsync(msg)
 			if err != nil {
+				res.left--
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 				continue
 			}
@@ -220,33 +230,37 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 			}
 			select {
 			case ack := <-f.Ok():
-				results[i].Value = pubAckResult(ack)
+				results[i].Value = res.add(ack)
 				continue
 			default:
 			}
 			select {
 			case ack := <-f.Ok():
-				results[i].Value = pubAckResult(ack)
+				results[i].Value = res.add(ack)
 			case err := <-f.Err():
+				res.left--
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 			case <-wctx.Done():
 				// An answer that came while a later message was waited
 				// for is its message's result, not the deadline.
-				results[i] = pubAckAnswered(f, subject, wctx)
+				results[i] = pubAckAnswered(f, subject, wctx, &res)
 			}
 		}
 	}
 }
 
 // pubAckAnswered is the result of a publish whose wait ended: its PubAck or
-// error when one came, else "no PubAck" with ctx's cause.
-func pubAckAnswered(f jetstream.PubAckFuture, subject string, ctx context.Context) consumer.Result {
+// error when one came, else "no PubAck" with ctx's cause. A PubAck's
+// result is written into res.
+func pubAckAnswered(f jetstream.PubAckFuture, subject string, ctx context.Context, res *resultBlock) consumer.Result {
 	select {
 	case ack := <-f.Ok():
-		return consumer.Result{Value: pubAckResult(ack)}
+		return consumer.Result{Value: res.add(ack)}
 	case err := <-f.Err():
+		res.left--
 		return consumer.Result{Err: fmt.Errorf("forward to nats %s: %w", subject, err)}
 	default:
+		res.left--
 		return consumer.Result{Err: fmt.Errorf("forward to nats %s: no PubAck: %w", subject, context.Cause(ctx))}
 	}
 }
@@ -260,19 +274,29 @@ func pubAckAnswered(f jetstream.PubAckFuture, subject string, ctx context.Contex
 // writes into a value slice (nats.Header.Set and consumer.Header.Set
 // replace the slice).
 func natsOutgoing(ctx context.Context, m *consumer.Message, key string, inject Injector) nats.Header {
-	n := len(m.Header)
+	var kv []string
 	if key != "" {
+		kv = []string{key}
+	}
+	return natsHeader(ctx, m, kv, inject)
+}
+
+// natsHeader is natsOutgoing with the key as the value slice to set, kv:
+// nil for no key, else the key alone, with no room to append (both
+// headers share it).
+func natsHeader(ctx context.Context, m *consumer.Message, kv []string, inject Injector) nats.Header {
+	n := len(m.Header)
+	if kv != nil {
 		n += 2
 	}
 	h := make(nats.Header, n)
 	for k, v := range m.Header {
-		if key != "" && (sameName(k, IdempotencyHeader) || sameName(k, nats.MsgIdHdr)) {
+		if kv != nil && (sameName(k, IdempotencyHeader) || sameName(k, nats.MsgIdHdr)) {
 			continue
 		}
 		h[k] = v[:len(v):len(v)]
 	}
-	if key != "" {
-		kv := []string{key}
+	if kv != nil {
 		h[IdempotencyHeader] = kv
 		h[nats.MsgIdHdr] = kv
 	}
@@ -289,10 +313,29 @@ func sameName(a, b string) bool {
 	return len(a) == len(b) && strings.EqualFold(a, b)
 }
 
-// pubAckResult is a PubAck as a forward result: "<stream>:<sequence>".
-func pubAckResult(ack *jetstream.PubAck) []byte {
-	b := make([]byte, 0, len(ack.Stream)+1+20)
-	b = append(b, ack.Stream...)
-	b = append(b, ':')
-	return strconv.AppendUint(b, ack.Sequence, 10)
+// resultBlock writes the forward results of a run into shared blocks
+// rather than one allocation each: left is how many results of the run are
+// still to come, each of which is either added or, when its message failed,
+// counted off; it only sizes the next block, so a miscount costs an
+// allocation, never a result. A result is its own clipped slice of a
+// block (an append to it copies), and the stores of this module copy what
+// they keep, so a block lives no longer than the run's completions.
+type resultBlock struct {
+	b    []byte
+	left int
+}
+
+// add returns ack's result, "<stream>:<sequence>", and counts it off.
+func (r *resultBlock) add(ack *jetstream.PubAck) []byte {
+	need := len(ack.Stream) + 1 + 20 // 20: the digits of the largest uint64
+	if cap(r.b)-len(r.b) < need {
+		// Room for every result still to come of this stream.
+		r.b = make([]byte, 0, need*max(r.left, 1))
+	}
+	r.left--
+	start := len(r.b)
+	r.b = append(r.b, ack.Stream...)
+	r.b = append(r.b, ':')
+	r.b = strconv.AppendUint(r.b, ack.Sequence, 10)
+	return r.b[start:len(r.b):len(r.b)]
 }

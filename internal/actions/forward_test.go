@@ -323,3 +323,41 @@ func TestForwardNATSWaitsForEveryPubAck(t *testing.T) {
 		}
 	}
 }
+
+// resultBlock's results are "<stream>:<sequence>" each, correct when a
+// later ack's stream name no longer fits the block (a new one is made), and
+// clipped: appending to one leaves the next as it was.
+func TestResultBlock(t *testing.T) {
+	r := resultBlock{left: 4}
+	acks := []*jetstream.PubAck{
+		{Stream: "OUT", Sequence: 1},
+		{Stream: "OUT", Sequence: 18446744073709551615},
+		{Stream: "A-MUCH-LONGER-STREAM-NAME-THAN-THE-BLOCK-HAS-ROOM-FOR", Sequence: 3},
+	}
+	want := []string{"OUT:1", "OUT:18446744073709551615", "A-MUCH-LONGER-STREAM-NAME-THAN-THE-BLOCK-HAS-ROOM-FOR:3"}
+	got := make([][]byte, len(acks))
+	for i, a := range acks {
+		got[i] = r.add(a)
+	}
+	r.left-- // the fourth message failed
+	if r.left != 0 {
+		t.Errorf("left %d after every result, want 0", r.left)
+	}
+	_ = append(got[0], "overwritten"...)
+	for i, g := range got {
+		if string(g) != want[i] {
+			t.Errorf("result %d: %q, want %q", i, g, want[i])
+		}
+		if cap(g) != len(g) {
+			t.Errorf("result %d: cap %d, len %d: not clipped", i, cap(g), len(g))
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		r := resultBlock{left: 64}
+		for range 64 {
+			_ = r.add(acks[0])
+		}
+	}); n != 1 {
+		t.Errorf("%v allocations for a run of 64 results of one stream, want 1", n)
+	}
+}

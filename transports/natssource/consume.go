@@ -127,7 +127,13 @@ func (l *consumeLoop) run(ctx context.Context) error {
 			l.held = false
 			l.idle = false
 			l.failures = 0
-			l.ds = append(l.ds, l.s.newDelivery(m))
+			if l.ds == nil {
+				// Sized to what is waiting: a batch seldom grows
+				// beyond it, and a quiet stream's single messages do
+				// not each take a slice of Config.Batch.
+				l.ds = make([]consumer.Delivery, 0, min(l.batch, len(l.rc.in)+1))
+			}
+			l.ds = append(l.ds, l.rc.delivery(m, l.batch-len(l.ds)))
 			l.ds = l.rc.takeBuffered(l.ds, perMsg, l.batch)
 		case sendC <- l.ds:
 			l.ds = nil

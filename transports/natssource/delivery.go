@@ -24,8 +24,9 @@ type delivery struct {
 
 var _ consumer.Delivery = (*delivery)(nil)
 
-func (s *Source) newDelivery(msg jetstream.Msg) *delivery {
-	d := &delivery{
+// initDelivery makes the zero delivery d msg's.
+func (s *Source) initDelivery(d *delivery, msg jetstream.Msg) {
+	*d = delivery{
 		src:     s,
 		msg:     msg,
 		attempt: 1,
@@ -42,13 +43,12 @@ func (s *Source) newDelivery(msg jetstream.Msg) *delivery {
 	delivered, seq, ok := ackMetadata(msg.Reply())
 	if !ok {
 		s.log.Warn("message without JetStream metadata; attempt counted as 1", "stream", s.cfg.Stream, "consumer", s.cfg.Consumer, "subject", msg.Subject(), "reply", msg.Reply())
-		return d
+		return
 	}
 	d.m.Origin.Offset = int64(seq)
 	if delivered > 0 {
 		d.attempt = int(delivered)
 	}
-	return d
 }
 
 // ackMetadata reads a JetStream message's delivery count and stream

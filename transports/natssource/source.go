@@ -152,6 +152,13 @@ type receiver struct {
 
 	cc     jetstream.ConsumeContext // nil while no subscription is open
 	closed <-chan struct{}          // cc.Closed(); nil while no subscription is open
+
+	// spare holds zero deliveries allocated together for a burst of
+	// received messages, one allocation for those waiting in in rather
+	// than one each. A slab stays reachable while any of its deliveries
+	// is, so it is sized to what is waiting, not to Config.Batch. Only
+	// Consume's loop touches it.
+	spare []delivery
 }
 
 func newReceiver(s *Source, cons jetstream.Consumer, batch int) *receiver {
@@ -222,7 +229,7 @@ func (rc *receiver) takeBuffered(ds []consumer.Delivery, slots chan struct{}, ma
 		}
 		select {
 		case m := <-rc.in:
-			ds = append(ds, rc.s.newDelivery(m))
+			ds = append(ds, rc.delivery(m, max-len(ds)))
 		default:
 			if slots != nil {
 				<-slots
@@ -231,6 +238,19 @@ func (rc *receiver) takeBuffered(ds []consumer.Delivery, slots chan struct{}, ma
 		}
 	}
 	return ds
+}
+
+// delivery returns m's delivery, taken from spare; room is how many more
+// messages the batch being built can take, m included, which bounds a new
+// slab along with the messages waiting in in.
+func (rc *receiver) delivery(m jetstream.Msg, room int) *delivery {
+	if len(rc.spare) == 0 {
+		rc.spare = make([]delivery, max(1, min(len(rc.in)+1, room)))
+	}
+	d := &rc.spare[0]
+	rc.spare = rc.spare[1:]
+	rc.s.initDelivery(d, m)
+	return d
 }
 
 // defaultAckPending is the consumer's MaxAckPending when
