@@ -220,3 +220,51 @@ func parseRedisInfo(txt string) (redisStats, error) {
 	}
 	return st, nil
 }
+
+// procIO returns the read and write system calls process pid has made
+// (syscr, syscw of /proc/<pid>/io: read, readv, recvmsg, ... and write,
+// writev, sendmsg, ...; poll and futex calls are in neither).
+func procIO(pid int) (reads, writes uint64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseProcIO(string(b))
+}
+
+func parseProcIO(s string) (reads, writes uint64, err error) {
+	var have int
+	for line := range strings.SplitSeq(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "syscr" && k != "syscw") {
+			continue
+		}
+		n, perr := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if perr != nil {
+			return 0, 0, fmt.Errorf("/proc/<pid>/io %s: %q", k, v)
+		}
+		if k == "syscr" {
+			reads = n
+		} else {
+			writes = n
+		}
+		have++
+	}
+	if have != 2 {
+		return 0, 0, fmt.Errorf("/proc/<pid>/io lacks syscr or syscw")
+	}
+	return reads, writes, nil
+}
+
+// syscalls returns the read and write system calls of pids so far.
+func syscalls(pids []int) (uint64, error) {
+	var sum uint64
+	for _, pid := range pids {
+		r, w, err := procIO(pid)
+		if err != nil {
+			return 0, fmt.Errorf("process %d: %w", pid, err)
+		}
+		sum += r + w
+	}
+	return sum, nil
+}

@@ -105,3 +105,31 @@ func TestAllProcTimesSeesThisProcessWork(t *testing.T) {
 		}
 	}
 }
+
+func TestParseProcIO(t *testing.T) {
+	s := "rchar: 1063339406\nwchar: 1655186818\nsyscr: 126917\nsyscw: 2992646\nread_bytes: 61440\n"
+	if r, w, err := parseProcIO(s); err != nil || r != 126917 || w != 2992646 {
+		t.Fatalf("parseProcIO = %d, %d, %v", r, w, err)
+	}
+	if _, _, err := parseProcIO("rchar: 1\nsyscr: 2\n"); err == nil {
+		t.Fatal("io without syscw parsed")
+	}
+	// This process's own: a write it makes counts.
+	before, err := syscalls([]int{os.Getpid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := f.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = f.Close()
+	if after, err := syscalls([]int{os.Getpid()}); err != nil || after < before+10 {
+		t.Fatalf("after 10 writes: %d system calls, %v; before %d", after, err, before)
+	}
+}

@@ -50,6 +50,12 @@ func printReport(w io.Writer, rep report) {
 		return fmt.Sprintf("%.0f (%.0f %%)", r.MachineCPUUs, r.MachineBusy)
 	})
 	table("Broker processes' CPU (nats-server, Kafka JVMs), µs per message, from the relay's start", func(r result) string { return optUs(r.BrokerCPUUs) })
+	table("Read and write system calls per message of the broker processes (and of the relay), from the relay's start", func(r result) string {
+		if r.BrokerSyscalls == nil {
+			return fmt.Sprintf("– (%.2f)", r.RelaySyscalls)
+		}
+		return fmt.Sprintf("%.2f (%.2f)", *r.BrokerSyscalls, r.RelaySyscalls)
+	})
 	table("Benchmark process CPU (its output reader), µs per message, from the relay's start", func(r result) string { return fmt.Sprintf("%.1f", r.BenchCPUUs) })
 	table("Latency publish → output, p50 (p99), ms, at the -rate publish rate", func(r result) string {
 		if r.LatencyN == 0 {

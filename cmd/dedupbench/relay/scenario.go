@@ -81,7 +81,13 @@ type result struct {
 	// charged to no process. Relay + Redis + brokers + benchmark + other
 	// processes + kernel is the machine's when Redis runs on this host
 	// (RedisLocal).
-	BrokerCPUUs        *float64 `json:"broker_cpu_us_per_msg,omitempty"`
+	BrokerCPUUs *float64 `json:"broker_cpu_us_per_msg,omitempty"`
+	// BrokerSyscalls and RelaySyscalls are the read and write system calls
+	// (/proc/<pid>/io syscr + syscw) per input message of the broker
+	// processes and of the relay processes over the relay's window: how
+	// many messages each socket read and write carries.
+	BrokerSyscalls     *float64 `json:"broker_syscalls_per_msg,omitempty"`
+	RelaySyscalls      float64  `json:"relay_syscalls_per_msg"`
 	BrokerProcs        string   `json:"broker_processes"`
 	BenchCPUUs         float64  `json:"bench_cpu_us_per_msg"`
 	WindowMachineCPUUs float64  `json:"window_machine_cpu_us_per_msg"`
@@ -192,6 +198,12 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	if err != nil {
 		return err
 	}
+	var bsys0 uint64
+	if bp.err == nil {
+		if bsys0, err = syscalls(bp.pids); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+	}
 	procs, err := b.startContender(sc, id, ep)
 	if err != nil {
 		return err
@@ -232,10 +244,20 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		}
 	}
 	cpu1, cerr := procs.cpu()
+	var pids []int
+	for _, c := range procs {
+		pids = append(pids, c.pid())
+	}
+	rsys, rserr := syscalls(pids)
+	var bsys1 uint64
+	var bserr error
+	if bp.err == nil {
+		bsys1, bserr = syscalls(bp.pids)
+	}
 	w1, werr := readWindow()
 	m1 := w1.machine
 	r1, rerr := readRedisStats(ctx, b.stats)
-	if err := errors.Join(cerr, werr, m0err, rerr); err != nil {
+	if err := errors.Join(cerr, rserr, bserr, werr, m0err, rerr); err != nil {
 		return err
 	}
 	n := float64(res.Msgs)
@@ -263,11 +285,11 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	res.WindowMachineCPUUs = ticks(w1.machine.busy - w0.machine.busy)
 	res.SoftirqUs = ticks(w1.machine.softirq - w0.machine.softirq)
 	res.StealUs = ticks(w1.machine.steal - w0.machine.steal)
-	known := []int{os.Getpid()}
-	for _, c := range procs {
-		known = append(known, c.pid())
-	}
+	res.RelaySyscalls = float64(rsys) / n
+	known := append([]int{os.Getpid()}, pids...)
 	if bp.err == nil {
+		sys := float64(bsys1-bsys0) / n
+		res.BrokerSyscalls = &sys
 		d, err := ownCPU(w0, w1, bp.pids)
 		if err != nil {
 			return fmt.Errorf("broker: %w", err)
