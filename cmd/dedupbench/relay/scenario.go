@@ -527,7 +527,7 @@ func (b *bench) writeWorkerConfig(sc scenario, id string, ep endpoints) error {
 		HTTPURL: ep.httpURL, MetricsAddr: ep.metricsAddr,
 	}
 	if sc.Transport == "kafka" {
-		spec.Brokers, spec.InTopic, spec.Group = b.o.brokers, ep.inTopic, ep.group
+		spec.Brokers, spec.InTopic, spec.Group, spec.Isolation = b.o.brokers, ep.inTopic, ep.group, b.o.kafkaIsolation
 		if ep.httpURL == "" {
 			spec.OutTopic = ep.outTopic
 		}
