@@ -50,6 +50,12 @@ func printReport(w io.Writer, rep report) {
 		return fmt.Sprintf("%.0f (%.0f %%)", r.MachineCPUUs, r.MachineBusy)
 	})
 	table("Broker processes' CPU (nats-server, Kafka JVMs), µs per message, from the relay's start", func(r result) string { return optUs(r.BrokerCPUUs) })
+	table("Broker processes' CPU in the second before the relay starts (other clients, their own work), % of one CPU", func(r result) string {
+		if r.BrokerBackgroundPct == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%.0f %%", *r.BrokerBackgroundPct)
+	})
 	table("Read and write system calls per message of the broker processes (and of the relay), from the relay's start", func(r result) string {
 		if r.BrokerSyscalls == nil {
 			return fmt.Sprintf("– (%.2f)", r.RelaySyscalls)

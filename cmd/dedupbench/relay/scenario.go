@@ -86,16 +86,20 @@ type result struct {
 	// (/proc/<pid>/io syscr + syscw) per input message of the broker
 	// processes and of the relay processes over the relay's window: how
 	// many messages each socket read and write carries.
-	BrokerSyscalls     *float64 `json:"broker_syscalls_per_msg,omitempty"`
-	RelaySyscalls      float64  `json:"relay_syscalls_per_msg"`
-	BrokerProcs        string   `json:"broker_processes"`
-	BenchCPUUs         float64  `json:"bench_cpu_us_per_msg"`
-	WindowMachineCPUUs float64  `json:"window_machine_cpu_us_per_msg"`
-	SoftirqUs          float64  `json:"window_softirq_us_per_msg"`
-	StealUs            float64  `json:"window_steal_us_per_msg"`
-	OtherProcsCPUUs    float64  `json:"other_processes_cpu_us_per_msg"`
-	KernelCPUUs        float64  `json:"kernel_cpu_us_per_msg"`
-	RedisLocal         bool     `json:"redis_local"`
+	BrokerSyscalls *float64 `json:"broker_syscalls_per_msg,omitempty"`
+	// BrokerBackgroundPct is the brokers' CPU, in % of one CPU, over the
+	// brokerBackgroundFor before the relay starts: what other clients and
+	// the brokers' own work add to BrokerCPUUs at that rate.
+	BrokerBackgroundPct *float64 `json:"broker_background_cpu_pct,omitempty"`
+	RelaySyscalls       float64  `json:"relay_syscalls_per_msg"`
+	BrokerProcs         string   `json:"broker_processes"`
+	BenchCPUUs          float64  `json:"bench_cpu_us_per_msg"`
+	WindowMachineCPUUs  float64  `json:"window_machine_cpu_us_per_msg"`
+	SoftirqUs           float64  `json:"window_softirq_us_per_msg"`
+	StealUs             float64  `json:"window_steal_us_per_msg"`
+	OtherProcsCPUUs     float64  `json:"other_processes_cpu_us_per_msg"`
+	KernelCPUUs         float64  `json:"kernel_cpu_us_per_msg"`
+	RedisLocal          bool     `json:"redis_local"`
 	// RoundTrips is Redis's total_reads_processed delta per message (one
 	// read per request burst a client sends: a pipeline or a script call
 	// is one); Commands is total_commands_processed, those run inside
@@ -188,6 +192,15 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	res.BrokerProcs = bp.desc
 	if bp.err != nil {
 		res.BrokerProcs = "absent: " + bp.err.Error()
+	}
+	if bp.err == nil {
+		// What the brokers do without this relay (other clients, their own
+		// timers and flushes) counts in their CPU over the window too.
+		pct, err := backgroundPct(ctx, bp.pids, brokerBackgroundFor)
+		if err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		res.BrokerBackgroundPct = &pct
 	}
 	r0, err := readRedisStats(ctx, b.stats)
 	if err != nil {
@@ -354,6 +367,35 @@ func readWindow() (window, error) {
 	ps, err := allProcTimes("/proc")
 	m, merr := readMachineCPU()
 	return window{procs: ps, machine: m}, errors.Join(err, merr)
+}
+
+// brokerBackgroundFor is how long the brokers' CPU is read before the
+// relay starts.
+const brokerBackgroundFor = time.Second
+
+// backgroundPct returns the CPU pids use over d from now, in % of one CPU.
+func backgroundPct(ctx context.Context, pids []int, d time.Duration) (float64, error) {
+	w0, err := readWindow()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-t.C:
+	}
+	w1, err := readWindow()
+	if err != nil {
+		return 0, err
+	}
+	cpu, err := ownCPU(w0, w1, pids)
+	if err != nil {
+		return 0, err
+	}
+	return 100 * cpu.Seconds() / time.Since(start).Seconds(), nil
 }
 
 // ownCPU returns the CPU pids used (utime+stime) from w0 to w1; a pid
