@@ -56,6 +56,7 @@ func printReport(w io.Writer, rep report) {
 		}
 		return fmt.Sprintf("%.0f %%", *r.BrokerBackgroundPct)
 	})
+	table("Broker processes' CPU less that background over the window, µs per message (an estimate)", func(r result) string { return optUs(r.BrokerNetCPUUs) })
 	table("Read and write system calls per message of the broker processes (and of the relay), from the relay's start", func(r result) string {
 		if r.BrokerSyscalls == nil {
 			return fmt.Sprintf("– (%.2f)", r.RelaySyscalls)

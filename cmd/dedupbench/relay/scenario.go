@@ -91,15 +91,20 @@ type result struct {
 	// brokerBackgroundFor before the relay starts: what other clients and
 	// the brokers' own work add to BrokerCPUUs at that rate.
 	BrokerBackgroundPct *float64 `json:"broker_background_cpu_pct,omitempty"`
-	RelaySyscalls       float64  `json:"relay_syscalls_per_msg"`
-	BrokerProcs         string   `json:"broker_processes"`
-	BenchCPUUs          float64  `json:"bench_cpu_us_per_msg"`
-	WindowMachineCPUUs  float64  `json:"window_machine_cpu_us_per_msg"`
-	SoftirqUs           float64  `json:"window_softirq_us_per_msg"`
-	StealUs             float64  `json:"window_steal_us_per_msg"`
-	OtherProcsCPUUs     float64  `json:"other_processes_cpu_us_per_msg"`
-	KernelCPUUs         float64  `json:"kernel_cpu_us_per_msg"`
-	RedisLocal          bool     `json:"redis_local"`
+	// BrokerNetCPUUs is BrokerCPUUs less that rate over the window
+	// (WindowSeconds): an estimate of the brokers' work for this relay,
+	// as good as the background's rate is steady.
+	BrokerNetCPUUs     *float64 `json:"broker_net_cpu_us_per_msg,omitempty"`
+	WindowSeconds      float64  `json:"window_seconds"`
+	RelaySyscalls      float64  `json:"relay_syscalls_per_msg"`
+	BrokerProcs        string   `json:"broker_processes"`
+	BenchCPUUs         float64  `json:"bench_cpu_us_per_msg"`
+	WindowMachineCPUUs float64  `json:"window_machine_cpu_us_per_msg"`
+	SoftirqUs          float64  `json:"window_softirq_us_per_msg"`
+	StealUs            float64  `json:"window_steal_us_per_msg"`
+	OtherProcsCPUUs    float64  `json:"other_processes_cpu_us_per_msg"`
+	KernelCPUUs        float64  `json:"kernel_cpu_us_per_msg"`
+	RedisLocal         bool     `json:"redis_local"`
 	// RoundTrips is Redis's total_reads_processed delta per message (one
 	// read per request burst a client sends: a pipeline or a script call
 	// is one); Commands is total_commands_processed, those run inside
@@ -211,6 +216,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	if err != nil {
 		return err
 	}
+	windowStart := time.Now()
 	var bsys0 uint64
 	if bp.err == nil {
 		if bsys0, err = syscalls(bp.pids); err != nil {
@@ -268,6 +274,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		bsys1, bserr = syscalls(bp.pids)
 	}
 	w1, werr := readWindow()
+	res.WindowSeconds = time.Since(windowStart).Seconds()
 	m1 := w1.machine
 	r1, rerr := readRedisStats(ctx, b.stats)
 	if err := errors.Join(cerr, rserr, bserr, werr, m0err, rerr); err != nil {
@@ -309,6 +316,10 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		}
 		v := us(d)
 		res.BrokerCPUUs = &v
+		if res.BrokerBackgroundPct != nil {
+			net := v - *res.BrokerBackgroundPct/100*res.WindowSeconds*1e6/n
+			res.BrokerNetCPUUs = &net
+		}
 		known = append(known, bp.pids...)
 	}
 	res.RedisLocal = redisErr == nil
