@@ -176,10 +176,10 @@ func newReceiver(s *Source, cons jetstream.Consumer, batch, pullMax int) *receiv
 // pullRuns is how many runs a batching runner's subscription asks for
 // ahead. The library asks again whenever half of what it asked for came,
 // and every pull request costs the server (and the client) work of its
-// own beyond the messages it brings, so asking for one run at a time costs
-// a request per half run; a few runs ahead make that a request per few
-// runs. The messages asked for ahead wait in the client, inside the
-// consumer's MaxAckPending and AckWait, as one run's did.
+// own beyond the messages it brings: asking for one run costs a request
+// per half run, asking for pullRuns runs a request per pullRuns/2 runs.
+// The messages asked for ahead wait in the client, inside the consumer's
+// MaxAckPending and AckWait like the messages of the run being claimed.
 const pullRuns = 8
 
 // pullMax is the subscription's PullMaxMessages: batch; for a batching
