@@ -45,15 +45,19 @@ type Config struct {
 	// concurrency. For N workers sharing the durable consumer set N times
 	// that, or they share one worker's capacity (SPEC §11.5).
 	MaxAckPending int
-	// Batch caps how many messages the pull subscription asks for ahead
-	// (its PullMaxMessages: the client holds at most about twice this many
-	// not yet started) and how many go into one batch claim
-	// (Runner.Prepare). Default (0) means the handler's concurrency.
-	// Without batching a value above the concurrency means the
-	// concurrency, and a batch never holds more messages than there are
-	// free processing slots (a slot per message). When the runner batches
-	// a batch is one run, one ProcessBatch call under one slot, of up to
-	// Batch messages, which may exceed the concurrency.
+	// Batch caps how many messages go into one batch claim
+	// (Runner.Prepare) and, without batching, how many the pull
+	// subscription asks for ahead (its PullMaxMessages: the client holds at
+	// most about twice this many not yet started). Default (0) means the
+	// handler's concurrency. Without batching a value above the
+	// concurrency means the concurrency, and a batch never holds more
+	// messages than there are free processing slots (a slot per message).
+	// When the runner batches a batch is one run, one ProcessBatch call
+	// under one slot, of up to Batch messages, which may exceed the
+	// concurrency; the subscription then asks for 8 runs ahead (8 × Batch,
+	// at most MaxAckPending), since every pull request costs the server
+	// work of its own, and the client holds at most that plus Batch
+	// messages not yet started.
 	Batch int
 	// FetchMaxWait is how long one pull request waits on the server for
 	// messages before the client renews it (its expiry); values under 1s,

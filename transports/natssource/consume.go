@@ -20,6 +20,7 @@ type consumeLoop struct {
 	n        int  // the runner's concurrency: slots
 	batch    int  // the most messages a batch takes
 	batching bool // a slot is a run (ProcessBatch), not a delivery
+	pullMax  int  // the subscription's PullMaxMessages (pullMax)
 
 	// slots has a token per call being processed: a delivery, or a run when
 	// the runner batches.
@@ -87,7 +88,7 @@ func (l *consumeLoop) startWork(workCtx context.Context) (chan<- []consumer.Deli
 // run receives messages into batches and hands them to prepared until ctx
 // is cancelled or the consumer fails for good (Consume's contract).
 func (l *consumeLoop) run(ctx context.Context) error {
-	l.rc = newReceiver(l.s, l.cons, l.batch)
+	l.rc = newReceiver(l.s, l.cons, l.batch, l.pullMax)
 	// Without batching each message takes a slot; when the runner batches
 	// a run's first message takes one and the rest of the run is covered
 	// by it (takeBuffered with no slots).

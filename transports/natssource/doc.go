@@ -12,9 +12,11 @@
 // Consume, whose callback only hands each message on): the server pushes
 // messages as they arrive, without a request round trip per batch. The
 // subscription pulls at most Config.Batch messages (default: the handler's
-// concurrency) ahead and pulls more only as the Source takes them, so the
-// client holds at most about twice that many not yet started (what the library
-// buffered and what it handed on), however large the consumer's MaxAckPending.
+// concurrency) ahead, 8 runs of Config.Batch within MaxAckPending when the
+// runner batches, and pulls more only as the Source takes them, so the
+// client holds at most that plus Config.Batch not yet started (what the
+// library buffered and what it handed on), however large the consumer's
+// MaxAckPending.
 // Whenever a processing slot is free the Source waits for a message, then
 // takes every message already received, up to the free slots and Config.Batch,
 // without waiting for more: a quiet stream's message is not held back to fill

@@ -1,6 +1,7 @@
 package natssource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -117,7 +118,8 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	if batch == 0 || !batching && batch > n {
 		batch = n
 	}
-	cons, err := s.bind(ctx, defaultAckPending(n, batch, batching))
+	ackPending := defaultAckPending(n, batch, batching)
+	cons, err := s.bind(ctx, ackPending)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -130,7 +132,8 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	// buffered in the connection out to the server, so that work done
 	// before the stop is not redelivered (SPEC §8.3).
 	defer s.flush()
-	l := &consumeLoop{s: s, r: r, cons: cons, n: n, batch: batch, batching: batching, idle: true}
+	l := &consumeLoop{s: s, r: r, cons: cons, n: n, batch: batch, batching: batching, idle: true,
+		pullMax: pullMax(batch, cmp.Or(s.cfg.MaxAckPending, ackPending), batching)}
 	prepared, closeWork := l.startWork(context.WithoutCancel(ctx))
 	defer closeWork() // every Process returned before the flush
 	l.prepared = prepared
@@ -161,7 +164,7 @@ type receiver struct {
 	spare []delivery
 }
 
-func newReceiver(s *Source, cons jetstream.Consumer, batch int) *receiver {
+func newReceiver(s *Source, cons jetstream.Consumer, batch, pullMax int) *receiver {
 	rc := &receiver{
 		s:    s,
 		cons: cons,
@@ -170,11 +173,30 @@ func newReceiver(s *Source, cons jetstream.Consumer, batch int) *receiver {
 		quit: make(chan struct{}),
 	}
 	rc.opts = []jetstream.PullConsumeOpt{
-		jetstream.PullMaxMessages(batch),
+		jetstream.PullMaxMessages(pullMax),
 		jetstream.PullExpiry(s.pullExpiry()),
 		jetstream.ConsumeErrHandler(rc.onError),
 	}
 	return rc
+}
+
+// pullRuns is how many runs a batching runner's subscription asks for
+// ahead. The library asks again whenever half of what it asked for came,
+// and every pull request costs the server (and the client) work of its
+// own beyond the messages it brings: asking for one run costs a request
+// per half run, asking for pullRuns runs a request per pullRuns/2 runs.
+// The messages asked for ahead wait in the client, inside the consumer's
+// MaxAckPending and AckWait like the messages of the run being claimed.
+const pullRuns = 8
+
+// pullMax is the subscription's PullMaxMessages: batch; for a batching
+// runner pullRuns runs, within the consumer's MaxAckPending ackPending (the
+// server delivers no more than that unacknowledged) and never under batch.
+func pullMax(batch, ackPending int, batching bool) int {
+	if !batching {
+		return batch
+	}
+	return max(batch, min(batch*pullRuns, ackPending))
 }
 
 // pullExpiry is how long one pull request waits on the server: FetchMaxWait,

@@ -27,6 +27,7 @@ type workerSpec struct {
 	HTTPURL       string // the http action instead of forward
 	HandlerName   string
 	CommitEvery   time.Duration // Kafka commit_interval; 0 leaves the default
+	Isolation     string        // Kafka isolation; empty leaves the default
 	MaxAckPending int           // NATS max_ack_pending; 0 leaves the default
 	// MetricsAddr is the host:port of the binary's /metrics and /readyz
 	// server; empty turns it off.
@@ -60,6 +61,9 @@ func workerYAML(s workerSpec) (string, error) {
 			strings.Join(q, ", "), yamlQuote(s.InTopic), yamlQuote(s.Group))
 		if s.CommitEvery > 0 {
 			fmt.Fprintf(&b, "        commit_interval: %s\n", s.CommitEvery)
+		}
+		if s.Isolation != "" {
+			fmt.Fprintf(&b, "        isolation: %s\n", yamlQuote(s.Isolation))
 		}
 	case s.NATSURL != "":
 		if s.InStream == "" || s.Consumer == "" {

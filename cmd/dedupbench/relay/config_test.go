@@ -23,6 +23,10 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 			s.NATSURL, s.InStream, s.Consumer, s.OutSubject = "nats://127.0.0.1:4222", "IN", "c", "out.x"
 			s.MetricsAddr = "127.0.0.1:19464"
 		},
+		"kafka forward read_uncommitted": func(s *workerSpec) {
+			s.Brokers, s.InTopic, s.Group, s.OutTopic = []string{"127.0.0.1:9092"}, "in", "g", "out"
+			s.Isolation = "read_uncommitted"
+		},
 		"kafka http": func(s *workerSpec) {
 			s.Brokers, s.InTopic, s.Group, s.HTTPURL = []string{"127.0.0.1:9092"}, "in", "g", "http://127.0.0.1:1/"
 		},
@@ -46,6 +50,9 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 				t.Fatalf("http.addr = %v, want %q", cfg.HTTP.Addr, s.MetricsAddr)
 			}
 			h := cfg.Handlers[0]
+			if s.Isolation != "" && (h.Source.Kafka == nil || h.Source.Kafka.Isolation != s.Isolation) {
+				t.Fatalf("source %+v, want isolation %s", h.Source, s.Isolation)
+			}
 			if h.Concurrency != 64 || h.Lease.D() != 30*time.Second || cfg.Redis.Namespace != "rb-1" {
 				t.Fatalf("concurrency %d, lease %v, namespace %q", h.Concurrency, h.Lease.D(), cfg.Redis.Namespace)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"time"
@@ -238,4 +239,20 @@ func readKafkaOutput(ctx context.Context, brokers []string, topic string, partit
 		}
 	}()
 	return func() { cancel(); <-done; cl.Close() }, nil
+}
+
+// brokerAddrs returns the host:port of every broker the cluster's metadata
+// lists: those that lead the benchmark's partitions, whatever -kafka names.
+func (k kafkaAdmin) brokerAddrs(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	md, err := k.client().Metadata(ctx, &kafka.MetadataRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("kafka metadata: %w", err)
+	}
+	out := make([]string, 0, len(md.Brokers))
+	for _, br := range md.Brokers {
+		out = append(out, net.JoinHostPort(br.Host, strconv.Itoa(br.Port)))
+	}
+	return out, nil
 }

@@ -67,6 +67,8 @@ type options struct {
 	src                    string
 	jsonOut                string
 	redisServer            string
+	rawFlags               []string // more flags of the raw and naive relays' child processes
+	kafkaIsolation         string   // dedupworker's source.kafka.isolation; empty: its default
 	timeout, quiet         time.Duration
 	// A soak (soak.go) instead of the measurements: for soak, sampled
 	// every soakEvery, compared from soakWarmup on.
@@ -101,6 +103,9 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.natsURL, "nats", "nats://127.0.0.1:4222", "NATS URL with JetStream")
 	fs.StringVar(&o.redisURL, "redis", "redis://127.0.0.1:6379/0", "Redis URL")
 	fs.StringVar(&o.redisServer, "redis-server", "", "start a private Redis from this redis-server binary (e.g. redis-server) for the run instead of using -redis, so that no other client's work counts in Redis's CPU and round trips")
+	var rawFlags string
+	fs.StringVar(&rawFlags, "raw-flags", "", "more flags for the raw and naive relays, space-separated (e.g. \"-msg-id -pull-max 64\": the NATS output carries Nats-Msg-Id, the pull subscription asks for 64 messages; see relays.go)")
+	fs.StringVar(&o.kafkaIsolation, "kafka-isolation", "", "dedupworker's source.kafka.isolation (read_committed, read_uncommitted); empty: its default")
 	fs.IntVar(&o.msgs, "msgs", 50000, "backlog messages per measurement")
 	fs.IntVar(&o.partitions, "partitions", 8, "partitions of each Kafka topic")
 	fs.StringVar(&dups, "dups", "0,30", "duplicate percentages")
@@ -124,6 +129,13 @@ func parseOptions(args []string) (options, error) {
 		return o, err
 	}
 	o.brokers, o.transports, o.contenders = benchutil.SplitList(brokers), benchutil.SplitList(transports), benchutil.SplitList(contenders)
+	o.rawFlags = strings.Fields(rawFlags)
+	if len(o.rawFlags) > 0 {
+		// The child's own parser says which flag is wrong before anything runs.
+		if _, err := parseChildFlags(append([]string{"-in", "x", "-out", "x", "-group", "x", "-ns", "x"}, o.rawFlags...)); err != nil {
+			return o, fmt.Errorf("-raw-flags %q: %w", rawFlags, err)
+		}
+	}
 	var err error
 	if o.dups, err = intList("-dups", dups, 0, 90); err != nil {
 		return o, err
@@ -227,7 +239,7 @@ func run(ctx context.Context, o options, w io.Writer) (report, error) {
 		Started: time.Now().UTC(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Commit: gitCommit(o.src),
 		Options: map[string]any{
 			"msgs": o.msgs, "partitions": o.partitions, "latency": o.latency.String(), "rate": o.rate,
-			"concurrency": o.concurrency, "lease": o.lease.String(), "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL, "private_redis": o.redisServer != "",
+			"concurrency": o.concurrency, "lease": o.lease.String(), "raw_flags": strings.Join(o.rawFlags, " "), "kafka_isolation": o.kafkaIsolation, "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL, "private_redis": o.redisServer != "",
 		},
 	}
 	if o.soak > 0 {

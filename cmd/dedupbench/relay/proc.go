@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -25,25 +27,85 @@ func procCPU(pid int) (time.Duration, error) {
 	return parseProcStat(string(b))
 }
 
-// parseProcStat reads utime and stime (fields 14 and 15) of a
-// /proc/<pid>/stat line. The command name (field 2) is in parentheses and
-// may hold spaces, so the fields are counted after its closing one.
+// parseProcStat reads utime and stime of a /proc/<pid>/stat line.
 func parseProcStat(s string) (time.Duration, error) {
+	t, err := parseProcTimes(s)
+	return t.own, err
+}
+
+// procTimes are a process's CPU times: its own (utime+stime, every thread
+// of it) and its reaped children's (cutime+cstime: the CPU of the children
+// it waited for, theirs included).
+type procTimes struct{ own, reaped time.Duration }
+
+// parseProcTimes reads utime, stime, cutime and cstime (fields 14 to 17) of
+// a /proc/<pid>/stat line. The command name (field 2) is in parentheses
+// and may hold spaces, so the fields are counted after its closing one.
+func parseProcTimes(s string) (procTimes, error) {
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/<pid>/stat: no command name in %q", s)
+		return procTimes{}, fmt.Errorf("/proc/<pid>/stat: no command name in %q", s)
 	}
 	f := strings.Fields(s[i+1:])
 	// f[0] is field 3 (state): utime is field 14, f[11].
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/<pid>/stat: %d fields after the command name, want at least 13", len(f))
+	if len(f) < 15 {
+		return procTimes{}, fmt.Errorf("/proc/<pid>/stat: %d fields after the command name, want at least 15", len(f))
 	}
-	u, err1 := strconv.ParseUint(f[11], 10, 64)
-	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/<pid>/stat: utime %q, stime %q", f[11], f[12])
+	var v [4]uint64
+	for j := range v {
+		n, err := strconv.ParseUint(f[11+j], 10, 64)
+		if err != nil {
+			return procTimes{}, fmt.Errorf("/proc/<pid>/stat: field %d: %q", 14+j, f[11+j])
+		}
+		v[j] = n
 	}
-	return time.Duration(u+st) * clockTick, nil
+	return procTimes{own: time.Duration(v[0]+v[1]) * clockTick, reaped: time.Duration(v[2]+v[3]) * clockTick}, nil
+}
+
+// allProcTimes returns the procTimes of every process under procRoot by
+// pid; a process that ends while it reads is left out.
+func allProcTimes(procRoot string) (map[int]procTimes, error) {
+	ents, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]procTimes, len(ents))
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		t, err := parseProcTimes(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("%s/%d: %w", procRoot, pid, err)
+		}
+		out[pid] = t
+	}
+	return out, nil
+}
+
+// processesCPU returns the CPU every process used from a to b, and the
+// part of it of the pids in some. A process's own and reaped times are
+// summed: one that ends between a and b is in its parent's reaped time at
+// b, once its parent waited for it, so it counts for its whole life less
+// what a held of it. A process started after a counts from zero.
+func processesCPU(a, b map[int]procTimes, some []int) (all, part time.Duration) {
+	sum := func(m map[int]procTimes, pick func(int) bool) time.Duration {
+		var d time.Duration
+		for pid, t := range m {
+			if pick(pid) {
+				d += t.own + t.reaped
+			}
+		}
+		return d
+	}
+	every := func(int) bool { return true }
+	in := func(pid int) bool { return slices.Contains(some, pid) }
+	return sum(b, every) - sum(a, every), sum(b, in) - sum(a, in)
 }
 
 // procPeakRSS returns VmHWM of process pid in bytes.
@@ -70,8 +132,12 @@ func parseStatusField(s, field string) (int64, error) {
 }
 
 // machineCPU holds the first line of /proc/stat: the CPU time of every
-// process on the machine, in clock ticks.
-type machineCPU struct{ busy, total uint64 }
+// process on the machine, in clock ticks. softirq is the part of busy the
+// kernel spent in software interrupts (loopback TCP's receive side among
+// them), which it charges to no process when it accounts IRQ time apart;
+// steal is the time the hypervisor ran something else while a CPU had work,
+// which is not busy.
+type machineCPU struct{ busy, total, softirq, steal uint64 }
 
 func readMachineCPU() (machineCPU, error) {
 	b, err := os.ReadFile("/proc/stat")
@@ -99,7 +165,7 @@ func parseMachineCPU(line string) (machineCPU, error) {
 		v[i] = n
 	}
 	busy := v[0] + v[1] + v[2] + v[5] + v[6]
-	return machineCPU{busy: busy, total: busy + v[3] + v[4] + v[7]}, nil
+	return machineCPU{busy: busy, total: busy + v[3] + v[4] + v[7], softirq: v[6], steal: v[7]}, nil
 }
 
 // redisStats is what one INFO returns that the benchmark needs.
@@ -153,4 +219,52 @@ func parseRedisInfo(txt string) (redisStats, error) {
 		return st, fmt.Errorf("redis INFO lacks used_cpu_user, used_cpu_sys, total_reads_processed or total_commands_processed (Redis ≥ 6.2 has them)")
 	}
 	return st, nil
+}
+
+// procIO returns the read and write system calls process pid has made
+// (syscr, syscw of /proc/<pid>/io: read, readv, recvmsg, ... and write,
+// writev, sendmsg, ...; poll and futex calls are in neither).
+func procIO(pid int) (reads, writes uint64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseProcIO(string(b))
+}
+
+func parseProcIO(s string) (reads, writes uint64, err error) {
+	var have int
+	for line := range strings.SplitSeq(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "syscr" && k != "syscw") {
+			continue
+		}
+		n, perr := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if perr != nil {
+			return 0, 0, fmt.Errorf("/proc/<pid>/io %s: %q", k, v)
+		}
+		if k == "syscr" {
+			reads = n
+		} else {
+			writes = n
+		}
+		have++
+	}
+	if have != 2 {
+		return 0, 0, fmt.Errorf("/proc/<pid>/io lacks syscr or syscw")
+	}
+	return reads, writes, nil
+}
+
+// syscalls returns the read and write system calls of pids so far.
+func syscalls(pids []int) (uint64, error) {
+	var sum uint64
+	for _, pid := range pids {
+		r, w, err := procIO(pid)
+		if err != nil {
+			return 0, fmt.Errorf("process %d: %w", pid, err)
+		}
+		sum += r + w
+	}
+	return sum, nil
 }

@@ -39,9 +39,16 @@ type childOptions struct {
 	commitEvery            time.Duration
 	maxAckPending          int
 	publishAsyncMaxPending int
+	// NATS variants of the relays, to measure what one difference from
+	// dedupworker's relay costs: the output carries Nats-Msg-Id (the key),
+	// and the pull subscription asks for pullMax messages (0: the
+	// library's default, 500).
+	msgID   bool
+	pullMax int
 }
 
-func childMain(args []string) error {
+// parseChildFlags parses and checks the child's arguments.
+func parseChildFlags(args []string) (childOptions, error) {
 	var o childOptions
 	fs := flag.NewFlagSet("child", flag.ContinueOnError)
 	var brokers string
@@ -60,18 +67,31 @@ func childMain(args []string) error {
 	fs.DurationVar(&o.commitEvery, "commit-interval", time.Second, "Kafka offset commit interval")
 	fs.IntVar(&o.maxAckPending, "max-ack-pending", 4096, "the NATS consumer's MaxAckPending")
 	fs.IntVar(&o.publishAsyncMaxPending, "publish-async-max-pending", 4096, "NATS PublishAsyncMaxPending")
+	fs.BoolVar(&o.msgID, "msg-id", false, "NATS: set the output's Nats-Msg-Id to the idempotency key, as dedupworker's forward.nats does")
+	fs.IntVar(&o.pullMax, "pull-max", 0, "NATS: the pull subscription's PullMaxMessages (0: the library's default)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return o, err
 	}
 	o.brokers = strings.Split(brokers, ",")
 	if o.in == "" || o.out == "" || o.group == "" {
-		return errors.New("child: -in, -out and -group are required")
+		return o, errors.New("child: -in, -out and -group are required")
 	}
 	if o.mode != "raw" && o.mode != "naive" {
-		return fmt.Errorf("child -mode: %q is neither raw nor naive", o.mode)
+		return o, fmt.Errorf("child -mode: %q is neither raw nor naive", o.mode)
 	}
 	if o.mode == "naive" && o.ns == "" {
-		return errors.New("child -ns: naive needs a Redis key prefix")
+		return o, errors.New("child -ns: naive needs a Redis key prefix")
+	}
+	if o.pullMax < 0 {
+		return o, fmt.Errorf("child -pull-max: %d; want 0 (the library's default) or more", o.pullMax)
+	}
+	return o, nil
+}
+
+func childMain(args []string) error {
+	o, err := parseChildFlags(args)
+	if err != nil {
+		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -87,7 +107,6 @@ func childMain(args []string) error {
 		defer func() { _ = rdb.Close() }()
 		c = &naiveClaims{rdb: rdb, ns: o.ns, lease: o.lease, sem: make(chan struct{}, o.concurrency)}
 	}
-	var err error
 	switch o.transport {
 	case "kafka":
 		err = kafkaRelay(ctx, o, c)
@@ -330,7 +349,7 @@ func natsRelay(ctx context.Context, o childOptions, c *naiveClaims) error {
 						continue
 					}
 					if won {
-						out := &nats.Msg{Subject: o.out, Data: m.Data(), Header: nats.Header(m.Headers())}
+						out := natsOutput(o, m)
 						pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 						_, err = js.PublishMsg(pctx, out)
 						cancel()
@@ -348,20 +367,23 @@ func natsRelay(ctx context.Context, o childOptions, c *naiveClaims) error {
 			})
 		}
 	}
+	var pullOpts []jetstream.PullConsumeOpt
+	if o.pullMax > 0 {
+		pullOpts = append(pullOpts, jetstream.PullMaxMessages(o.pullMax))
+	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		if c != nil {
 			work <- m
 			return
 		}
-		out := &nats.Msg{Subject: o.out, Data: m.Data(), Header: nats.Header(m.Headers())}
-		f, err := js.PublishMsgAsync(out)
+		f, err := js.PublishMsgAsync(natsOutput(o, m))
 		if err != nil {
 			_ = m.Nak()
 			fail(fmt.Errorf("nats publish: %w", err))
 			return
 		}
 		acks <- pending{f, m}
-	})
+	}, pullOpts...)
 	if err != nil {
 		close(work)
 		close(acks)
@@ -379,4 +401,19 @@ func natsRelay(ctx context.Context, o childOptions, c *naiveClaims) error {
 	close(acks)
 	wg.Wait()
 	return err
+}
+
+// natsOutput is the copy of m the NATS relays publish: its payload and
+// headers (m's own map), and with -msg-id Nats-Msg-Id set to its
+// idempotency key in a new map, so that m's headers stay as they came.
+func natsOutput(o childOptions, m jetstream.Msg) *nats.Msg {
+	if !o.msgID {
+		return &nats.Msg{Subject: o.out, Data: m.Data(), Header: nats.Header(m.Headers())}
+	}
+	h := make(nats.Header, len(m.Headers())+1)
+	for k, v := range m.Headers() {
+		h[k] = v
+	}
+	h.Set(nats.MsgIdHdr, m.Headers().Get(keyHeader))
+	return &nats.Msg{Subject: o.out, Data: m.Data(), Header: h}
 }

@@ -49,6 +49,21 @@ func printReport(w io.Writer, rep report) {
 	table("Whole machine CPU, µs per message (busy %)", func(r result) string {
 		return fmt.Sprintf("%.0f (%.0f %%)", r.MachineCPUUs, r.MachineBusy)
 	})
+	table("Broker processes' CPU (nats-server, Kafka JVMs), µs per message, from the relay's start", func(r result) string { return optUs(r.BrokerCPUUs) })
+	table("Broker processes' CPU in the second before the relay starts (other clients, their own work), % of one CPU", func(r result) string {
+		if r.BrokerBackgroundPct == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%.0f %%", *r.BrokerBackgroundPct)
+	})
+	table("Broker processes' CPU less that background over the window, µs per message (an estimate)", func(r result) string { return optUs(r.BrokerNetCPUUs) })
+	table("Read and write system calls per message of the broker processes (and of the relay), from the relay's start", func(r result) string {
+		if r.BrokerSyscalls == nil {
+			return fmt.Sprintf("– (%.2f)", r.RelaySyscalls)
+		}
+		return fmt.Sprintf("%.2f (%.2f)", *r.BrokerSyscalls, r.RelaySyscalls)
+	})
+	table("Benchmark process CPU (its output reader), µs per message, from the relay's start", func(r result) string { return fmt.Sprintf("%.1f", r.BenchCPUUs) })
 	table("Latency publish → output, p50 (p99), ms, at the -rate publish rate", func(r result) string {
 		if r.LatencyN == 0 {
 			return "–"
@@ -61,6 +76,29 @@ func printReport(w io.Writer, rep report) {
 	table("Correctness: missing keys, order violations, repeated outputs", func(r result) string {
 		return fmt.Sprintf("%d, %d, %d", r.MissingKeys, r.OrderViolations, r.Repeats)
 	})
+
+	fmt.Fprintf(w, "\nWhere the machine's CPU goes from the relay's start to its last output, µs per message: relay + Redis + brokers + benchmark + other processes + kernel = machine (with Redis on this host); kernel is the work charged to no process, softirq among it\n\n")
+	fmt.Fprintln(w, "| transport | contender | dups | relay | Redis | brokers | benchmark | other processes | kernel (softirq) | machine | steal |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range rep.Results {
+		if r.Err != "" || r.ScaleOut {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %s | %d %% | %.1f | %.1f | %s | %.1f | %.1f | %.1f (%.1f) | %.1f | %.1f |\n", orDefault(transportTitle[r.Transport], r.Transport), r.Contender, r.DupPct,
+			r.ProcCPUUs, r.RedisCPUUs, optUs(r.BrokerCPUUs), r.BenchCPUUs, r.OtherProcsCPUUs, r.KernelCPUUs, r.SoftirqUs, r.WindowMachineCPUUs, r.StealUs)
+	}
+	var brokers []string
+	for _, t := range transports {
+		for _, r := range rep.Results {
+			if r.Transport == t && r.BrokerProcs != "" {
+				brokers = append(brokers, fmt.Sprintf("%s: %s", t, r.BrokerProcs))
+				break
+			}
+		}
+	}
+	if len(brokers) > 0 {
+		fmt.Fprintf(w, "\nBroker processes read (first measurement of each transport): %s\n", strings.Join(brokers, "; "))
+	}
 
 	var scaled []result
 	for _, r := range rep.Results {
@@ -82,19 +120,19 @@ func printReport(w io.Writer, rep report) {
 		}
 	}
 
-	fmt.Fprintf(w, "\nEvery measurement\n\n| transport | contender | dups | procs | msgs/s | outputs (repeats) | Redis CPU µs/msg | relay CPU µs/msg | machine µs/msg (busy) | round trips/msg | commands/msg | p50 / p99 ms (at msgs/s) | RSS MB | missing | order violations |\n")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
+	fmt.Fprintf(w, "\nEvery measurement\n\n| transport | contender | dups | procs | msgs/s | outputs (repeats) | Redis CPU µs/msg | relay CPU µs/msg | broker CPU µs/msg | bench CPU µs/msg | machine µs/msg (busy) | round trips/msg | commands/msg | p50 / p99 ms (at msgs/s) | RSS MB | missing | order violations |\n")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|")
 	for _, r := range rep.Results {
 		if r.Err != "" {
-			fmt.Fprintf(w, "| %s | %s | %d %% | %d | failed: %s |||||||||||\n", r.Transport, r.Contender, r.DupPct, r.Procs, oneLine(r.Err))
+			fmt.Fprintf(w, "| %s | %s | %d %% | %d | failed: %s |||||||||||||\n", r.Transport, r.Contender, r.DupPct, r.Procs, oneLine(r.Err))
 			continue
 		}
 		lat := "–"
 		if r.LatencyN > 0 {
 			lat = fmt.Sprintf("%.1f / %.1f (%.0f)", r.P50Ms, r.P99Ms, r.LatencyRate)
 		}
-		fmt.Fprintf(w, "| %s | %s | %d %% | %d | %.0f | %d (%d) | %.1f | %.1f | %.0f (%.0f %%) | %.3f | %.2f | %s | %.0f | %d | %d |\n",
-			r.Transport, r.Contender, r.DupPct, r.Procs, r.MsgsPerSec, r.Outputs, r.Repeats, r.RedisCPUUs, r.ProcCPUUs,
+		fmt.Fprintf(w, "| %s | %s | %d %% | %d | %.0f | %d (%d) | %.1f | %.1f | %s | %.1f | %.0f (%.0f %%) | %.3f | %.2f | %s | %.0f | %d | %d |\n",
+			r.Transport, r.Contender, r.DupPct, r.Procs, r.MsgsPerSec, r.Outputs, r.Repeats, r.RedisCPUUs, r.ProcCPUUs, optUs(r.BrokerCPUUs), r.BenchCPUUs,
 			r.MachineCPUUs, r.MachineBusy, r.RoundTrips, r.Commands, lat, r.PeakRSSMB, r.MissingKeys, r.OrderViolations)
 	}
 }
@@ -133,4 +171,12 @@ func uniqInt(rs []result) []int {
 		}
 	}
 	return out
+}
+
+// optUs formats an optional µs figure: "–" when absent.
+func optUs(v *float64) string {
+	if v == nil {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", *v)
 }

@@ -67,6 +67,44 @@ type result struct {
 	ProcCPUUs    float64 `json:"relay_cpu_us_per_msg"`
 	MachineCPUUs float64 `json:"machine_cpu_us_per_msg"`
 	MachineBusy  float64 `json:"machine_busy_pct"`
+	// The relay's window, from just before the relay processes start to the
+	// last output of the backlog, per input message in µs: the CPU of the
+	// broker processes serving the transport (nats-server, the Kafka
+	// JVMs), absent when one of them is not a process of this host
+	// (BrokerProcs then says why); of the benchmark's own process (the
+	// output reader: the backlog is published before the window); of the
+	// whole machine over the same window (WindowMachineCPUUs, not
+	// MachineCPUUs's first-to-last output) and its softirq part; of every
+	// other process of the machine (OtherProcsCPUUs: other helpers, the go
+	// tool, ...; from /proc/<pid>/stat, reaped children included); and
+	// KernelCPUUs, the machine's less every process's: the kernel's work
+	// charged to no process. Relay + Redis + brokers + benchmark + other
+	// processes + kernel is the machine's when Redis runs on this host
+	// (RedisLocal).
+	BrokerCPUUs *float64 `json:"broker_cpu_us_per_msg,omitempty"`
+	// BrokerSyscalls and RelaySyscalls are the read and write system calls
+	// (/proc/<pid>/io syscr + syscw) per input message of the broker
+	// processes and of the relay processes over the relay's window: how
+	// many messages each socket read and write carries.
+	BrokerSyscalls *float64 `json:"broker_syscalls_per_msg,omitempty"`
+	// BrokerBackgroundPct is the brokers' CPU, in % of one CPU, over the
+	// brokerBackgroundFor before the relay starts: what other clients and
+	// the brokers' own work add to BrokerCPUUs at that rate.
+	BrokerBackgroundPct *float64 `json:"broker_background_cpu_pct,omitempty"`
+	// BrokerNetCPUUs is BrokerCPUUs less that rate over the window
+	// (WindowSeconds): an estimate of the brokers' work for this relay,
+	// as good as the background's rate is steady.
+	BrokerNetCPUUs     *float64 `json:"broker_net_cpu_us_per_msg,omitempty"`
+	WindowSeconds      float64  `json:"window_seconds"`
+	RelaySyscalls      float64  `json:"relay_syscalls_per_msg"`
+	BrokerProcs        string   `json:"broker_processes"`
+	BenchCPUUs         float64  `json:"bench_cpu_us_per_msg"`
+	WindowMachineCPUUs float64  `json:"window_machine_cpu_us_per_msg"`
+	SoftirqUs          float64  `json:"window_softirq_us_per_msg"`
+	StealUs            float64  `json:"window_steal_us_per_msg"`
+	OtherProcsCPUUs    float64  `json:"other_processes_cpu_us_per_msg"`
+	KernelCPUUs        float64  `json:"kernel_cpu_us_per_msg"`
+	RedisLocal         bool     `json:"redis_local"`
 	// RoundTrips is Redis's total_reads_processed delta per message (one
 	// read per request burst a client sends: a pipeline or a script call
 	// is one); Commands is total_commands_processed, those run inside
@@ -155,9 +193,35 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	}
 	cleanups = append(cleanups, func() error { return b.dropRedisKeys(id) })
 
+	bp := b.brokerProcs(ctx, sc.Transport)
+	res.BrokerProcs = bp.desc
+	if bp.err != nil {
+		res.BrokerProcs = "absent: " + bp.err.Error()
+	}
+	if bp.err == nil {
+		// What the brokers do without this relay (other clients, their own
+		// timers and flushes) counts in their CPU over the window too.
+		pct, err := backgroundPct(ctx, bp.pids, brokerBackgroundFor)
+		if err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		res.BrokerBackgroundPct = &pct
+	}
 	r0, err := readRedisStats(ctx, b.stats)
 	if err != nil {
 		return err
+	}
+	redisPID, redisErr := b.redisPID(ctx)
+	w0, err := readWindow()
+	if err != nil {
+		return err
+	}
+	windowStart := time.Now()
+	var bsys0 uint64
+	if bp.err == nil {
+		if bsys0, err = syscalls(bp.pids); err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
 	}
 	procs, err := b.startContender(sc, id, ep)
 	if err != nil {
@@ -199,9 +263,21 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		}
 	}
 	cpu1, cerr := procs.cpu()
-	m1, merr := readMachineCPU()
+	var pids []int
+	for _, c := range procs {
+		pids = append(pids, c.pid())
+	}
+	rsys, rserr := syscalls(pids)
+	var bsys1 uint64
+	var bserr error
+	if bp.err == nil {
+		bsys1, bserr = syscalls(bp.pids)
+	}
+	w1, werr := readWindow()
+	res.WindowSeconds = time.Since(windowStart).Seconds()
+	m1 := w1.machine
 	r1, rerr := readRedisStats(ctx, b.stats)
-	if err := errors.Join(cerr, merr, m0err, rerr); err != nil {
+	if err := errors.Join(cerr, rserr, bserr, werr, m0err, rerr); err != nil {
 		return err
 	}
 	n := float64(res.Msgs)
@@ -219,8 +295,42 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		res.MachineBusy = 100 * float64(busy) / float64(d)
 		res.MachineCPUUs = float64(time.Duration(busy)*clockTick/time.Microsecond) / n
 	}
-	b.logProgress("%-5s %-16s dup=%2d%% x%d backlog: %.0f msgs/s, redis %.1f µs/msg, relay %.1f µs/msg, machine %.1f µs/msg (%.0f%% busy), %.4f trips/msg",
-		sc.Transport, sc.Contender, sc.DupPct, sc.Procs, res.MsgsPerSec, res.RedisCPUUs, res.ProcCPUUs, res.MachineCPUUs, res.MachineBusy, res.RoundTrips)
+	us := func(d time.Duration) float64 { return float64(d.Microseconds()) / n }
+	ticks := func(t uint64) float64 { return us(time.Duration(t) * clockTick) }
+	self, serr := ownCPU(w0, w1, []int{os.Getpid()})
+	if serr != nil {
+		return serr
+	}
+	res.BenchCPUUs = us(self)
+	res.WindowMachineCPUUs = ticks(w1.machine.busy - w0.machine.busy)
+	res.SoftirqUs = ticks(w1.machine.softirq - w0.machine.softirq)
+	res.StealUs = ticks(w1.machine.steal - w0.machine.steal)
+	res.RelaySyscalls = float64(rsys) / n
+	known := append([]int{os.Getpid()}, pids...)
+	if bp.err == nil {
+		sys := float64(bsys1-bsys0) / n
+		res.BrokerSyscalls = &sys
+		d, err := ownCPU(w0, w1, bp.pids)
+		if err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		v := us(d)
+		res.BrokerCPUUs = &v
+		if res.BrokerBackgroundPct != nil {
+			net := v - *res.BrokerBackgroundPct/100*res.WindowSeconds*1e6/n
+			res.BrokerNetCPUUs = &net
+		}
+		known = append(known, bp.pids...)
+	}
+	res.RedisLocal = redisErr == nil
+	if res.RedisLocal {
+		known = append(known, redisPID)
+	}
+	all, part := processesCPU(w0.procs, w1.procs, known)
+	res.OtherProcsCPUUs = us(all - part)
+	res.KernelCPUUs = res.WindowMachineCPUUs - us(all)
+	b.logProgress("%-5s %-16s dup=%2d%% x%d backlog: %.0f msgs/s, redis %.1f µs/msg, relay %.1f µs/msg, broker %s µs/msg, bench %.1f µs/msg, machine %.1f µs/msg (%.0f%% busy), %.4f trips/msg",
+		sc.Transport, sc.Contender, sc.DupPct, sc.Procs, res.MsgsPerSec, res.RedisCPUUs, res.ProcCPUUs, optUs(res.BrokerCPUUs), res.BenchCPUUs, res.MachineCPUUs, res.MachineBusy, res.RoundTrips)
 
 	if len(latPlan) > 0 {
 		rec.takeLatencies()
@@ -255,6 +365,95 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	res.MissingKeys = rec.missing(plan) + rec.missing(latPlan)
 	res.OrderViolations, res.BadPayloads = s.Violations, s.Bad
 	return nil
+}
+
+// window is what the relay's window reads at its start and end besides
+// the relay and Redis: every process's CPU times and the machine's.
+type window struct {
+	procs   map[int]procTimes
+	machine machineCPU
+}
+
+func readWindow() (window, error) {
+	ps, err := allProcTimes("/proc")
+	m, merr := readMachineCPU()
+	return window{procs: ps, machine: m}, errors.Join(err, merr)
+}
+
+// brokerBackgroundFor is how long the brokers' CPU is read before the
+// relay starts.
+const brokerBackgroundFor = time.Second
+
+// backgroundPct returns the CPU pids use over d from now, in % of one CPU.
+func backgroundPct(ctx context.Context, pids []int, d time.Duration) (float64, error) {
+	w0, err := readWindow()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-t.C:
+	}
+	w1, err := readWindow()
+	if err != nil {
+		return 0, err
+	}
+	cpu, err := ownCPU(w0, w1, pids)
+	if err != nil {
+		return 0, err
+	}
+	return 100 * cpu.Seconds() / time.Since(start).Seconds(), nil
+}
+
+// ownCPU returns the CPU pids used (utime+stime) from w0 to w1; a pid
+// missing at either end is an error (a broker restarted meanwhile).
+func ownCPU(w0, w1 window, pids []int) (time.Duration, error) {
+	var d time.Duration
+	for _, pid := range pids {
+		a, ok0 := w0.procs[pid]
+		b, ok1 := w1.procs[pid]
+		if !ok0 || !ok1 {
+			return 0, fmt.Errorf("process %d ended or started during the measurement", pid)
+		}
+		d += b.own - a.own
+	}
+	return d, nil
+}
+
+// redisPID returns the pid of the Redis server of -redis (or
+// -redis-server) when it runs on this host.
+func (b *bench) redisPID(ctx context.Context) (int, error) {
+	opt, err := redis.ParseURL(b.o.redisURL)
+	if err != nil {
+		return 0, err
+	}
+	return listenerPID(ctx, opt.Addr)
+}
+
+// brokerProcs finds the processes of this host that serve transport: the
+// nats-server of every -nats URL and server the connection learnt, or the
+// Kafka broker of every address the cluster's metadata lists. It looks
+// them up for each measurement, so that a restarted broker's new pid is
+// the one read.
+func (b *bench) brokerProcs(ctx context.Context, transport string) brokerProcs {
+	var addrs []string
+	var err error
+	switch transport {
+	case "nats":
+		addrs, err = natsHostPorts(append(strings.Split(b.o.natsURL, ","), b.nats.nc.Servers()...))
+	case "kafka":
+		addrs, err = b.kafka.brokerAddrs(ctx)
+	default:
+		err = fmt.Errorf("-transports: unknown %q", transport)
+	}
+	if err != nil {
+		return brokerProcs{err: err}
+	}
+	return findBrokerProcs(ctx, addrs)
 }
 
 // openEndpoints creates what scenario id reads from and writes to: the
@@ -335,6 +534,7 @@ func (b *bench) startContender(sc scenario, id string, ep endpoints) (children, 
 			argv = []string{b.self, "child", "-mode", sc.Contender, "-transport", sc.Transport,
 				"-brokers", strings.Join(b.o.brokers, ","), "-nats", b.o.natsURL, "-redis", b.o.redisURL,
 				"-ns", id, "-group", ep.group, "-concurrency", strconv.Itoa(b.o.concurrency), "-lease", b.o.lease.String()}
+			argv = append(argv, b.o.rawFlags...)
 			if sc.Transport == "kafka" {
 				argv = append(argv, "-in", ep.inTopic, "-out", ep.outTopic)
 			} else {
@@ -380,7 +580,7 @@ func (b *bench) writeWorkerConfig(sc scenario, id string, ep endpoints) error {
 		HTTPURL: ep.httpURL, MetricsAddr: ep.metricsAddr,
 	}
 	if sc.Transport == "kafka" {
-		spec.Brokers, spec.InTopic, spec.Group = b.o.brokers, ep.inTopic, ep.group
+		spec.Brokers, spec.InTopic, spec.Group, spec.Isolation = b.o.brokers, ep.inTopic, ep.group, b.o.kafkaIsolation
 		if ep.httpURL == "" {
 			spec.OutTopic = ep.outTopic
 		}

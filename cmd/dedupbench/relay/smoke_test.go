@@ -70,6 +70,12 @@ func TestRelaySmoke(t *testing.T) {
 		if r.MsgsPerSec <= 0 || r.ProcCPUUs <= 0 || r.PeakRSSMB <= 0 {
 			t.Errorf("%s x%d: %.0f msgs/s, %.1f µs CPU/msg, %.0f MB: a measurement is missing", name, r.Procs, r.MsgsPerSec, r.ProcCPUUs, r.PeakRSSMB)
 		}
+		// The test services run on this host: their processes are found
+		// and read.
+		if r.BrokerCPUUs == nil || *r.BrokerCPUUs <= 0 || r.BrokerSyscalls == nil || *r.BrokerSyscalls <= 0 || r.BenchCPUUs <= 0 || r.WindowMachineCPUUs <= 0 {
+			t.Errorf("%s x%d: broker CPU %s µs/msg (%s), broker syscalls %v, benchmark %.1f µs/msg, machine %.1f µs/msg: a measurement is missing",
+				name, r.Procs, optUs(r.BrokerCPUUs), r.BrokerProcs, r.BrokerSyscalls, r.BenchCPUUs, r.WindowMachineCPUUs)
+		}
 		if r.Transport == "kafka" && (r.Contender == "raw" || r.Contender == "dedupworker") && r.OrderViolations != 0 {
 			t.Errorf("%s x%d: %d per-partition order violations", name, r.Procs, r.OrderViolations)
 		}
@@ -89,7 +95,7 @@ func TestRelaySmoke(t *testing.T) {
 			t.Errorf("%s: no latency samples", name)
 		}
 	}
-	for _, want := range []string{"msgs/s (30 % duplicates)", "Redis CPU, µs per message", "Scale-out", "| Kafka → Kafka |"} {
+	for _, want := range []string{"msgs/s (30 % duplicates)", "Redis CPU, µs per message", "Scale-out", "| Kafka → Kafka |", "Where the machine's CPU goes", "Broker processes read"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report lacks %q", want)
 		}

@@ -1,0 +1,111 @@
+package natssource_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/transports/natssource"
+)
+
+// TestPullAsksForRunsAhead reads the pull requests each durable's
+// subscription sends ($JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>): a
+// batching runner's asks for 8 runs at once, within the consumer's
+// MaxAckPending; a per-message handler's for its Batch (by default the
+// concurrency).
+// Every message is still handled once and acked.
+func TestPullAsksForRunsAhead(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const n, conc, batch = 600, 16, 10
+		cases := []struct {
+			durable       string
+			batching      bool
+			maxAckPending int
+			want          int // the first pull request's batch
+		}{
+			{"runs", true, 0, 8 * batch},    // MaxAckPending conc × batch = 160
+			{"capped", true, 30, 30},        // 8 runs exceed the explicit MaxAckPending
+			{"permessage", false, 0, batch}, // its Batch, below the concurrency
+			{"default", false, 0, conc},     // the default Batch is the concurrency
+		}
+		var mu sync.Mutex
+		asked := map[string][]int{} // durable → each pull request's batch
+		prefix := "$JS.API.CONSUMER.MSG.NEXT." + e.stream + "."
+		sub, err := e.nc.Subscribe(prefix+"*", func(m *nats.Msg) {
+			var req struct {
+				Batch int `json:"batch"`
+			}
+			if err := json.Unmarshal(m.Data, &req); err != nil {
+				t.Errorf("pull request %q: %v", m.Data, err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			d := strings.TrimPrefix(m.Subject, prefix)
+			asked[d] = append(asked[d], req.Batch)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
+		if err := e.nc.FlushTimeout(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		e.publish(t, n)
+
+		handled := map[string]map[string]int{}
+		for _, c := range cases {
+			handled[c.durable] = map[string]int{}
+			record := func(msgs []*consumer.Message) {
+				mu.Lock()
+				defer mu.Unlock()
+				for _, m := range msgs {
+					handled[c.durable][string(m.Payload)]++
+				}
+			}
+			var h consumer.Handler = consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
+				record([]*consumer.Message{m})
+				return nil, nil
+			})
+			if c.batching {
+				h = consumer.BatchFunc(func(_ context.Context, msgs []*consumer.Message, _ []consumer.Result) { record(msgs) })
+			}
+			cfgBatch := batch
+			if c.durable == "default" {
+				cfgBatch = 0
+			}
+			src := newSource(t, e, natssource.Config{Consumer: c.durable, AckWait: 10 * time.Second, Batch: cfgBatch, MaxAckPending: c.maxAckPending})
+			run(t, consumer.Config{}, src, h, consumer.WithConcurrency(conc))
+		}
+		for _, c := range cases {
+			e.drained(t, c.durable, 30*time.Second)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range cases {
+			reqs := asked[c.durable]
+			if len(reqs) == 0 || reqs[0] != c.want {
+				t.Errorf("%s: pull requests asked for %v, want the first to ask for %d", c.durable, reqs, c.want)
+			}
+			for _, b := range reqs {
+				if b > c.want {
+					t.Errorf("%s: a pull request asked for %d, more than %d", c.durable, b, c.want)
+				}
+			}
+			if len(handled[c.durable]) != n {
+				t.Errorf("%s: %d of %d messages handled", c.durable, len(handled[c.durable]), n)
+			}
+			for p, k := range handled[c.durable] {
+				if k != 1 {
+					t.Errorf("%s: %s handled %d times", c.durable, p, k)
+				}
+			}
+		}
+	})
+}
