@@ -43,7 +43,7 @@ func TestReceiverDeliverySlab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := newReceiver(s, cons, 8)
+	rc := newReceiver(s, cons, 8, 8)
 	for _, m := range msgs[1:] {
 		rc.in <- m
 	}
