@@ -18,17 +18,21 @@
 -- its attempt counted, for as long as the key's completion would be
 -- remembered, so a key that kills its worker on every run reaches
 -- max_attempts however slowly the worker restarts (SPEC §11.3).
--- Returns a flat array, 2 entries per key in KEYS order, then the call's
--- TIME in microseconds. Per key: the outcome (NEW, RECLAIMED, RECOVERED,
--- DUPLICATE, IN_FLIGHT, MISMATCH), then a record as JSON: the claim just
--- written for NEW/RECLAIMED/RECOVERED, the stored value untouched for the
--- others; or '' for a NEW key that had no value, whose claim is the
+-- Returns an array: first a string of one outcome code a key, in KEYS
+-- order: n NEW with no record in the reply, N NEW, R RECLAIMED, V
+-- RECOVERED, D DUPLICATE, I IN_FLIGHT, M MISMATCH; then, in KEYS order, one
+-- record as JSON for every key whose code is not n: the claim just written
+-- for N, R and V, the stored value untouched for D, I and M; then the
+-- call's TIME in microseconds. A key coded n had no value; its claim is the
 -- template claim_json writes from the request (its token, fingerprint,
 -- version, lease) and the call's TIME: fence the TIME in microseconds,
 -- claimed_at_ms the TIME in milliseconds, lease_until_ms that plus the
--- lease, attempts 1. That reply costs the server one short string a key
--- instead of the record.
+-- lease, attempts 1. Each entry of the reply is a Lua value the server
+-- converts and writes, and a string the client reads: a new key costs the
+-- reply one byte of the codes, not two entries.
 
+-- CODE is each outcome's code in the reply (see above).
+local CODE = { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
 local grace = tonumber(ARGV[1])
 local uniform = ARGV[2] == '=' -- no token is '=' (tokens are hex)
 local first, stride = 2, 5
@@ -41,7 +45,9 @@ local now_s = string.format('%d', now)
 -- time in microseconds, so that a key whose record was lost starts above
 -- every fence it had before (SPEC §11.3).
 local fresh_fence = int_s(now_us)
-local out = {}
+-- out[1] is the codes (written last, from codes), then the records.
+local out = { '' }
+local codes = {}
 -- setget: write a fresh claim with SET NX … GET, which also returns what the
 -- key held, so a new key costs one command instead of GET then SET. Redis
 -- 6.2 refuses NX with GET (syntax error): then SET NX, and GET only when the
@@ -148,8 +154,7 @@ for i, key in ipairs(KEYS) do
 
   if outcome == 'NEW' and not raw then
     -- fresh was written by SET NX: the reply leaves it out (see above).
-    out[#out + 1] = 'NEW'
-    out[#out + 1] = ''
+    codes[i] = 'n'
   elseif outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
     -- WAIT (Options.Durability) counts only its own connection's writes.
     -- Two records the caller acts on may have been written on another
@@ -162,7 +167,7 @@ for i, key in ipairs(KEYS) do
     if mine or (durable and outcome == 'DUPLICATE') then
       redis.call('SET', key, raw, 'KEEPTTL')
     end
-    out[#out + 1] = outcome
+    codes[i] = CODE[outcome]
     out[#out + 1] = raw
   else
     local fence, attempts, steps = now_us, 1, nil
@@ -184,9 +189,10 @@ for i, key in ipairs(KEYS) do
       })
     end
     redis.call('SET', key, claimed, 'PX', px_s)
-    out[#out + 1] = outcome
+    codes[i] = CODE[outcome]
     out[#out + 1] = claimed
   end
 end
+out[1] = table.concat(codes)
 out[#out + 1] = now_us
 return out

@@ -10,11 +10,13 @@
 --          result, every result standard base64 or '' (the caller encodes
 --          them, so they are not checked again here). Each argument costs
 --          the server a string: fewer per key is less work per key.
--- Returns an array of integers in KEYS order: 1 completed; 2 already
--- COMPLETED by this same token (a retry whose first reply was lost: nothing
--- changes); 0 not owned (gone, completed by another token, released, another
--- token) and nothing changed. One more integer follows: the completed_at_ms
--- of the keys this call completed (0 when it completed none). The keys
+-- Returns an array of two: a string of one code a key, in KEYS order: 1
+-- completed; 2 already COMPLETED by this same token (a retry whose first
+-- reply was lost: nothing changes); 0 not owned (gone, completed by another
+-- token, released, another token) and nothing changed; then the
+-- completed_at_ms of the keys this call completed (0 when it completed
+-- none). One string rather than an integer a key: each entry of a reply
+-- is a value the server converts and writes. The keys
 -- completed are published on the channel in one message for the whole call:
 -- the key alone when there is one (as SPEC §4.5 says), else "\n" key "\n"
 -- key ... "\n". Waiters are rare (only for keys in flight), so one PUBLISH a
@@ -26,7 +28,7 @@ local first, stride = 2, 5
 if uniform then first, stride = 5, 2 end
 local now, now_s = nil, nil
 local plain_arg, plain_ok -- the last outcome checked by plain (there are two)
-local out = {}
+local codes = {} -- the reply's codes, one a key
 local published = {}
 -- A claim as claim_json (or renew) wrote it starts with CLAIMED_HEAD, then
 -- ',"fp":"'; only those templates write that start (encode puts the fence
@@ -70,7 +72,7 @@ for i, key in ipairs(KEYS) do
     end
     redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
     published[#published + 1] = key
-    out[i] = 1
+    codes[i] = '1'
   else
     local rec = slow().decode(raw)
     if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
@@ -83,9 +85,9 @@ for i, key in ipairs(KEYS) do
         -- connection: written back unchanged, so a WAIT that follows on
         -- this connection covers the first write too (see claim.lua).
         redis.call('SET', key, raw, 'KEEPTTL')
-        out[i] = 2
+        codes[i] = '2'
       else
-        out[i] = 0
+        codes[i] = '0'
       end
     else
       now = now or tonumber(now_s) or now_ms()
@@ -96,7 +98,7 @@ for i, key in ipairs(KEYS) do
       if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
       redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
       published[#published + 1] = key
-      out[i] = 1
+      codes[i] = '1'
     end
   end
 end
@@ -105,5 +107,4 @@ if #published == 1 then
 elseif #published > 1 then
   redis.call('PUBLISH', channel, '\n' .. table.concat(published, '\n') .. '\n')
 end
-out[#KEYS + 1] = now or tonumber(now_s) or 0
-return out
+return { table.concat(codes), now or tonumber(now_s) or 0 }

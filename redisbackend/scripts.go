@@ -20,8 +20,8 @@ func newScript(src string) *script {
 }
 
 // call is one script invocation: its keys (already namespaced), its
-// arguments, and after send its reply: in cmd, or in strs or ints when
-// reply says the script's reply is read as strings or integers.
+// arguments, and after send its reply: in cmd, or in strs when reply says
+// the script's reply is read as strings.
 type call struct {
 	script *script
 	keys   []string
@@ -35,7 +35,6 @@ type call struct {
 
 	cmd  *redis.Cmd
 	strs *redis.StringSliceCmd
-	ints *redis.IntSliceCmd
 }
 
 // replyKind is how a call's reply is read.
@@ -44,7 +43,6 @@ type replyKind uint8
 const (
 	replyAny     replyKind = iota // a *redis.Cmd: any reply
 	replyStrings                  // a *redis.StringSliceCmd: an array, integers as their decimal text
-	replyInts                     // a *redis.IntSliceCmd: an array of integers
 )
 
 // newCall returns a call of script on keys whose reply is read as reply,
@@ -91,9 +89,6 @@ func (c *call) send(ctx context.Context, p processor, eval bool) {
 	case replyStrings:
 		c.strs = redis.NewStringSliceCmd(ctx, c.argv...)
 		cmd = c.strs
-	case replyInts:
-		c.ints = redis.NewIntSliceCmd(ctx, c.argv...)
-		cmd = c.ints
 	default:
 		c.cmd = redis.NewCmd(ctx, c.argv...)
 		cmd = c.cmd
@@ -109,8 +104,6 @@ func (c *call) err() error {
 	switch c.reply {
 	case replyStrings:
 		return c.strs.Err()
-	case replyInts:
-		return c.ints.Err()
 	}
 	return c.cmd.Err()
 }
