@@ -63,12 +63,16 @@ local lease_arg, keep_arg, lease, until_s, px_s
 -- attempts 1, each the same for every new key of the call while the version
 -- and the lease are (built again when either changes).
 local mid, tail
+-- The loop reads these as locals: a global is a table lookup each time.
+local ARGV, KEYS, type, rpcall = ARGV, KEYS, type, redis.pcall
+local u_fpv, u_lease, u_keep = ARGV[3], ARGV[4], ARGV[5] -- the short form's
 
-for i, key in ipairs(KEYS) do
+for i = 1, #KEYS do
+  local key = KEYS[i]
   local a = first + (i - 1) * stride
   local token, fp, fpv_a, lease_a, keep_a
   if uniform then
-    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[5]
+    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], u_fpv, u_lease, u_keep
   else
     token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   end
@@ -104,7 +108,7 @@ for i, key in ipairs(KEYS) do
   end
   local raw
   if setget then
-    raw = redis.pcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
+    raw = rpcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
     if type(raw) == 'table' and raw.err and not string.find(raw.err, 'WRONGTYPE', 1, true) then
       setget = false
     end
@@ -118,79 +122,81 @@ for i, key in ipairs(KEYS) do
   end
   -- raw is false when the key did not exist and now holds fresh; else what
   -- it held (a string, or an error for a value of another type), untouched.
-  local outcome, rec, mine = 'NEW', nil, false
-  local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
-  if state ~= nil then
-    -- Written by this package's templates: decided on the parsed text. The
-    -- integers are canonical, so text equality is numeric equality.
-    if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
-      outcome = 'MISMATCH'
-    elseif state == 'COMPLETED' then
-      outcome = 'DUPLICATE'
-    elseif tonumber(plu) < now then
-      outcome = 'RECLAIMED'
-      rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
-    else
-      outcome = 'IN_FLIGHT'
-      mine = ptoken == token
-    end
-  elseif raw then
-    rec = slow().decode(raw)
-    if rec == nil or not slow().valid(rec) then
-      outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
-    elseif rec.fpv == fpv and rec.fp ~= fp then
-      outcome = 'MISMATCH'
-    elseif rec.state == 'COMPLETED' then
-      outcome = 'DUPLICATE'
-    elseif rec.released == true then
-      outcome = 'NEW'
-    elseif rec.lease_until_ms < now then
-      outcome = 'RECLAIMED'
-    else
-      outcome = 'IN_FLIGHT'
-      mine = rec.token == token
-    end
-  end
-
-  if outcome == 'NEW' and not raw then
+  if raw == false then
     -- fresh was written by SET NX: the reply leaves it out (see above).
     codes[i] = 'n'
-  elseif outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
-    -- WAIT (Options.Durability) counts only its own connection's writes.
-    -- Two records the caller acts on may have been written on another
-    -- connection: a live claim under this call's own token (the call ran
-    -- before, its reply was lost, the client sent it again), and, when a
-    -- WAIT follows, a completion it will ack as a duplicate (whose own
-    -- WAIT may have fallen short). Writing the record back unchanged puts
-    -- this connection's last write after the first one in the replication
-    -- stream, so the WAIT that follows covers both.
-    if mine or (durable and outcome == 'DUPLICATE') then
-      redis.call('SET', key, raw, 'KEEPTTL')
-    end
-    codes[i] = CODE[outcome]
-    out[#out + 1] = raw
   else
-    local fence, attempts, steps = now_us, 1, nil
-    if rec ~= nil then
-      -- A recovered value keeps a numeric fence when it still has one, so
-      -- fences never go backwards for a downstream system that saw them.
-      fence = slow().new_fence(rec.fence, now_us)
-      if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
-      if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
+    local outcome, rec, mine = 'NEW', nil, false
+    local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
+    if state ~= nil then
+      -- Written by this package's templates: decided on the parsed text. The
+      -- integers are canonical, so text equality is numeric equality.
+      if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
+        outcome = 'MISMATCH'
+      elseif state == 'COMPLETED' then
+        outcome = 'DUPLICATE'
+      elseif tonumber(plu) < now then
+        outcome = 'RECLAIMED'
+        rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
+      else
+        outcome = 'IN_FLIGHT'
+        mine = ptoken == token
+      end
+    elseif raw then
+      rec = slow().decode(raw)
+      if rec == nil or not slow().valid(rec) then
+        outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
+      elseif rec.fpv == fpv and rec.fp ~= fp then
+        outcome = 'MISMATCH'
+      elseif rec.state == 'COMPLETED' then
+        outcome = 'DUPLICATE'
+      elseif rec.released == true then
+        outcome = 'NEW'
+      elseif rec.lease_until_ms < now then
+        outcome = 'RECLAIMED'
+      else
+        outcome = 'IN_FLIGHT'
+        mine = rec.token == token
+      end
     end
-    if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
-    local claimed
-    if steps == nil then
-      claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
+
+    if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
+      -- WAIT (Options.Durability) counts only its own connection's writes.
+      -- Two records the caller acts on may have been written on another
+      -- connection: a live claim under this call's own token (the call ran
+      -- before, its reply was lost, the client sent it again), and, when a
+      -- WAIT follows, a completion it will ack as a duplicate (whose own
+      -- WAIT may have fallen short). Writing the record back unchanged puts
+      -- this connection's last write after the first one in the replication
+      -- stream, so the WAIT that follows covers both.
+      if mine or (durable and outcome == 'DUPLICATE') then
+        redis.call('SET', key, raw, 'KEEPTTL')
+      end
+      codes[i] = CODE[outcome]
+      out[#out + 1] = raw
     else
-      claimed = slow().encode({
-        v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
-        claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
-      })
+      local fence, attempts, steps = now_us, 1, nil
+      if rec ~= nil then
+        -- A recovered value keeps a numeric fence when it still has one, so
+        -- fences never go backwards for a downstream system that saw them.
+        fence = slow().new_fence(rec.fence, now_us)
+        if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
+        if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
+      end
+      if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
+      local claimed
+      if steps == nil then
+        claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
+      else
+        claimed = slow().encode({
+          v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
+          claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
+        })
+      end
+      redis.call('SET', key, claimed, 'PX', px_s)
+      codes[i] = CODE[outcome]
+      out[#out + 1] = claimed
     end
-    redis.call('SET', key, claimed, 'PX', px_s)
-    codes[i] = CODE[outcome]
-    out[#out + 1] = claimed
   end
 end
 out[1] = table.concat(codes)

@@ -20,8 +20,8 @@ func newScript(src string) *script {
 }
 
 // call is one script invocation: its keys (already namespaced), its
-// arguments, and after send its reply: in cmd, or in strs when reply says
-// the script's reply is read as strings.
+// arguments, and after send its reply: in cmd, or in strs or str when
+// reply says the script's reply is read as strings or as one string.
 type call struct {
 	script *script
 	keys   []string
@@ -35,6 +35,7 @@ type call struct {
 
 	cmd  *redis.Cmd
 	strs *redis.StringSliceCmd
+	str  *redis.StringCmd
 }
 
 // replyKind is how a call's reply is read.
@@ -43,6 +44,7 @@ type replyKind uint8
 const (
 	replyAny     replyKind = iota // a *redis.Cmd: any reply
 	replyStrings                  // a *redis.StringSliceCmd: an array, integers as their decimal text
+	replyString                   // a *redis.StringCmd: one string
 )
 
 // newCall returns a call of script on keys whose reply is read as reply,
@@ -89,6 +91,9 @@ func (c *call) send(ctx context.Context, p processor, eval bool) {
 	case replyStrings:
 		c.strs = redis.NewStringSliceCmd(ctx, c.argv...)
 		cmd = c.strs
+	case replyString:
+		c.str = redis.NewStringCmd(ctx, c.argv...)
+		cmd = c.str
 	default:
 		c.cmd = redis.NewCmd(ctx, c.argv...)
 		cmd = c.cmd
@@ -104,6 +109,8 @@ func (c *call) err() error {
 	switch c.reply {
 	case replyStrings:
 		return c.strs.Err()
+	case replyString:
+		return c.str.Err()
 	}
 	return c.cmd.Err()
 }

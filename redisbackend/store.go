@@ -543,7 +543,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		if uniformCompletions(cs, g.idx) {
 			// The short form of complete.lua: outcome and retention once.
 			c0 := &cs[g.idx[0]]
-			c := newCall(s.complete, g.keys, replyStrings, 4+2*len(g.idx))
+			c := newCall(s.complete, g.keys, replyString, 4+2*len(g.idx))
 			c.argv = append(c.argv, s.channelArg, "=", &c0.Outcome, durMs(c0.Retention))
 			for _, i := range g.idx {
 				c.argv = append(c.argv, &cs[i].Token, &results[i])
@@ -551,7 +551,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 			calls[gi] = c
 			continue
 		}
-		c := newCall(s.complete, g.keys, replyStrings, 1+5*len(g.idx))
+		c := newCall(s.complete, g.keys, replyString, 1+5*len(g.idx))
 		args := append(c.argv, s.channelArg)
 		var retention msBox
 		for _, i := range g.idx {
@@ -578,7 +578,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		done = make([]completedKey, len(cs))
 	}
 	for gi, g := range groups {
-		codes, atMs, err := completeReply(calls[gi].strs, len(g.idx))
+		codes, atMs, err := completeReply(calls[gi].str, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
 		}
@@ -596,26 +596,27 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	return ok, nil
 }
 
-// completeReply checks the completion script's reply for n keys: a string
-// of n codes ('1' completed, '2' completed before under the same token, '0'
-// not owned), then the completed_at_ms of the keys it completed.
-func completeReply(cmd *redis.StringSliceCmd, n int) (codes string, atMs int64, err error) {
-	vals, err := cmd.Result()
+// completeReply checks the completion script's reply for n keys: one
+// string, n codes ('1' completed, '2' completed before under the same
+// token, '0' not owned), then in decimal the completed_at_ms of the keys it
+// completed.
+func completeReply(cmd *redis.StringCmd, n int) (codes string, atMs int64, err error) {
+	v, err := cmd.Result()
 	if err != nil {
 		return "", 0, err
 	}
-	if len(vals) != 2 || len(vals[0]) != n {
-		return "", 0, fmt.Errorf("script returned %d values, the first of %d codes, for %d keys, want 2 values and %d codes", len(vals), firstLen(vals), n, n)
+	if len(v) <= n {
+		return "", 0, fmt.Errorf("script returned %q for %d keys, want %d codes and a time", v, n, n)
 	}
-	codes = vals[0]
+	codes = v[:n]
 	for i := 0; i < n; i++ {
 		if c := codes[i]; c != '0' && c != '1' && c != '2' {
 			return "", 0, fmt.Errorf("script returned code %q for key %d, want 0, 1 or 2", c, i)
 		}
 	}
-	atMs, err = strconv.ParseInt(vals[1], 10, 64)
+	atMs, err = strconv.ParseInt(v[n:], 10, 64)
 	if err != nil || atMs < 0 {
-		return "", 0, fmt.Errorf("script returned %q as its completion time, want milliseconds", vals[1])
+		return "", 0, fmt.Errorf("script returned %q after its %d codes as its completion time, want milliseconds", v[n:], n)
 	}
 	return codes, atMs, nil
 }
