@@ -18,17 +18,21 @@
 -- its attempt counted, for as long as the key's completion would be
 -- remembered, so a key that kills its worker on every run reaches
 -- max_attempts however slowly the worker restarts (SPEC §11.3).
--- Returns a flat array, 2 entries per key in KEYS order, then the call's
--- TIME in microseconds. Per key: the outcome (NEW, RECLAIMED, RECOVERED,
--- DUPLICATE, IN_FLIGHT, MISMATCH), then a record as JSON: the claim just
--- written for NEW/RECLAIMED/RECOVERED, the stored value untouched for the
--- others; or '' for a NEW key that had no value, whose claim is the
+-- Returns an array: first a string of one outcome code a key, in KEYS
+-- order: n NEW with no record in the reply, N NEW, R RECLAIMED, V
+-- RECOVERED, D DUPLICATE, I IN_FLIGHT, M MISMATCH; then, in KEYS order, one
+-- record as JSON for every key whose code is not n: the claim just written
+-- for N, R and V, the stored value untouched for D, I and M; then the
+-- call's TIME in microseconds. A key coded n had no value; its claim is the
 -- template claim_json writes from the request (its token, fingerprint,
 -- version, lease) and the call's TIME: fence the TIME in microseconds,
 -- claimed_at_ms the TIME in milliseconds, lease_until_ms that plus the
--- lease, attempts 1. That reply costs the server one short string a key
--- instead of the record.
+-- lease, attempts 1. Each entry of the reply is a Lua value the server
+-- converts and writes, and a string the client reads: a new key costs the
+-- reply one byte of the codes, not two entries.
 
+-- CODE is each outcome's code in the reply (see above).
+local CODE = { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
 local grace = tonumber(ARGV[1])
 local uniform = ARGV[2] == '=' -- no token is '=' (tokens are hex)
 local first, stride = 2, 5
@@ -41,7 +45,9 @@ local now_s = string.format('%d', now)
 -- time in microseconds, so that a key whose record was lost starts above
 -- every fence it had before (SPEC §11.3).
 local fresh_fence = int_s(now_us)
-local out = {}
+-- out[1] is the codes (written last, from codes), then the records.
+local out = { '' }
+local codes = {}
 -- setget: write a fresh claim with SET NX … GET, which also returns what the
 -- key held, so a new key costs one command instead of GET then SET. Redis
 -- 6.2 refuses NX with GET (syntax error): then SET NX, and GET only when the
@@ -57,12 +63,16 @@ local lease_arg, keep_arg, lease, until_s, px_s
 -- attempts 1, each the same for every new key of the call while the version
 -- and the lease are (built again when either changes).
 local mid, tail
+-- The loop reads these as locals: a global is a table lookup each time.
+local ARGV, KEYS, type, rpcall = ARGV, KEYS, type, redis.pcall
+local u_fpv, u_lease, u_keep = ARGV[3], ARGV[4], ARGV[5] -- the short form's
 
-for i, key in ipairs(KEYS) do
+for i = 1, #KEYS do
+  local key = KEYS[i]
   local a = first + (i - 1) * stride
   local token, fp, fpv_a, lease_a, keep_a
   if uniform then
-    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[3], ARGV[4], ARGV[5]
+    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], u_fpv, u_lease, u_keep
   else
     token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   end
@@ -98,7 +108,7 @@ for i, key in ipairs(KEYS) do
   end
   local raw
   if setget then
-    raw = redis.pcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
+    raw = rpcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
     if type(raw) == 'table' and raw.err and not string.find(raw.err, 'WRONGTYPE', 1, true) then
       setget = false
     end
@@ -112,81 +122,83 @@ for i, key in ipairs(KEYS) do
   end
   -- raw is false when the key did not exist and now holds fresh; else what
   -- it held (a string, or an error for a value of another type), untouched.
-  local outcome, rec, mine = 'NEW', nil, false
-  local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
-  if state ~= nil then
-    -- Written by this package's templates: decided on the parsed text. The
-    -- integers are canonical, so text equality is numeric equality.
-    if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
-      outcome = 'MISMATCH'
-    elseif state == 'COMPLETED' then
-      outcome = 'DUPLICATE'
-    elseif tonumber(plu) < now then
-      outcome = 'RECLAIMED'
-      rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
-    else
-      outcome = 'IN_FLIGHT'
-      mine = ptoken == token
-    end
-  elseif raw then
-    rec = slow().decode(raw)
-    if rec == nil or not slow().valid(rec) then
-      outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
-    elseif rec.fpv == fpv and rec.fp ~= fp then
-      outcome = 'MISMATCH'
-    elseif rec.state == 'COMPLETED' then
-      outcome = 'DUPLICATE'
-    elseif rec.released == true then
-      outcome = 'NEW'
-    elseif rec.lease_until_ms < now then
-      outcome = 'RECLAIMED'
-    else
-      outcome = 'IN_FLIGHT'
-      mine = rec.token == token
-    end
-  end
-
-  if outcome == 'NEW' and not raw then
+  if raw == false then
     -- fresh was written by SET NX: the reply leaves it out (see above).
-    out[#out + 1] = 'NEW'
-    out[#out + 1] = ''
-  elseif outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
-    -- WAIT (Options.Durability) counts only its own connection's writes.
-    -- Two records the caller acts on may have been written on another
-    -- connection: a live claim under this call's own token (the call ran
-    -- before, its reply was lost, the client sent it again), and, when a
-    -- WAIT follows, a completion it will ack as a duplicate (whose own
-    -- WAIT may have fallen short). Writing the record back unchanged puts
-    -- this connection's last write after the first one in the replication
-    -- stream, so the WAIT that follows covers both.
-    if mine or (durable and outcome == 'DUPLICATE') then
-      redis.call('SET', key, raw, 'KEEPTTL')
-    end
-    out[#out + 1] = outcome
-    out[#out + 1] = raw
+    codes[i] = 'n'
   else
-    local fence, attempts, steps = now_us, 1, nil
-    if rec ~= nil then
-      -- A recovered value keeps a numeric fence when it still has one, so
-      -- fences never go backwards for a downstream system that saw them.
-      fence = slow().new_fence(rec.fence, now_us)
-      if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
-      if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
+    local outcome, rec, mine = 'NEW', nil, false
+    local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
+    if state ~= nil then
+      -- Written by this package's templates: decided on the parsed text. The
+      -- integers are canonical, so text equality is numeric equality.
+      if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
+        outcome = 'MISMATCH'
+      elseif state == 'COMPLETED' then
+        outcome = 'DUPLICATE'
+      elseif tonumber(plu) < now then
+        outcome = 'RECLAIMED'
+        rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
+      else
+        outcome = 'IN_FLIGHT'
+        mine = ptoken == token
+      end
+    elseif raw then
+      rec = slow().decode(raw)
+      if rec == nil or not slow().valid(rec) then
+        outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
+      elseif rec.fpv == fpv and rec.fp ~= fp then
+        outcome = 'MISMATCH'
+      elseif rec.state == 'COMPLETED' then
+        outcome = 'DUPLICATE'
+      elseif rec.released == true then
+        outcome = 'NEW'
+      elseif rec.lease_until_ms < now then
+        outcome = 'RECLAIMED'
+      else
+        outcome = 'IN_FLIGHT'
+        mine = rec.token == token
+      end
     end
-    if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
-    local claimed
-    if steps == nil then
-      claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
+
+    if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
+      -- WAIT (Options.Durability) counts only its own connection's writes.
+      -- Two records the caller acts on may have been written on another
+      -- connection: a live claim under this call's own token (the call ran
+      -- before, its reply was lost, the client sent it again), and, when a
+      -- WAIT follows, a completion it will ack as a duplicate (whose own
+      -- WAIT may have fallen short). Writing the record back unchanged puts
+      -- this connection's last write after the first one in the replication
+      -- stream, so the WAIT that follows covers both.
+      if mine or (durable and outcome == 'DUPLICATE') then
+        redis.call('SET', key, raw, 'KEEPTTL')
+      end
+      codes[i] = CODE[outcome]
+      out[#out + 1] = raw
     else
-      claimed = slow().encode({
-        v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
-        claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
-      })
+      local fence, attempts, steps = now_us, 1, nil
+      if rec ~= nil then
+        -- A recovered value keeps a numeric fence when it still has one, so
+        -- fences never go backwards for a downstream system that saw them.
+        fence = slow().new_fence(rec.fence, now_us)
+        if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
+        if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
+      end
+      if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
+      local claimed
+      if steps == nil then
+        claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
+      else
+        claimed = slow().encode({
+          v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
+          claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
+        })
+      end
+      redis.call('SET', key, claimed, 'PX', px_s)
+      codes[i] = CODE[outcome]
+      out[#out + 1] = claimed
     end
-    redis.call('SET', key, claimed, 'PX', px_s)
-    out[#out + 1] = outcome
-    out[#out + 1] = claimed
   end
 end
+out[1] = table.concat(codes)
 out[#out + 1] = now_us
 return out

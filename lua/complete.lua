@@ -10,11 +10,13 @@
 --          result, every result standard base64 or '' (the caller encodes
 --          them, so they are not checked again here). Each argument costs
 --          the server a string: fewer per key is less work per key.
--- Returns an array of integers in KEYS order: 1 completed; 2 already
--- COMPLETED by this same token (a retry whose first reply was lost: nothing
--- changes); 0 not owned (gone, completed by another token, released, another
--- token) and nothing changed. One more integer follows: the completed_at_ms
--- of the keys this call completed (0 when it completed none). The keys
+-- Returns one string: one code a key, in KEYS order: 1 completed; 2
+-- already COMPLETED by this same token (a retry whose first reply was
+-- lost: nothing changes); 0 not owned (gone, completed by another token,
+-- released, another token) and nothing changed; then, in decimal, the
+-- completed_at_ms of the keys this call completed (0 when it completed
+-- none). One string rather than an integer a key: each entry of a reply
+-- is a value the server converts and writes, and the client reads. The keys
 -- completed are published on the channel in one message for the whole call:
 -- the key alone when there is one (as SPEC §4.5 says), else "\n" key "\n"
 -- key ... "\n". Waiters are rare (only for keys in flight), so one PUBLISH a
@@ -26,7 +28,7 @@ local first, stride = 2, 5
 if uniform then first, stride = 5, 2 end
 local now, now_s = nil, nil
 local plain_arg, plain_ok -- the last outcome checked by plain (there are two)
-local out = {}
+local codes = {} -- the reply's codes, one a key
 local published = {}
 -- A claim as claim_json (or renew) wrote it starts with CLAIMED_HEAD, then
 -- ',"fp":"'; only those templates write that start (encode puts the fence
@@ -36,29 +38,48 @@ local published = {}
 local CLAIMED_HEAD = '{"v":1,"state":"CLAIMED"'
 local CLAIMED_START = CLAIMED_HEAD .. ',"fp":"'
 local DONE_HEAD = '{"v":1,"state":"COMPLETED"'
+local TOKEN_FIELD, TOKEN_END = ',"token":"', '","fence":'
 -- done_mid is the completion's fields up to the result's text,
 -- ',"completed_at_ms":' now ',"outcome":"' outcome '","result":"', built
 -- once a call in the uniform form (one outcome), else once a key.
 local done_mid
 
-for i, key in ipairs(KEYS) do
+-- The loop reads these as locals: a global is a table lookup each time.
+local ARGV, KEYS, type, find, rcall, rpcall = ARGV, KEYS, type, string.find, redis.call, redis.pcall
+local u_outcome, u_keep = ARGV[3], ARGV[4] -- the short form's
+local n_published = 0
+
+for i = 1, #KEYS do
+  local key = KEYS[i]
   local a = first + (i - 1) * stride
   local token, outcome, result, meta, keep
   if uniform then
-    token, outcome, result, meta, keep = ARGV[a], ARGV[3], ARGV[a + 1], '', ARGV[4]
+    token, outcome, result, meta, keep = ARGV[a], u_outcome, ARGV[a + 1], '', u_keep
   else
     token, outcome, result, meta, keep = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   end
-  local raw = get(key)
+  -- get(key), inline: a WRONGTYPE error reads as "not a record", any other
+  -- error is raised.
+  local raw = rpcall('GET', key)
+  if type(raw) == 'table' and raw.err and not find(raw.err, 'WRONGTYPE', 1, true) then
+    error(raw)
+  end
   if outcome ~= plain_arg then plain_arg, plain_ok = outcome, plain(outcome) end
   -- The template's fp is JSON text in which every '"' is escaped (cjson),
-  -- so ',"' first occurs after it, at the token field: finding
-  -- ',"token":"<token>","fence":' finds that field holding this token.
-  -- A plain find that matches at 1 compares in place; string.sub would
-  -- copy the start of every record into a new Lua string first.
-  if type(raw) == 'string' and string.find(raw, CLAIMED_START, 1, true) == 1
-    and string.find(raw, ',"token":"' .. token .. '","fence":', #CLAIMED_START, true)
-    and meta == '' and plain_ok and (uniform or result == '' or slow().b64(result)) then
+  -- so ',"token":"' first occurs after it, at the token field: that field
+  -- holds this token when the token stands right after it and
+  -- '","fence":' right after the token. A plain find that matches where
+  -- it starts compares in place, with strings the script already has:
+  -- string.sub would copy part of every record into a new Lua string, and
+  -- concatenating the token into one string to find would make a new
+  -- string a key too (each is hashed and interned).
+  local at = type(raw) == 'string' and find(raw, CLAIMED_START, 1, true) == 1
+    and find(raw, TOKEN_FIELD, #CLAIMED_START, true)
+  if at then
+    at = at + #TOKEN_FIELD
+    at = find(raw, token, at, true) == at and find(raw, TOKEN_END, at + #token, true) == at + #token
+  end
+  if at and meta == '' and plain_ok and (uniform or result == '' or slow().b64(result)) then
     -- The claim as the claim script wrote it, completed from a template:
     -- no JSON decoding or encoding, no pattern matching of the record.
     if now_s == nil then
@@ -68,9 +89,10 @@ for i, key in ipairs(KEYS) do
     if done_mid == nil or not uniform then
       done_mid = ',"completed_at_ms":' .. now_s .. ',"outcome":"' .. outcome .. '","result":"'
     end
-    redis.call('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
-    published[#published + 1] = key
-    out[i] = 1
+    rcall('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
+    n_published = n_published + 1
+    published[n_published] = key
+    codes[i] = '1'
   else
     local rec = slow().decode(raw)
     if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
@@ -83,9 +105,9 @@ for i, key in ipairs(KEYS) do
         -- connection: written back unchanged, so a WAIT that follows on
         -- this connection covers the first write too (see claim.lua).
         redis.call('SET', key, raw, 'KEEPTTL')
-        out[i] = 2
+        codes[i] = '2'
       else
-        out[i] = 0
+        codes[i] = '0'
       end
     else
       now = now or tonumber(now_s) or now_ms()
@@ -95,15 +117,15 @@ for i, key in ipairs(KEYS) do
       if result == '' then rec.result = nil else rec.result = result end
       if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
       redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
-      published[#published + 1] = key
-      out[i] = 1
+      n_published = n_published + 1
+      published[n_published] = key
+      codes[i] = '1'
     end
   end
 end
-if #published == 1 then
+if n_published == 1 then
   redis.call('PUBLISH', channel, published[1])
-elseif #published > 1 then
+elseif n_published > 1 then
   redis.call('PUBLISH', channel, '\n' .. table.concat(published, '\n') .. '\n')
 end
-out[#KEYS + 1] = now or tonumber(now_s) or 0
-return out
+return table.concat(codes) .. (now_s or string.format('%d', now or 0))

@@ -37,24 +37,25 @@
 //     it covers it); or, when all keys share fpv, lease and retention and
 //     every token and fp is printable ASCII without '"' or backslash (so
 //     it stands in JSON as it is), grace_ms, '=', fpv, lease_ms,
-//     retention_ms, '1' or '0' (durable), then per key token, fp. Reply: a
-//     flat array, two entries per key: the outcome name (NEW, RECLAIMED,
-//     RECOVERED, DUPLICATE, IN_FLIGHT, MISMATCH) and a record as JSON — the
-//     claim just written for owned outcomes, the stored value for the
-//     others, or the empty string for a NEW key that had no value — then
-//     the call's TIME in microseconds. That claim is the claim_json
-//     template of the request with fence = that time, claimed_at_ms = the
-//     time in ms, lease_until_ms = claimed_at_ms + lease_ms, attempts 1:
-//     the caller builds it from what it sent. TTL of a claim: lease +
+//     retention_ms, '1' or '0' (durable), then per key token, fp. Reply: an
+//     array: first one string of an outcome code a key, in KEYS order (n
+//     NEW from the template, N NEW, R RECLAIMED, V RECOVERED, D
+//     DUPLICATE, I IN_FLIGHT, M MISMATCH); then, in KEYS order, a record
+//     as JSON for every key not coded n (the claim just written for N, R
+//     and V, the stored value for D, I and M); then the call's TIME in
+//     microseconds. A key coded n had no value, and its claim is the
+//     claim_json template of the request with fence = that time,
+//     claimed_at_ms = the time in ms, lease_until_ms = claimed_at_ms +
+//     lease_ms, attempts 1: the caller builds it from what it sent. TTL of a claim: lease +
 //     max(grace, retention) (see Attempts).
 //   - Complete: KEYS the batch; ARGV channel, then per key token, outcome,
 //     result (base64 or ""), meta (JSON object or ""), retention_ms; or,
 //     when all keys share outcome and retention and none has meta, channel,
 //     '=', outcome, retention_ms, then per key token, result (base64 the
-//     caller encoded, not checked again). Reply:
-//     an array of 1 (completed), 2 (already completed under this token: a
-//     retry) or 0 (not owned), then the completed_at_ms of the keys it
-//     completed (0 for none). The keys completed are published on channel
+//     caller encoded, not checked again). Reply: one string, a code a key
+//     in KEYS order, 1 (completed), 2 (already completed under this
+//     token: a retry) or 0 (not owned), followed in decimal by the
+//     completed_at_ms of the keys it completed (0 for none). The keys completed are published on channel
 //     in one message: the key alone when there is one, else "\n" key "\n"
 //     key … "\n". TTL: retention.
 //   - Renew: KEYS[1]; ARGV token, lease_ms, grace_ms. Reply: the new

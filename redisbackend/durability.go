@@ -156,13 +156,15 @@ func (s *Store) checkWait(b *nodeBatch) error {
 func (s *Store) undoClaims(ctx context.Context, reqs []idempotency.ClaimRequest, tokens []string, groups []group, calls []*call) {
 	var undo []*call
 	for gi, g := range groups {
-		vals, nowUs, err := claimReply(calls[gi].strs, len(g.idx))
+		vals, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
 			continue
 		}
+		rec := 0
 		for j, i := range g.idx {
 			var claim idempotency.Claim
-			res, _, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1], &claim)
+			o, js := vals.next(j, &rec)
+			res, _, err := claimResult(&reqs[i], tokens[i], vals.nowUs, o, js, &claim)
 			if err != nil || !res.Outcome.Owned() {
 				continue
 			}

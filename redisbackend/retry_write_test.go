@@ -55,12 +55,14 @@ func TestRetriedWriteIsWrittenAgain(t *testing.T) {
 		if err := s.exec(ctx, "claim", []*call{c}); err != nil {
 			t.Fatal(err)
 		}
-		vals, nowUs, err := claimReply(c.strs, 1)
+		vals, err := claimReply(c.strs, 1)
 		if err != nil {
 			t.Fatalf("claim reply %v, %v", c.strs.Val(), err)
 		}
 		r := idempotency.ClaimRequest{Key: key, Fingerprint: "1:f", FingerprintVersion: 1, Lease: time.Minute}
-		res, _, err := claimResult(&r, token, nowUs, vals[0], vals[1], new(idempotency.Claim))
+		rec := 0
+		o, js := vals.next(0, &rec)
+		res, _, err := claimResult(&r, token, vals.nowUs, o, js, new(idempotency.Claim))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,8 +20,8 @@ func newScript(src string) *script {
 }
 
 // call is one script invocation: its keys (already namespaced), its
-// arguments, and after send its reply: in cmd, or in strs or ints when
-// reply says the script's reply is read as strings or integers.
+// arguments, and after send its reply: in cmd, or in strs or str when
+// reply says the script's reply is read as strings or as one string.
 type call struct {
 	script *script
 	keys   []string
@@ -35,7 +35,7 @@ type call struct {
 
 	cmd  *redis.Cmd
 	strs *redis.StringSliceCmd
-	ints *redis.IntSliceCmd
+	str  *redis.StringCmd
 }
 
 // replyKind is how a call's reply is read.
@@ -44,7 +44,7 @@ type replyKind uint8
 const (
 	replyAny     replyKind = iota // a *redis.Cmd: any reply
 	replyStrings                  // a *redis.StringSliceCmd: an array, integers as their decimal text
-	replyInts                     // a *redis.IntSliceCmd: an array of integers
+	replyString                   // a *redis.StringCmd: one string
 )
 
 // newCall returns a call of script on keys whose reply is read as reply,
@@ -91,9 +91,9 @@ func (c *call) send(ctx context.Context, p processor, eval bool) {
 	case replyStrings:
 		c.strs = redis.NewStringSliceCmd(ctx, c.argv...)
 		cmd = c.strs
-	case replyInts:
-		c.ints = redis.NewIntSliceCmd(ctx, c.argv...)
-		cmd = c.ints
+	case replyString:
+		c.str = redis.NewStringCmd(ctx, c.argv...)
+		cmd = c.str
 	default:
 		c.cmd = redis.NewCmd(ctx, c.argv...)
 		cmd = c.cmd
@@ -109,8 +109,8 @@ func (c *call) err() error {
 	switch c.reply {
 	case replyStrings:
 		return c.strs.Err()
-	case replyInts:
-		return c.ints.Err()
+	case replyString:
+		return c.str.Err()
 	}
 	return c.cmd.Err()
 }

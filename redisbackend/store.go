@@ -310,12 +310,14 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 		pending = make([]pendingClaim, 0, len(reqs))
 	}
 	for gi, g := range groups {
-		vals, nowUs, err := claimReply(calls[gi].strs, len(g.idx))
+		vals, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
 		}
+		rec := 0
 		for j, i := range g.idx {
-			res, claimedAt, err := claimResult(&reqs[i], tokens[i], nowUs, vals[2*j], vals[2*j+1], &claims[i])
+			o, js := vals.next(j, &rec)
+			res, claimedAt, err := claimResult(&reqs[i], tokens[i], vals.nowUs, o, js, &claims[i])
 			if err != nil {
 				return nil, storeErr(op, err)
 			}
@@ -365,23 +367,78 @@ func jsonPlain(s string) bool {
 	return true
 }
 
-// claimReply checks the claim script's reply for n keys: two values a key,
-// then the call's TIME in microseconds.
-// The reply is read as strings (an integer as its decimal text), so that
-// no value is boxed into an interface.
-func claimReply(cmd *redis.StringSliceCmd, n int) (vals []string, nowUs int64, err error) {
-	vals, err = cmd.Result()
+// claimVals is the claim script's reply for one call, read in KEYS order
+// by next: the outcome codes, one byte a key, the records of the keys
+// whose code is not 'n', and the call's TIME in microseconds.
+type claimVals struct {
+	codes string
+	recs  []string
+	nowUs int64
+}
+
+// claimCodes maps each outcome code of claim.lua's reply to its outcome;
+// 'n' is a NEW key whose record the reply leaves out.
+var claimCodes = [256]idempotency.ClaimOutcome{
+	'n': idempotency.ClaimNew,
+	'N': idempotency.ClaimNew,
+	'R': idempotency.ClaimReclaimed,
+	'V': idempotency.ClaimRecovered,
+	'D': idempotency.ClaimDuplicate,
+	'I': idempotency.ClaimInFlight,
+	'M': idempotency.ClaimMismatch,
+}
+
+// claimReply checks the claim script's reply for n keys: a string of n
+// outcome codes, one record for each code other than 'n', then the call's
+// TIME in microseconds. The reply is read as strings (an integer as its
+// decimal text), so that no value is boxed into an interface.
+func claimReply(cmd *redis.StringSliceCmd, n int) (claimVals, error) {
+	vals, err := cmd.Result()
 	if err != nil {
-		return nil, 0, err
+		return claimVals{}, err
 	}
-	if len(vals) != 2*n+1 {
-		return nil, 0, fmt.Errorf("script returned %d values for %d keys, want %d", len(vals), n, 2*n+1)
+	if len(vals) < 2 || len(vals[0]) != n {
+		return claimVals{}, fmt.Errorf("script returned %d values, the first of %d codes, for %d keys, want %d codes", len(vals), firstLen(vals), n, n)
 	}
-	nowUs, err = strconv.ParseInt(vals[2*n], 10, 64)
+	codes := vals[0]
+	recs := 0
+	for i := 0; i < n; i++ {
+		switch c := codes[i]; {
+		case claimCodes[c] == "":
+			return claimVals{}, fmt.Errorf("script returned outcome code %q for key %d", c, i)
+		case c != 'n':
+			recs++
+		}
+	}
+	if len(vals) != recs+2 {
+		return claimVals{}, fmt.Errorf("script returned %d values for %d keys with %d records, want %d", len(vals), n, recs, recs+2)
+	}
+	last := vals[len(vals)-1]
+	nowUs, err := strconv.ParseInt(last, 10, 64)
 	if err != nil || nowUs <= 0 {
-		return nil, 0, fmt.Errorf("script returned %q as its time, want microseconds", vals[2*n])
+		return claimVals{}, fmt.Errorf("script returned %q as its time, want microseconds", last)
 	}
-	return vals[:2*n], nowUs, nil
+	return claimVals{codes: codes, recs: vals[1 : len(vals)-1], nowUs: nowUs}, nil
+}
+
+// firstLen is the length of vals[0], or 0 for none.
+func firstLen(vals []string) int {
+	if len(vals) == 0 {
+		return 0
+	}
+	return len(vals[0])
+}
+
+// next returns key j's outcome and record ("" for code 'n'); *rec counts
+// the records taken, and the keys are read in order, j from 0.
+func (v *claimVals) next(j int, rec *int) (outcome, js string) {
+	c := v.codes[j]
+	if c == 'n' {
+		return string(idempotency.ClaimNew), ""
+	}
+	js = v.recs[*rec]
+	*rec++
+	return string(claimCodes[c]), js
 }
 
 // claimResult turns one (outcome, record JSON) pair of the claim script
@@ -486,7 +543,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		if uniformCompletions(cs, g.idx) {
 			// The short form of complete.lua: outcome and retention once.
 			c0 := &cs[g.idx[0]]
-			c := newCall(s.complete, g.keys, replyInts, 4+2*len(g.idx))
+			c := newCall(s.complete, g.keys, replyString, 4+2*len(g.idx))
 			c.argv = append(c.argv, s.channelArg, "=", &c0.Outcome, durMs(c0.Retention))
 			for _, i := range g.idx {
 				c.argv = append(c.argv, &cs[i].Token, &results[i])
@@ -494,7 +551,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 			calls[gi] = c
 			continue
 		}
-		c := newCall(s.complete, g.keys, replyInts, 1+5*len(g.idx))
+		c := newCall(s.complete, g.keys, replyString, 1+5*len(g.idx))
 		args := append(c.argv, s.channelArg)
 		var retention msBox
 		for _, i := range g.idx {
@@ -521,18 +578,15 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		done = make([]completedKey, len(cs))
 	}
 	for gi, g := range groups {
-		vals, err := calls[gi].ints.Result()
+		codes, atMs, err := completeReply(calls[gi].str, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
 		}
-		if len(vals) != len(g.idx)+1 {
-			return nil, storeErr(op, fmt.Errorf("script returned %d values for %d keys", len(vals), len(g.idx)))
-		}
-		at := time.UnixMilli(vals[len(g.idx)])
+		at := time.UnixMilli(atMs)
 		for j, i := range g.idx {
-			ok[i] = vals[j] == 1 || vals[j] == 2
+			ok[i] = codes[j] == '1' || codes[j] == '2'
 			if done != nil {
-				done[i] = completedKey{written: vals[j] == 1, at: at}
+				done[i] = completedKey{written: codes[j] == '1', at: at}
 			}
 		}
 	}
@@ -540,6 +594,31 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		s.cache.completed(epoch, start, cs, done)
 	}
 	return ok, nil
+}
+
+// completeReply checks the completion script's reply for n keys: one
+// string, n codes ('1' completed, '2' completed before under the same
+// token, '0' not owned), then in decimal the completed_at_ms of the keys it
+// completed.
+func completeReply(cmd *redis.StringCmd, n int) (codes string, atMs int64, err error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return "", 0, err
+	}
+	if len(v) <= n {
+		return "", 0, fmt.Errorf("script returned %q for %d keys, want %d codes and a time", v, n, n)
+	}
+	codes = v[:n]
+	for i := 0; i < n; i++ {
+		if c := codes[i]; c != '0' && c != '1' && c != '2' {
+			return "", 0, fmt.Errorf("script returned code %q for key %d, want 0, 1 or 2", c, i)
+		}
+	}
+	atMs, err = strconv.ParseInt(v[n:], 10, 64)
+	if err != nil || atMs < 0 {
+		return "", 0, fmt.Errorf("script returned %q after its %d codes as its completion time, want milliseconds", v[n:], n)
+	}
+	return codes, atMs, nil
 }
 
 // encodeResults returns the base64 of each completion's result, all

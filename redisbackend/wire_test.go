@@ -166,3 +166,102 @@ func TestScriptArgumentsOnTheWire(t *testing.T) {
 		t.Errorf("the long form of a completion is not on the wire as complete.lua reads it:\n%q", log.buf.String())
 	}
 }
+
+// TestScriptRepliesOnTheWire pins the replies of claim.lua and complete.lua
+// (which claimReply and completeReply read) on a real Redis: the claim's
+// one string of per-key codes, then a record only for each key not coded
+// n, then the call's TIME; the completion's one string of per-key codes
+// followed by the completion time. A key the claim wrote from the template
+// costs the reply one code and no record.
+func TestScriptRepliesOnTheWire(t *testing.T) {
+	client := testenv.RedisClient(t)
+	ns := "reply" + testenv.RandID()
+	s, err := New(client, Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kNew, kDone, kLive, kOther := s.RedisKey("r:new"), s.RedisKey("r:done"), s.RedisKey("r:live"), s.RedisKey("r:other")
+	defer client.Del(context.Background(), kNew, kDone, kLive, kOther)
+	const fp = "1:abc"
+	done := `{"v":1,"state":"COMPLETED","fp":"1:abc","fpv":1,"token":"dddd","fence":5,"claimed_at_ms":1000,"lease_until_ms":31000,"attempts":1,"completed_at_ms":2000,"outcome":"ok","result":""}`
+	live := `{"v":1,"state":"CLAIMED","fp":"1:abc","fpv":1,"token":"llll","fence":7,"claimed_at_ms":1000,"lease_until_ms":99999999999999,"attempts":2}`
+	other := `{"v":1,"state":"CLAIMED","fp":"1:xyz","fpv":1,"token":"oooo","fence":9,"claimed_at_ms":1000,"lease_until_ms":99999999999999,"attempts":1}`
+	for k, v := range map[string]string{kDone: done, kLive: live, kOther: other} {
+		if err := client.Set(ctx, k, v, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The short form: grace, '=', version, lease, retention, durable, then
+	// token and fingerprint a key.
+	claimArgs := []any{"evalsha", redis.NewScript(lua.Claim).Hash(), 4, kNew, kDone, kLive, kOther,
+		s.graceMs, "=", 1, 60000, 3600000, 0, "nnnn", fp, "nnnn", fp, "nnnn", fp, "nnnn", fp}
+	cmd := redis.NewStringSliceCmd(ctx, claimArgs...)
+	_ = client.Process(ctx, cmd)
+	if isNoScript(cmd.Err()) {
+		claimArgs[0], claimArgs[1] = "eval", lua.Claim
+		cmd = redis.NewStringSliceCmd(ctx, claimArgs...)
+		_ = client.Process(ctx, cmd)
+	}
+	got, err := cmd.Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// NEW from the template (no record), DUPLICATE, IN_FLIGHT and
+	// MISMATCH, each with the stored value, then TIME in µs.
+	if len(got) != 5 || got[0] != "nDIM" || got[1] != done || got[2] != live || got[3] != other {
+		t.Fatalf("claim reply %q, want [nDIM, the 3 stored records, time]", got)
+	}
+	nowUs, err := strconv.ParseInt(got[4], 10, 64)
+	if err != nil || nowUs < time.Now().Add(-time.Hour).UnixMicro() {
+		t.Fatalf("claim reply's time %q, want the server's TIME in µs", got[4])
+	}
+	vals, err := claimReply(redis.NewStringSliceResult(got, nil), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := 0
+	for j, want := range []struct{ o, js string }{{"NEW", ""}, {"DUPLICATE", done}, {"IN_FLIGHT", live}, {"MISMATCH", other}} {
+		if o, js := vals.next(j, &rec); o != want.o || js != want.js {
+			t.Errorf("key %d: claimReply gives %s %q, want %s %q", j, o, js, want.o, want.js)
+		}
+	}
+	for _, bad := range [][]string{
+		{"nD", got[4]},              // a record missing
+		{"nx", got[1], got[4]},      // an unknown code
+		{"n", got[4]},               // fewer codes than keys
+		{"nD", got[1], got[2], "1"}, // a record too many
+	} {
+		if _, err := claimReply(redis.NewStringSliceResult(bad, nil), 2); err == nil {
+			t.Errorf("claimReply(%q) for 2 keys: no error", bad)
+		}
+	}
+
+	// The completion's short form: channel, '=', outcome, retention, then
+	// token and result a key. The new key's claim is completed (1), the
+	// completed key under its own token is a retry (2), the live claim of
+	// another token is not owned (0).
+	reply, err := client.EvalSha(ctx, redis.NewScript(lua.Complete).Hash(), []string{kNew, kDone, kLive},
+		s.channel, "=", "ok", 60000, "nnnn", "", "dddd", "", "nnnn", "").Text()
+	if err != nil && isNoScript(err) {
+		reply, err = client.Eval(ctx, lua.Complete, []string{kNew, kDone, kLive},
+			s.channel, "=", "ok", 60000, "nnnn", "", "dddd", "", "nnnn", "").Text()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes, atMs, err := completeReply(redis.NewStringResult(reply, nil), 3)
+	if err != nil || codes != "120" || atMs < nowUs/1000 || atMs > nowUs/1000+60_000 {
+		t.Fatalf("completion reply %q: codes %q, time %d, %v; want 120 and the server's time in ms", reply, codes, atMs, err)
+	}
+	if stored, err := client.Get(ctx, kLive).Result(); err != nil || stored != live {
+		t.Fatalf("the not-owned key holds %q, %v; want it unchanged", stored, err)
+	}
+	for _, bad := range []string{"12", "1x5", "125x", "1"} {
+		if _, _, err := completeReply(redis.NewStringResult(bad, nil), 2); err == nil {
+			t.Errorf("completeReply(%q) for 2 keys: no error", bad)
+		}
+	}
+}
