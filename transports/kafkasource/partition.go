@@ -364,6 +364,7 @@ var errBudgetWait = errors.New("kafka: stopped while waiting for the fetch budge
 func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offset int64) ([]kafka.Message, int64, error) {
 	s := p.g.m.s
 	b := s.budget
+	wait := s.cfg.MaxWait
 	if p.estimate == 0 {
 		select {
 		case s.probe <- struct{}{}:
@@ -371,6 +372,9 @@ func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offs
 		case <-ctx.Done():
 			return nil, offset, errBudgetWait
 		}
+		// The broker answers at once: a partition with nothing to read
+		// does not keep the others' first fetches waiting for MaxWait.
+		wait = 0
 	}
 	want := b.capped(max(p.estimate, int64(s.cfg.FetchMaxBytes)))
 	if err := b.acquire(ctx, want); err != nil {
@@ -379,7 +383,7 @@ func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offs
 	p.hold(want)
 	// fetchOnce is bounded by MaxWait + NetworkTimeout and returns at
 	// once when ctx ends.
-	msgs, next, err := p.fetchOnce(ctx, tr, offset)
+	msgs, next, err := p.fetchOnce(ctx, tr, offset, wait)
 	var cost int64
 	for i := range msgs {
 		cost += messageCost(&msgs[i])
