@@ -245,3 +245,46 @@ func TestFetchBudgetReleasedOnStop(t *testing.T) {
 	}
 	log.check(t, ends)
 }
+
+// TestFirstFetchesDoNotLongPoll: first fetches run one at a time (their
+// size is unknown), so one that long-polled an empty partition would keep
+// the next partition's first fetch waiting MaxWait. With one message on
+// the last of eight partitions and the rest empty, that message is handled
+// well within one MaxWait of the first fetch.
+func TestFirstFetchesDoNotLongPoll(t *testing.T) {
+	t.Parallel()
+	const (
+		partitions = 8
+		maxWait    = 5 * time.Second
+	)
+	e := newRealEnv(t, partitions)
+	e.produce(e.topic, []msg{{partition: partitions - 1, value: "only"}})
+	handled := make(chan time.Time, 1)
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		select {
+		case handled <- time.Now():
+		default:
+		}
+		return nil, nil
+	})
+	src := e.source(func(c *kafkasource.Config) { c.MaxWait = maxWait })
+	r := run(t, worker(t, "first-fetch", src, h))
+	// A fetch in progress holds some of the budget: the first one has
+	// started once it is not empty.
+	testenv.Eventually(t, 30*time.Second, "a first fetch", func() bool {
+		used, _, _ := kafkasource.FetchBudget(src)
+		return used > 0
+	})
+	first := time.Now()
+	select {
+	case at := <-handled:
+		if d := at.Sub(first); d > maxWait/2 {
+			t.Errorf("the message was handled %v after the first fetch began, want well within MaxWait %v: first fetches waited for each other's long polls", d, maxWait)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the message was not handled within 30s")
+	}
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+}
