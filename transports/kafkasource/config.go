@@ -120,6 +120,23 @@ type Config struct {
 	// again once the rest of its last fetch fits in MaxUnfinished (or
 	// BatchSize, the larger). Default 1 MiB.
 	FetchMaxBytes int
+	// FetchBufferBytes caps the memory the Source holds in fetched
+	// messages not yet acked, across all its partitions, so that a
+	// backlog's start does not decode a fetch of every partition at once.
+	// A fetcher acquires its fetch's expected size before it fetches (its
+	// last fetch's size, at least FetchMaxBytes), and each message gives
+	// its share back when it is acked; what a partition still holds when it
+	// stops or is revoked goes back then. A fetch that decodes more than it
+	// acquired (a record batch larger than FetchMaxBytes is returned whole)
+	// is kept and takes the excess: the Source holds at most this plus one
+	// such excess per partition, and nobody fetches again until it is back
+	// under. A partition's first fetch, whose size is unknown, waits while
+	// another's runs. Fetchers wait in the order they asked, so every
+	// partition fetches in turn; a fetch never waits for more than this
+	// whole budget. A message counts its key, value and headers and about
+	// 700 bytes for its decoding and delivery. Default 16 MiB (or FetchMaxBytes
+	// if larger); at least FetchMaxBytes.
+	FetchBufferBytes int
 	// DeadLetterTopic receives dead-lettered messages; empty means none
 	// (Delivery.DeadLetter returns consumer.ErrNoDeadLetter).
 	DeadLetterTopic string
@@ -190,6 +207,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.FetchMaxBytes == 0 {
 		c.FetchMaxBytes = 1 << 20
+	}
+	if c.FetchBufferBytes == 0 {
+		c.FetchBufferBytes = max(16<<20, c.FetchMaxBytes)
 	}
 	if c.NetworkTimeout == 0 {
 		c.NetworkTimeout = 10 * time.Second
@@ -280,6 +300,9 @@ func (c *Config) validate() error {
 		atLeastOne("MaxUnfinished", c.MaxUnfinished)
 	}
 	atLeastOne("FetchMaxBytes", c.FetchMaxBytes)
+	if c.FetchMaxBytes >= 1 && c.FetchBufferBytes < c.FetchMaxBytes {
+		bad("FetchBufferBytes", "%d: must be at least FetchMaxBytes (%d), or no fetch fits: raise it or lower FetchMaxBytes", c.FetchBufferBytes, c.FetchMaxBytes)
+	}
 	if c.SASL != nil {
 		if c.SASL.Username == "" {
 			bad("SASL.Username", "required")

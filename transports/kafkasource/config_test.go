@@ -59,6 +59,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"BatchSize", func(c *kafkasource.Config) { c.BatchSize = -1 }},
 		{"MaxUnfinished", func(c *kafkasource.Config) { c.MaxUnfinished = -1 }},
 		{"FetchMaxBytes", func(c *kafkasource.Config) { c.FetchMaxBytes = -1 }},
+		{"FetchBufferBytes", func(c *kafkasource.Config) { c.FetchBufferBytes = 64 << 10 }},
 		{"NetworkTimeout", func(c *kafkasource.Config) { c.NetworkTimeout = -time.Second }},
 		{"DeadLetterTopic", func(c *kafkasource.Config) { c.DeadLetterTopic = "t" }},
 		{"SASL.Mechanism", func(c *kafkasource.Config) { c.SASL = &kafkasource.SASL{Mechanism: "GSSAPI", Username: "u"} }},

@@ -31,6 +31,7 @@ type delivery struct {
 	msg     *consumer.Message // first's, shared by the retries
 	raw     *kafka.Message
 	attempt int
+	cost    int64 // what the message's fetch acquired for it (budget)
 
 	first    consumer.Message // the message, in the first attempt's allocation
 	firstRaw kafka.Message    // the fetched message, copied out of its fetch
@@ -67,6 +68,7 @@ func newDeliveries(p *partition, chunk []kafka.Message) []*delivery {
 func (d *delivery) init(p *partition, m kafka.Message, h consumer.Header) {
 	d.firstRaw = m
 	d.p, d.raw, d.attempt = p, &d.firstRaw, 1
+	d.cost = messageCost(&m)
 	d.first = consumer.Message{
 		Key:     m.Key,
 		Payload: m.Value,
@@ -135,7 +137,7 @@ func (s *headerSpace) header(hs []kafka.Header) consumer.Header {
 
 // retry returns the next attempt of the same message.
 func (d *delivery) retry() *delivery {
-	return &delivery{p: d.p, msg: d.msg, raw: d.raw, attempt: d.attempt + 1}
+	return &delivery{p: d.p, msg: d.msg, raw: d.raw, attempt: d.attempt + 1, cost: d.cost}
 }
 
 func (d *delivery) Message() *consumer.Message { return d.msg }
@@ -154,7 +156,7 @@ func (d *delivery) Ack(context.Context) error {
 	}
 	d.state = settledAck
 	d.mu.Unlock()
-	d.p.finish(d.msg.Origin.Offset)
+	d.p.finish(d.msg.Origin.Offset, d.cost)
 	return nil
 }
 

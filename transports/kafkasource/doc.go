@@ -23,7 +23,12 @@
 // deduplication engine claims the batch in one store round trip (SPEC §4.4).
 // A partition fetches ahead only while fewer than MaxUnfinished of its
 // messages are unfinished, counted from the oldest unfinished one, so a slow
-// key cannot make the member claim and buffer without bound.
+// key cannot make the member claim and buffer without bound. Across all
+// partitions, the fetched messages not yet acked are bounded in bytes
+// (FetchBufferBytes): a fetcher waits, in turn with the others, for room
+// for its fetch before it fetches, so a backlog's start does not decode a
+// whole record batch on every partition at once. The bound only delays
+// fetches: offsets, their order, commits and rebalances are as without it.
 //
 // Kafka cannot redeliver one message, so a Nak is a retry in place: the
 // lane (the partition, or the key) waits the requested delay and processes

@@ -1,5 +1,7 @@
 package kafkasource
 
+import "github.com/segmentio/kafka-go"
+
 // SimulateCrash makes s never commit again, as if the process died before
 // its next commit.
 func SimulateCrash(s *Source) { s.noCommit.Store(true) }
@@ -18,3 +20,10 @@ func NewTracker(next int64) *Tracker { return &Tracker{next: next} }
 // DisableKeeper turns off s's group keeper (group.go), to measure what the
 // keeper is for.
 func DisableKeeper(s *Source) { s.noKeeper.Store(true) }
+
+// FetchBudget returns how many bytes of s's FetchBufferBytes are held now,
+// the most ever held, and how many fetchers wait for room.
+func FetchBudget(s *Source) (used, peak int64, waiting int) { return s.budget.state() }
+
+// MessageCost is what the budget counts for m.
+func MessageCost(m *kafka.Message) int64 { return messageCost(m) }

@@ -89,7 +89,8 @@ func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64,
 	return 0, fmt.Errorf("kafka: list offsets response without partition %d", p.id)
 }
 
-// fetchOnce sends one Fetch request for the partition at offset and returns
+// fetchOnce sends one Fetch request for the partition at offset, which the
+// broker holds up to wait for records to arrive, and returns
 // the records a handler may see, in offset order, and the offset to fetch
 // next. It reads the response with kafka-go's protocol/fetch types rather
 // than Conn.ReadBatch, because only they expose what isolation needs: the
@@ -98,13 +99,13 @@ func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64,
 // both). Control batches (transaction markers) are never returned; under
 // read_committed neither are the batches of aborted transactions. The
 // offsets they occupy still count: next moves past them.
-func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset int64) ([]kafka.Message, int64, error) {
+func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset int64, wait time.Duration) ([]kafka.Message, int64, error) {
 	s := p.g.m.s
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.MaxWait+s.cfg.NetworkTimeout)
+	ctx, cancel := context.WithTimeout(ctx, wait+s.cfg.NetworkTimeout)
 	defer cancel()
 	req := &fetchapi.Request{
 		ReplicaID:      -1,
-		MaxWaitTime:    int32(s.cfg.MaxWait / time.Millisecond),
+		MaxWaitTime:    int32(wait / time.Millisecond),
 		MinBytes:       1,
 		MaxBytes:       int32(s.cfg.FetchMaxBytes),
 		IsolationLevel: int8(s.cfg.isolationLevel()),

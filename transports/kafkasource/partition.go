@@ -55,6 +55,9 @@ type partition struct {
 	// lastFetched is how many messages the last fetch returned; only the
 	// fetcher uses it.
 	lastFetched int
+	// estimate is the cost of the partition's last fetch, 0 before its
+	// first (fetchBudgeted); only the fetcher uses it.
+	estimate int64
 
 	loops sync.WaitGroup // fetcher and dispatcher
 	lanes sync.WaitGroup // lane goroutines; Add only by the dispatcher
@@ -63,6 +66,11 @@ type partition struct {
 	track      tracker
 	lanesByID  map[string]*lane
 	lastCommit int64
+	// held is what the partition holds of the source's budget: acquired
+	// for its fetches, released as their messages are acked, and in full
+	// by wait once nothing of the partition runs (released).
+	held     int64
+	released bool
 }
 
 // fetched is what the fetcher hands the dispatcher: messages in offset order
@@ -122,6 +130,12 @@ func (p *partition) stop(cause error) {
 func (p *partition) wait() {
 	p.loops.Wait()
 	p.lanes.Wait()
+	// What was fetched and never acked (not dispatched, abandoned, or in
+	// a fetch the dispatcher did not take) is no longer referenced.
+	p.mu.Lock()
+	p.g.m.s.budget.release(p.held)
+	p.held, p.released = 0, true
+	p.mu.Unlock()
 }
 
 func (p *partition) stopped() bool {
@@ -150,15 +164,37 @@ func (p *partition) committed(w int64) {
 	p.mu.Unlock()
 }
 
-// finish marks offset as done; the watermark may move past it.
-func (p *partition) finish(offset int64) {
+// finish marks offset as done; the watermark may move past it. cost, what
+// the message's fetch acquired for it, goes back to the source's budget.
+func (p *partition) finish(offset, cost int64) {
 	p.mu.Lock()
 	p.track.finish(offset)
+	p.unhold(cost)
 	p.mu.Unlock()
 	select {
 	case p.space <- struct{}{}:
 	default:
 	}
+}
+
+// hold records n more bytes held of the source's budget.
+func (p *partition) hold(n int64) {
+	p.mu.Lock()
+	if p.released {
+		// wait released everything already; nothing is held for this.
+		p.g.m.s.budget.release(n)
+	} else {
+		p.held += n
+	}
+	p.mu.Unlock()
+}
+
+// unhold gives n bytes of what the partition holds back to the source's
+// budget; p.mu is held.
+func (p *partition) unhold(n int64) {
+	n = min(n, p.held)
+	p.held -= n
+	p.g.m.s.budget.release(n)
 }
 
 // ---- fetcher ----
@@ -290,9 +326,10 @@ func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset in
 				return offset, ctx.Err()
 			}
 		}
-		// fetchOnce is bounded by MaxWait + NetworkTimeout and returns at
-		// once when ctx ends.
-		msgs, next, err := p.fetchOnce(ctx, tr, offset)
+		msgs, next, err := p.fetchBudgeted(ctx, tr, offset)
+		if errors.Is(err, errBudgetWait) {
+			return offset, ctx.Err()
+		}
 		if len(msgs) > 0 || next > offset {
 			if !p.send(fetched{msgs: msgs, next: next}) {
 				return next, ctx.Err()
@@ -312,6 +349,60 @@ func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset in
 			return offset, err
 		}
 	}
+}
+
+// errBudgetWait is fetchBudgeted's error when ctx ended while it waited for
+// the source's budget: nothing was fetched.
+var errBudgetWait = errors.New("kafka: stopped while waiting for the fetch budget")
+
+// fetchBudgeted is fetchOnce within the source's budget: it acquires the
+// fetch's expected cost first, and after the fetch holds exactly what the
+// returned messages cost. A partition whose fetches' size is not known yet
+// (its first fetch) fetches only while no other such fetch runs: a
+// backlog's start decodes one unknown batch at a time, and each later one
+// acquires against what the earlier ones turned out to hold.
+func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offset int64) ([]kafka.Message, int64, error) {
+	s := p.g.m.s
+	b := s.budget
+	wait := s.cfg.MaxWait
+	if p.estimate == 0 {
+		select {
+		case s.probe <- struct{}{}:
+			defer func() { <-s.probe }()
+		case <-ctx.Done():
+			return nil, offset, errBudgetWait
+		}
+		// The broker answers at once: a partition with nothing to read
+		// does not keep the others' first fetches waiting for MaxWait.
+		wait = 0
+	}
+	want := b.capped(max(p.estimate, int64(s.cfg.FetchMaxBytes)))
+	if err := b.acquire(ctx, want); err != nil {
+		return nil, offset, errBudgetWait
+	}
+	p.hold(want)
+	// fetchOnce is bounded by MaxWait + NetworkTimeout and returns at
+	// once when ctx ends.
+	msgs, next, err := p.fetchOnce(ctx, tr, offset, wait)
+	var cost int64
+	for i := range msgs {
+		cost += messageCost(&msgs[i])
+	}
+	switch {
+	case cost > want:
+		b.take(cost - want)
+		p.hold(cost - want)
+	case cost < want:
+		p.mu.Lock()
+		p.unhold(want - cost)
+		p.mu.Unlock()
+	}
+	if err == nil || len(msgs) > 0 {
+		// The next fetch is expected to be like this one; an empty one
+		// (the partition's end) still counts FetchMaxBytes above.
+		p.estimate = max(cost, 1)
+	}
+	return msgs, next, err
 }
 
 // send hands f to the dispatcher; false when stopping.

@@ -32,6 +32,13 @@ type Source struct {
 	cfg    Config
 	dialer *kafka.Dialer
 	log    *slog.Logger
+	// budget bounds the fetched messages held across all partitions
+	// (Config.FetchBufferBytes); Consume calls do not overlap, so one
+	// budget serves them all.
+	budget *budget
+	// probe is held by a fetch whose size is not known yet
+	// (partition.fetchBudgeted): one at a time.
+	probe chan struct{}
 
 	noCommit atomic.Bool // tests: simulate a crash before any commit
 	noKeeper atomic.Bool // tests: run without the group keeper (group.go)
@@ -54,6 +61,8 @@ func New(cfg Config) (*Source, error) {
 	return &Source{
 		cfg:    cfg,
 		dialer: d,
+		budget: newBudget(int64(cfg.FetchBufferBytes)),
+		probe:  make(chan struct{}, 1),
 		log:    cfg.Logger.With("transport", "kafka", "topic", cfg.Topic, "group", cfg.GroupID),
 	}, nil
 }

@@ -1,0 +1,290 @@
+package kafkasource_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
+)
+
+// produceBatches writes, to each of e's partitions, batches record batches
+// of perBatch messages with values of valueBytes, one produce call per
+// round: kafka-go's writer puts a call's messages for one partition in one
+// record batch, which the broker returns whole whatever FetchMaxBytes says
+// (as the relay benchmark's producer does). It returns a message's cost.
+func produceBatches(e *env, batches, perBatch, valueBytes int) int64 {
+	e.t.Helper()
+	value := strings.Repeat("v", valueBytes)
+	for b := range batches {
+		var ms []msg
+		for p := range e.parts {
+			for i := range perBatch {
+				ms = append(ms, msg{partition: p, key: fmt.Sprintf("k%d-%d-%d", p, b, i), value: value})
+			}
+		}
+		e.produce(e.topic, ms)
+	}
+	m := kafka.Message{Key: []byte("k0-0-00"), Value: []byte(value)}
+	return kafkasource.MessageCost(&m)
+}
+
+// orderedLog records the offsets each partition's handler saw, in order.
+type orderedLog struct {
+	mu   sync.Mutex
+	seen map[int][]int64
+}
+
+func (l *orderedLog) add(m *consumer.Message) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[int][]int64{}
+	}
+	l.seen[m.Origin.Partition] = append(l.seen[m.Origin.Partition], m.Origin.Offset)
+}
+
+// check fails t unless every partition of ends saw each of its offsets
+// once, in offset order.
+func (l *orderedLog) check(t *testing.T, ends map[int]int64) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for p, end := range ends {
+		want := make([]int64, end)
+		for i := range want {
+			want[i] = int64(i)
+		}
+		if !slices.Equal(l.seen[p], want) {
+			t.Errorf("partition %d handled offsets %v, want 0 to %d once each, in order", p, l.seen[p], end-1)
+		}
+	}
+}
+
+// TestFetchBudgetBoundsHeldMessages: with every handler stuck, the source
+// holds no more fetched messages than FetchBufferBytes plus one fetch (the
+// one whose record batch turned out larger than it acquired for), where
+// without the bound every partition would hold its fetch: the budget
+// stops the fetchers of the partitions it has no room for. Once the
+// handlers are released, every partition's messages are handled in offset
+// order, the group commits every partition's end, and the source gives
+// the whole budget back.
+func TestFetchBudgetBoundsHeldMessages(t *testing.T) {
+	t.Parallel()
+	const (
+		partitions = 4
+		perBatch   = 40
+		valueBytes = 1 << 10
+		fetchBytes = 16 << 10 // below one batch: a fetch is one whole batch
+		bufBytes   = 100 << 10
+	)
+	e := newRealEnv(t, partitions)
+	cost := produceBatches(e, 1, perBatch, valueBytes)
+	oneFetch := perBatch * cost
+	if all := partitions * oneFetch; all <= bufBytes+oneFetch {
+		t.Fatalf("the test's numbers are wrong: every partition's fetch (%d bytes) fits in the bound (%d)", all, bufBytes+oneFetch)
+	}
+
+	release := make(chan struct{})
+	var log orderedLog
+	var started atomic.Int64
+	startedOn := make([]atomic.Bool, partitions)
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		started.Add(1)
+		startedOn[m.Origin.Partition].Store(true)
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		log.add(m)
+		return nil, nil
+	})
+	src := e.source(func(c *kafkasource.Config) {
+		c.FetchMaxBytes = fetchBytes
+		c.FetchBufferBytes = bufBytes
+		c.BatchSize = 10
+		c.MaxUnfinished = 10
+	})
+	r := run(t, worker(t, "budget-bound", src, h))
+
+	// The first partitions' fetches fill the budget; the next fetcher
+	// waits for room.
+	testenv.Eventually(t, 30*time.Second, "a fetcher waiting for the budget", func() bool {
+		_, _, waiting := kafkasource.FetchBudget(src)
+		return waiting > 0
+	})
+	used, peak, _ := kafkasource.FetchBudget(src)
+	if bound := int64(bufBytes) + oneFetch; peak > bound {
+		t.Errorf("the source held %d bytes of fetched messages (%d messages), want at most FetchBufferBytes + one fetch = %d (%d messages)", peak, peak/cost, bound, bound/cost)
+	}
+	if used < oneFetch {
+		t.Errorf("the source holds %d bytes while a fetcher waits, want at least one fetch (%d): what waits for room?", used, oneFetch)
+	}
+	n := 0
+	for i := range startedOn {
+		if startedOn[i].Load() {
+			n++
+		}
+	}
+	if n == partitions {
+		t.Errorf("messages of all %d partitions started while the budget had room for about %d fetches", partitions, bufBytes/oneFetch+1)
+	}
+
+	close(release)
+	ends := e.ends(e.topic, partitions)
+	testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
+		return reachedEnds(e.committed(), ends)
+	})
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+	log.check(t, ends)
+	if got := started.Load(); got != partitions*perBatch {
+		t.Errorf("handlers started %d times, want %d (each message once)", got, partitions*perBatch)
+	}
+	if _, peak, _ := kafkasource.FetchBudget(src); peak > int64(bufBytes)+oneFetch {
+		t.Errorf("over the whole run the source held up to %d bytes, want at most %d", peak, int64(bufBytes)+oneFetch)
+	}
+	if used, _, waiting := kafkasource.FetchBudget(src); used != 0 || waiting != 0 {
+		t.Errorf("after Run returned the budget has %d bytes held and %d waiters, want 0 and 0", used, waiting)
+	}
+}
+
+// TestFetchBudgetEveryPartitionProgresses: a budget smaller than any one
+// fetch lets one partition's fetch be held at a time; fetchers take turns
+// in the order they asked, so every partition's every batch is handled,
+// each partition in offset order, and every partition's end is committed.
+func TestFetchBudgetEveryPartitionProgresses(t *testing.T) {
+	t.Parallel()
+	const (
+		partitions = 4
+		batches    = 3
+		perBatch   = 30
+		fetchBytes = 8 << 10
+	)
+	e := newRealEnv(t, partitions)
+	cost := produceBatches(e, batches, perBatch, 1<<10)
+	if perBatch*cost <= fetchBytes {
+		t.Fatalf("the test's numbers are wrong: a batch (%d bytes) fits in the budget (%d)", perBatch*cost, fetchBytes)
+	}
+	var log orderedLog
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		log.add(m)
+		return nil, nil
+	})
+	src := e.source(func(c *kafkasource.Config) {
+		c.FetchMaxBytes = fetchBytes
+		c.FetchBufferBytes = fetchBytes
+		c.BatchSize = 10
+	})
+	r := run(t, worker(t, "budget-progress", src, h))
+	ends := e.ends(e.topic, partitions)
+	testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
+		return reachedEnds(e.committed(), ends)
+	})
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+	log.check(t, ends)
+	// One fetch at a time: the budget held one batch and what the next
+	// fetcher acquired before it (at most the whole budget).
+	if _, peak, _ := kafkasource.FetchBudget(src); peak > perBatch*cost+fetchBytes {
+		t.Errorf("the source held up to %d bytes, want at most one batch and one acquisition, %d", peak, perBatch*cost+fetchBytes)
+	}
+	if used, _, _ := kafkasource.FetchBudget(src); used != 0 {
+		t.Errorf("after Run returned the budget has %d bytes held, want 0", used)
+	}
+}
+
+// TestFetchBudgetReleasedOnStop: messages that were fetched and never
+// acked (the handlers were stuck when the source stopped) give their bytes
+// back once the partitions' goroutines return, so the next Consume of the
+// same Source starts with the whole budget, and handles those messages.
+func TestFetchBudgetReleasedOnStop(t *testing.T) {
+	t.Parallel()
+	e := newRealEnv(t, 2)
+	produceBatches(e, 1, 50, 512)
+	var stuck atomic.Int64
+	blocking := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		stuck.Add(1)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	src := e.source(func(c *kafkasource.Config) { c.BatchSize = 10 })
+	r := run(t, worker(t, "budget-stop", src, blocking))
+	testenv.Eventually(t, 30*time.Second, "both partitions' handlers stuck", func() bool { return stuck.Load() >= 2 })
+	if used, _, _ := kafkasource.FetchBudget(src); used == 0 {
+		t.Fatal("the budget holds nothing while two partitions hold fetched messages")
+	}
+	_ = r.Stop(t, 30*time.Second) // the stuck handlers return the cancellation
+	if used, _, waiting := kafkasource.FetchBudget(src); used != 0 || waiting != 0 {
+		t.Fatalf("after Run returned the budget has %d bytes held and %d waiters, want 0 and 0", used, waiting)
+	}
+
+	var log orderedLog
+	r = run(t, worker(t, "budget-stop", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		log.add(m)
+		return nil, nil
+	})))
+	ends := e.ends(e.topic, 2)
+	testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
+		return reachedEnds(e.committed(), ends)
+	})
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+	log.check(t, ends)
+}
+
+// TestFirstFetchesDoNotLongPoll: first fetches run one at a time (their
+// size is unknown), so one that long-polled an empty partition would keep
+// the next partition's first fetch waiting MaxWait. With one message on
+// the last of eight partitions and the rest empty, that message is handled
+// well within one MaxWait of the first fetch.
+func TestFirstFetchesDoNotLongPoll(t *testing.T) {
+	t.Parallel()
+	const (
+		partitions = 8
+		maxWait    = 5 * time.Second
+	)
+	e := newRealEnv(t, partitions)
+	e.produce(e.topic, []msg{{partition: partitions - 1, value: "only"}})
+	handled := make(chan time.Time, 1)
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		select {
+		case handled <- time.Now():
+		default:
+		}
+		return nil, nil
+	})
+	src := e.source(func(c *kafkasource.Config) { c.MaxWait = maxWait })
+	r := run(t, worker(t, "first-fetch", src, h))
+	// A fetch in progress holds some of the budget: the first one has
+	// started once it is not empty.
+	testenv.Eventually(t, 30*time.Second, "a first fetch", func() bool {
+		used, _, _ := kafkasource.FetchBudget(src)
+		return used > 0
+	})
+	first := time.Now()
+	select {
+	case at := <-handled:
+		if d := at.Sub(first); d > maxWait/2 {
+			t.Errorf("the message was handled %v after the first fetch began, want well within MaxWait %v: first fetches waited for each other's long polls", d, maxWait)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the message was not handled within 30s")
+	}
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+}
