@@ -57,7 +57,7 @@ func TestNewKafkaWriterDoesNotLinger(t *testing.T) {
 		fastest = min(fastest, time.Since(start))
 	}
 	if fastest >= time.Millisecond {
-		t.Fatalf("the fastest of 20 writes took %v: the writer lingers (BatchTimeout %v)", fastest, w.BatchTimeout)
+		t.Fatalf("the fastest of 20 writes took %v: the writer lingers (BatchTimeout %v)", fastest, kafkaWriterBatchTimeout)
 	}
 }
 
@@ -434,4 +434,153 @@ func lastOffset(ctx context.Context, brokers []string, topic string, partition i
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	return conn.ReadLastOffset()
+}
+
+// Every message count gets the writer with the smallest BatchSize that
+// holds it (a power of two up to 64, then kafkaFlightMessages), and counts
+// beyond kafkaFlightMessages the largest.
+func TestBatchClassOfHoldsTheCount(t *testing.T) {
+	for n := 0; n <= 3*kafkaFlightMessages; n++ {
+		i := batchClassOf(n)
+		if i < 0 || i >= batchClasses {
+			t.Fatalf("batchClassOf(%d) = %d, outside 0..%d", n, i, batchClasses-1)
+		}
+		size := batchSizeOf(i)
+		if size < min(max(n, 1), kafkaFlightMessages) {
+			t.Errorf("%d messages: BatchSize %d does not hold them", n, size)
+		}
+		if i > 0 && batchSizeOf(i-1) >= n {
+			t.Errorf("%d messages: BatchSize %d chosen, %d holds them", n, size, batchSizeOf(i-1))
+		}
+	}
+	if got := batchSizeOf(batchClasses - 1); got != kafkaFlightMessages {
+		t.Errorf("the largest BatchSize is %d, want kafkaFlightMessages (%d)", got, kafkaFlightMessages)
+	}
+}
+
+// produceCounter is a kafka.RoundTripper that counts the produce requests
+// it passes on to kafka-go's default transport.
+type produceCounter struct {
+	mu       sync.Mutex
+	produces int
+}
+
+func (p *produceCounter) RoundTrip(ctx context.Context, addr net.Addr, req protocol.Message) (protocol.Message, error) {
+	if _, ok := req.(*produceAPI.Request); ok {
+		p.mu.Lock()
+		p.produces++
+		p.mu.Unlock()
+	}
+	return kafka.DefaultTransport.RoundTrip(ctx, addr, req)
+}
+
+func (p *produceCounter) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.produces
+}
+
+// readPartition returns the values of partition p of topic, in order.
+func readPartition(ctx context.Context, t *testing.T, brokers []string, topic string, p int) []string {
+	t.Helper()
+	end, err := lastOffset(ctx, brokers, topic, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	var vals []string
+	for off := int64(0); off < end; off++ {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("partition %d offset %d: %v", p, off, err)
+		}
+		vals = append(vals, string(m.Value))
+	}
+	return vals
+}
+
+// On real Kafka, a call of NewKafkaWriter's writer with any number of
+// messages for one partition, up to kafkaFlightMessages, is one produce
+// request, whichever BatchSize it is written with; a call with more is
+// split into produce requests of up to kafkaFlightMessages; the messages
+// arrive in order.
+func TestKafkaBatchWriterOneProducePerPartitionCall(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	topic := "actions-sized-" + randomSuffix(t)
+	testenv.CreateKafkaTopic(t, brokers, topic, 1)
+	pc := &produceCounter{}
+	w := NewKafkaWriter(kafka.TCP(brokers...), topic, pc, 10*time.Second)
+	t.Cleanup(func() { w.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var want []string
+	for _, n := range []int{1, 2, 3, 5, 17, 64, 65, 100, 101, 250} {
+		msgs := make([]kafka.Message, n)
+		for i := range msgs {
+			msgs[i] = kafka.Message{Key: []byte("k"), Value: fmt.Appendf(nil, "%d/%d", n, i)}
+			want = append(want, string(msgs[i].Value))
+		}
+		before := pc.count()
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			t.Fatalf("%d messages: %v", n, err)
+		}
+		wantProduces := (n + kafkaFlightMessages - 1) / kafkaFlightMessages
+		if got := pc.count() - before; got != wantProduces {
+			t.Errorf("%d messages for one partition: %d produce requests, want %d", n, got, wantProduces)
+		}
+	}
+	if got := readPartition(ctx, t, brokers, topic, 0); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("partition 0 holds %d messages %v,\nwant %d %v", len(got), got, len(want), want)
+	}
+}
+
+// On real Kafka, one run whose messages go to four partitions in unequal
+// numbers is one coalesced call, sized for its largest share, and so one
+// produce request per partition, each partition's messages in order.
+func TestCoalescingWriterSizesTheCallForItsLargestPartition(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	topic := "actions-sizedrun-" + randomSuffix(t)
+	const partitions = 4
+	testenv.CreateKafkaTopic(t, brokers, topic, partitions)
+	pc := &produceCounter{}
+	w := NewKafkaWriter(kafka.TCP(brokers...), topic, pc, 10*time.Second)
+	t.Cleanup(func() { w.Close() })
+	c := newCoalescingWriter(w)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The first write teaches the writer's balancer the partition count.
+	if err := c.WriteMessages(ctx, kafka.Message{Key: []byte("first"), Value: []byte("first")}); err != nil {
+		t.Fatal(err)
+	}
+	var hash kafka.Hash
+	parts := []int{0, 1, 2, 3}
+	wantPer := [partitions]int{3, 9, 40, 70}
+	var want [partitions][]string
+	want[hash.Balance(kafka.Message{Key: []byte("first")}, parts...)] = []string{"first"}
+	var msgs []kafka.Message
+	var have [partitions]int
+	for k := 0; have != wantPer; k++ {
+		key := fmt.Appendf(nil, "k%d", k)
+		p := hash.Balance(kafka.Message{Key: key}, parts...)
+		if have[p] == wantPer[p] {
+			continue
+		}
+		have[p]++
+		m := kafka.Message{Key: key, Value: fmt.Appendf(nil, "%d/%d", p, have[p])}
+		msgs = append(msgs, m)
+		want[p] = append(want[p], string(m.Value))
+	}
+	before := pc.count()
+	if err := c.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := pc.count() - before; got != partitions {
+		t.Errorf("a run of %v messages over %d partitions took %d produce requests, want %d", wantPer, partitions, got, partitions)
+	}
+	for p := range partitions {
+		if got := readPartition(ctx, t, brokers, topic, p); fmt.Sprint(got) != fmt.Sprint(want[p]) {
+			t.Errorf("partition %d holds %v,\nwant %v", p, got, want[p])
+		}
+	}
 }
