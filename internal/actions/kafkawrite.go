@@ -184,7 +184,9 @@ type writePart struct {
 	ctx  context.Context
 	msgs []kafka.Message
 	idx  []int // the messages' indexes in the caller's run; nil: all of it
-	done chan partResult
+	// keyless is how many of msgs have no key (in the keyless group only).
+	keyless int
+	done    chan partResult
 }
 
 // partResult answers a part: one error for all its messages, or one per
@@ -253,6 +255,13 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 		// keyless message): the run is the part.
 		parts = []*writePart{{ctx: ctx, msgs: msgs}}
 		byGroup = map[int]*writePart{groups[0]: parts[0]}
+		if groups[0] == keyless {
+			for i := range msgs {
+				if msgs[i].Key == nil {
+					parts[0].keyless++
+				}
+			}
+		}
 	} else {
 		byGroup = map[int]*writePart{}
 		for i, g := range groups {
@@ -312,12 +321,13 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 func (c *coalescingWriter) launch() {
 	var batch []*writePart
 	var groups []int
-	most := 0 // the most messages of one group
+	most := 0             // the most messages of one keyed group
+	keyed, spread := 0, 0 // the keyless group's messages with and without a key
 	for g, queue := range c.pending {
 		if c.busy[g] {
 			continue
 		}
-		n, i, took := 0, 0, false
+		n, nokey, i, took := 0, 0, 0, false
 		for ; i < len(queue); i++ {
 			p := queue[i]
 			if p.ctx.Err() != nil {
@@ -329,6 +339,7 @@ func (c *coalescingWriter) launch() {
 			}
 			batch = append(batch, p)
 			n += len(p.msgs)
+			nokey += p.keyless
 			took = true
 		}
 		rest := copy(queue, queue[i:])
@@ -341,12 +352,37 @@ func (c *coalescingWriter) launch() {
 		if took {
 			c.busy[g] = true
 			groups = append(groups, g)
-			most = max(most, n)
+			if g == keyless {
+				keyed, spread = n-nokey, nokey
+			} else {
+				most = max(most, n)
+			}
 		}
 	}
 	if len(batch) > 0 {
-		go c.fly(groups, batch, most)
+		go c.fly(groups, batch, most+keyed+c.roundRobinShare(spread))
 	}
+}
+
+// roundRobinShare bounds how many of n keyless messages of one call the
+// writer's balancer puts in one partition. kafka.Hash spreads keyless
+// messages round-robin, one partition after the other; the keyless group
+// is in at most one call at a time, so when this coalescingWriter is the
+// writer's only user, a call's keyless messages take consecutive turns and
+// no partition gets more than n over the partition count, rounded up.
+// Before the writer has seen the count, or when it has grown since, the
+// bound is still one (n, or a count no larger than the writer's). Were
+// another caller's keyless messages to interleave, a partition could get
+// more, and kafka-go would write the excess in a further produce request.
+func (c *coalescingWriter) roundRobinShare(n int) int {
+	if n == 0 || c.hash == nil {
+		return n
+	}
+	p := int(c.hash.n.Load())
+	if p <= 0 {
+		return n
+	}
+	return (n + p - 1) / p
 }
 
 // fly writes batch, then frees its groups and starts the next call.
@@ -361,10 +397,11 @@ func (c *coalescingWriter) fly(groups []int, batch []*writePart, most int) {
 }
 
 // write sends batch's parts in one call and answers each with its share of
-// the result. most is the most messages the parts of one group hold: no
-// partition gets more, except while two groups name one partition (see
-// coalescingWriter), when kafka-go splits the excess into a further
-// produce request.
+// the result. most bounds the messages the call has for one partition
+// (launch: the largest keyed group, plus the keyless group's keyed
+// messages and its share of each partition's keyless ones); a partition
+// that gets more (while two groups name one partition, see
+// coalescingWriter) has the excess written in a further produce request.
 func (c *coalescingWriter) write(batch []*writePart, most int) {
 	msgs := batch[0].msgs
 	if len(batch) > 1 {
