@@ -370,8 +370,9 @@ func (c *coalescingWriter) launch() {
 // is in at most one call at a time, so when this coalescingWriter is the
 // writer's only user, a call's keyless messages take consecutive turns and
 // no partition gets more than n over the partition count, rounded up.
-// Before the writer has seen the count, or when it has grown since, the
-// bound is still one (n, or a count no larger than the writer's). Were
+// Before the writer has seen the count the bound is n; after the topic
+// has gained partitions, the count last seen is smaller than the one the
+// writer balances over, so the bound still holds. Were
 // another caller's keyless messages to interleave, a partition could get
 // more, and kafka-go would write the excess in a further produce request.
 func (c *coalescingWriter) roundRobinShare(n int) int {
