@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strings"
@@ -626,4 +627,28 @@ func TestCoalescingWriterSizesTheCallForItsLargestPartition(t *testing.T) {
 // partition wrote since the last call (kafka.Writer's Stats resets them).
 func writtenBy(w *KafkaBatchWriter, n int) int64 {
 	return w.sized[batchClassOf(n)].Stats().Messages
+}
+
+// Close closes every writer of a KafkaBatchWriter: afterwards a call of any
+// size fails as a closed kafka.Writer's does.
+func TestKafkaBatchWriterCloseClosesEveryWriter(t *testing.T) {
+	w := NewKafkaWriter(kafka.TCP("127.0.0.1:9092"), "t", instantBroker{topic: "t"}, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range batchClasses {
+		n := batchSizeOf(i)
+		msgs := make([]kafka.Message, n)
+		for j := range msgs {
+			msgs[j] = kafka.Message{Key: []byte("k"), Value: []byte("v")}
+		}
+		if err := w.WriteMessages(ctx, msgs...); !errors.Is(err, io.ErrClosedPipe) {
+			t.Errorf("%d messages after Close: %v, want io.ErrClosedPipe", n, err)
+		}
+	}
 }
