@@ -3,6 +3,7 @@ package actions
 import (
 	"context"
 	"errors"
+	"math/bits"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -26,19 +27,88 @@ const kafkaWriterBatchTimeout = time.Nanosecond
 // metadata request; tr carries the destination's TLS and SASL (nil: kafka-go's
 // default transport). ForwardKafka coalesces the runs that concurrent calls
 // send to one partition while an earlier write to it is in flight, which is
-// the batching a linger would buy, without its wait.
-func NewKafkaWriter(addr net.Addr, topic string, tr kafka.RoundTripper, ioTimeout time.Duration) *kafka.Writer {
-	return &kafka.Writer{
-		Addr:         addr,
-		Topic:        topic,
-		Balancer:     &partitionHash{},
-		RequiredAcks: kafka.RequireAll,
-		BatchTimeout: kafkaWriterBatchTimeout,
-		BatchSize:    kafkaFlightMessages,
-		WriteTimeout: ioTimeout,
-		ReadTimeout:  ioTimeout,
-		Transport:    tr,
+// the batching a linger would buy, without its wait. Close it when done.
+func NewKafkaWriter(addr net.Addr, topic string, tr kafka.RoundTripper, ioTimeout time.Duration) *KafkaBatchWriter {
+	w := &KafkaBatchWriter{hash: &partitionHash{}}
+	for i := range w.sized {
+		w.sized[i] = &kafka.Writer{
+			Addr:         addr,
+			Topic:        topic,
+			Balancer:     w.hash,
+			RequiredAcks: kafka.RequireAll,
+			BatchTimeout: kafkaWriterBatchTimeout,
+			BatchSize:    batchSizeOf(i),
+			WriteTimeout: ioTimeout,
+			ReadTimeout:  ioTimeout,
+			Transport:    tr,
+		}
 	}
+	return w
+}
+
+// batchClasses is how many kafka.Writers a KafkaBatchWriter holds: BatchSize
+// 1, 2, 4, ..., 64, and kafkaFlightMessages.
+const batchClasses = 8
+
+// batchSizeOf returns the BatchSize of a KafkaBatchWriter's writer i.
+func batchSizeOf(i int) int {
+	if i == batchClasses-1 {
+		return kafkaFlightMessages
+	}
+	return 1 << i
+}
+
+// batchClassOf returns the index of the writer with the smallest BatchSize
+// that holds n messages (n <= 1: the first), or of the largest.
+func batchClassOf(n int) int {
+	if n <= 1 {
+		return 0
+	}
+	return min(bits.Len(uint(n-1)), batchClasses-1)
+}
+
+// KafkaBatchWriter is NewKafkaWriter's writer: kafka.Writers that differ
+// only in BatchSize, sharing one balancer and one transport. kafka-go gives
+// every partition batch of a call room for BatchSize messages when it
+// starts it, so a call goes to the writer whose BatchSize is the smallest
+// that holds the messages the call has for any one partition: that batch
+// is still one produce request, without the room a fixed BatchSize of
+// kafkaFlightMessages sets aside for every call. A call with more than
+// kafkaFlightMessages messages for one partition is split as one
+// kafka.Writer splits it, into produce requests of up to that many, in
+// order. kafka.Writer's retries, leader changes and per-message errors are
+// each writer's own.
+//
+// Two calls with messages for one partition, in flight at once, may go to
+// two writers and land in either order: a caller that needs the order of
+// its calls waits for each before the next (coalescingWriter never has two
+// calls in flight for one partition).
+type KafkaBatchWriter struct {
+	hash  *partitionHash
+	sized [batchClasses]*kafka.Writer
+}
+
+// WriteMessages writes msgs with the writer sized for all of them (an upper
+// bound of what any partition gets), and returns what kafka.Writer's
+// WriteMessages returns.
+func (w *KafkaBatchWriter) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	return w.writeSized(ctx, len(msgs), msgs)
+}
+
+// writeSized writes msgs with the writer sized for perPartition messages,
+// which must be at least the number of msgs any one partition gets, or more
+// than one produce request carries them.
+func (w *KafkaBatchWriter) writeSized(ctx context.Context, perPartition int, msgs []kafka.Message) error {
+	return w.sized[batchClassOf(perPartition)].WriteMessages(ctx, msgs...)
+}
+
+// Close flushes and closes every writer, and returns their errors joined.
+func (w *KafkaBatchWriter) Close() error {
+	errs := make([]error, 0, len(w.sized))
+	for _, kw := range w.sized {
+		errs = append(errs, kw.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // partitionHash is kafka.Hash that remembers how many partitions the writer
@@ -57,11 +127,12 @@ func (h *partitionHash) Balance(msg kafka.Message, partitions ...int) int {
 
 // Limits of coalescingWriter.
 const (
-	// kafkaFlightMessages bounds the messages of one coalesced call, and is
-	// NewKafkaWriter's BatchSize, so that a coalesced call for one
-	// partition is one produce request (kafka-go's default batch size, and
-	// the Kafka source's default batch_size, so a lane's full run is one
-	// too). A single caller's share larger than this is still written whole.
+	// kafkaFlightMessages bounds the messages of one coalesced call for one
+	// partition, and is the largest BatchSize of NewKafkaWriter's writers,
+	// so that a coalesced call for one partition is one produce request
+	// (kafka-go's default batch size, and the Kafka source's default
+	// batch_size, so a lane's full run is one too). A single caller's share
+	// larger than this is still written whole.
 	kafkaFlightMessages = 100
 	// kafkaFlightTimeout bounds a coalesced call whose callers have no
 	// deadline of their own.
@@ -94,7 +165,8 @@ const (
 // returned and the next call, if any, has started.
 type coalescingWriter struct {
 	w       KafkaWriter
-	hash    *partitionHash // nil: one group
+	sized   *KafkaBatchWriter // w, when NewKafkaWriter made it; else nil
+	hash    *partitionHash    // nil: one group
 	maxMsgs int
 
 	group kafka.Hash            // computes groups; safe for concurrent use with keys
@@ -112,7 +184,9 @@ type writePart struct {
 	ctx  context.Context
 	msgs []kafka.Message
 	idx  []int // the messages' indexes in the caller's run; nil: all of it
-	done chan partResult
+	// keyless is how many of msgs have no key (in the keyless group only).
+	keyless int
+	done    chan partResult
 }
 
 // partResult answers a part: one error for all its messages, or one per
@@ -125,8 +199,8 @@ type partResult struct {
 
 func newCoalescingWriter(w KafkaWriter) *coalescingWriter {
 	c := &coalescingWriter{w: w, maxMsgs: kafkaFlightMessages, pending: map[int][]*writePart{}, busy: map[int]bool{}}
-	if kw, ok := w.(*kafka.Writer); ok {
-		c.hash, _ = kw.Balancer.(*partitionHash)
+	if kw, ok := w.(*KafkaBatchWriter); ok {
+		c.sized, c.hash = kw, kw.hash
 	}
 	return c
 }
@@ -181,6 +255,13 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 		// keyless message): the run is the part.
 		parts = []*writePart{{ctx: ctx, msgs: msgs}}
 		byGroup = map[int]*writePart{groups[0]: parts[0]}
+		if groups[0] == keyless {
+			for i := range msgs {
+				if msgs[i].Key == nil {
+					parts[0].keyless++
+				}
+			}
+		}
 	} else {
 		byGroup = map[int]*writePart{}
 		for i, g := range groups {
@@ -240,11 +321,13 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 func (c *coalescingWriter) launch() {
 	var batch []*writePart
 	var groups []int
+	most := 0             // the most messages of one keyed group
+	keyed, spread := 0, 0 // the keyless group's messages with and without a key
 	for g, queue := range c.pending {
 		if c.busy[g] {
 			continue
 		}
-		n, i, took := 0, 0, false
+		n, nokey, i, took := 0, 0, 0, false
 		for ; i < len(queue); i++ {
 			p := queue[i]
 			if p.ctx.Err() != nil {
@@ -256,6 +339,7 @@ func (c *coalescingWriter) launch() {
 			}
 			batch = append(batch, p)
 			n += len(p.msgs)
+			nokey += p.keyless
 			took = true
 		}
 		rest := copy(queue, queue[i:])
@@ -268,16 +352,43 @@ func (c *coalescingWriter) launch() {
 		if took {
 			c.busy[g] = true
 			groups = append(groups, g)
+			if g == keyless {
+				keyed, spread = n-nokey, nokey
+			} else {
+				most = max(most, n)
+			}
 		}
 	}
 	if len(batch) > 0 {
-		go c.fly(groups, batch)
+		go c.fly(groups, batch, most+keyed+c.roundRobinShare(spread))
 	}
 }
 
+// roundRobinShare bounds how many of n keyless messages of one call the
+// writer's balancer puts in one partition. kafka.Hash spreads keyless
+// messages round-robin, one partition after the other; the keyless group
+// is in at most one call at a time, so when this coalescingWriter is the
+// writer's only user, a call's keyless messages take consecutive turns and
+// no partition gets more than n over the partition count, rounded up.
+// Before the writer has seen the count the bound is n; after the topic
+// has gained partitions, the count last seen is smaller than the one the
+// writer balances over, so the bound still holds. Were
+// another caller's keyless messages to interleave, a partition could get
+// more, and kafka-go would write the excess in a further produce request.
+func (c *coalescingWriter) roundRobinShare(n int) int {
+	if n == 0 || c.hash == nil {
+		return n
+	}
+	p := int(c.hash.n.Load())
+	if p <= 0 {
+		return n
+	}
+	return (n + p - 1) / p
+}
+
 // fly writes batch, then frees its groups and starts the next call.
-func (c *coalescingWriter) fly(groups []int, batch []*writePart) {
-	c.write(batch)
+func (c *coalescingWriter) fly(groups []int, batch []*writePart, most int) {
+	c.write(batch, most)
 	c.mu.Lock()
 	for _, g := range groups {
 		delete(c.busy, g)
@@ -287,8 +398,12 @@ func (c *coalescingWriter) fly(groups []int, batch []*writePart) {
 }
 
 // write sends batch's parts in one call and answers each with its share of
-// the result.
-func (c *coalescingWriter) write(batch []*writePart) {
+// the result. most bounds the messages the call has for one partition
+// (launch: the largest keyed group, plus the keyless group's keyed
+// messages and its share of each partition's keyless ones); a partition
+// that gets more (while two groups name one partition, see
+// coalescingWriter) has the excess written in a further produce request.
+func (c *coalescingWriter) write(batch []*writePart, most int) {
 	msgs := batch[0].msgs
 	if len(batch) > 1 {
 		n := 0
@@ -301,7 +416,12 @@ func (c *coalescingWriter) write(batch []*writePart) {
 		}
 	}
 	ctx, cancel := flightContext(batch)
-	err := c.w.WriteMessages(ctx, msgs...)
+	var err error
+	if c.sized != nil {
+		err = c.sized.writeSized(ctx, most, msgs)
+	} else {
+		err = c.w.WriteMessages(ctx, msgs...)
+	}
 	expired := ctx.Err() != nil
 	cancel()
 	var werrs kafka.WriteErrors
@@ -311,7 +431,7 @@ func (c *coalescingWriter) write(batch []*writePart) {
 		// caller's share alone, so that each gets its own answer and no
 		// caller fails for another's message.
 		for _, p := range batch {
-			c.write([]*writePart{p})
+			c.write([]*writePart{p}, len(p.msgs))
 		}
 		return
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,7 +60,7 @@ func TestNewKafkaWriterDoesNotLinger(t *testing.T) {
 		fastest = min(fastest, time.Since(start))
 	}
 	if fastest >= time.Millisecond {
-		t.Fatalf("the fastest of 20 writes took %v: the writer lingers (BatchTimeout %v)", fastest, w.BatchTimeout)
+		t.Fatalf("the fastest of 20 writes took %v: the writer lingers (BatchTimeout %v)", fastest, kafkaWriterBatchTimeout)
 	}
 }
 
@@ -434,4 +437,218 @@ func lastOffset(ctx context.Context, brokers []string, topic string, partition i
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	return conn.ReadLastOffset()
+}
+
+// Every message count gets the writer with the smallest BatchSize that
+// holds it (a power of two up to 64, then kafkaFlightMessages), and counts
+// beyond kafkaFlightMessages the largest.
+func TestBatchClassOfHoldsTheCount(t *testing.T) {
+	for n := 0; n <= 3*kafkaFlightMessages; n++ {
+		i := batchClassOf(n)
+		if i < 0 || i >= batchClasses {
+			t.Fatalf("batchClassOf(%d) = %d, outside 0..%d", n, i, batchClasses-1)
+		}
+		size := batchSizeOf(i)
+		if size < min(max(n, 1), kafkaFlightMessages) {
+			t.Errorf("%d messages: BatchSize %d does not hold them", n, size)
+		}
+		if i > 0 && batchSizeOf(i-1) >= n {
+			t.Errorf("%d messages: BatchSize %d chosen, %d holds them", n, size, batchSizeOf(i-1))
+		}
+	}
+	if got := batchSizeOf(batchClasses - 1); got != kafkaFlightMessages {
+		t.Errorf("the largest BatchSize is %d, want kafkaFlightMessages (%d)", got, kafkaFlightMessages)
+	}
+}
+
+// produceCounter is a kafka.RoundTripper that counts the produce requests
+// it passes on to kafka-go's default transport.
+type produceCounter struct {
+	mu       sync.Mutex
+	produces int
+}
+
+func (p *produceCounter) RoundTrip(ctx context.Context, addr net.Addr, req protocol.Message) (protocol.Message, error) {
+	if _, ok := req.(*produceAPI.Request); ok {
+		p.mu.Lock()
+		p.produces++
+		p.mu.Unlock()
+	}
+	return kafka.DefaultTransport.RoundTrip(ctx, addr, req)
+}
+
+func (p *produceCounter) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.produces
+}
+
+// readPartition returns the values of partition p of topic, in order.
+func readPartition(ctx context.Context, t *testing.T, brokers []string, topic string, p int) []string {
+	t.Helper()
+	end, err := lastOffset(ctx, brokers, topic, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	var vals []string
+	for off := int64(0); off < end; off++ {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("partition %d offset %d: %v", p, off, err)
+		}
+		vals = append(vals, string(m.Value))
+	}
+	return vals
+}
+
+// On real Kafka, a call of NewKafkaWriter's writer with any number of
+// messages for one partition, up to kafkaFlightMessages, is one produce
+// request, whichever BatchSize it is written with; a call with more is
+// split into produce requests of up to kafkaFlightMessages; the messages
+// arrive in order.
+func TestKafkaBatchWriterOneProducePerPartitionCall(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	topic := "actions-sized-" + randomSuffix(t)
+	testenv.CreateKafkaTopic(t, brokers, topic, 1)
+	pc := &produceCounter{}
+	w := NewKafkaWriter(kafka.TCP(brokers...), topic, pc, 10*time.Second)
+	t.Cleanup(func() { w.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var want []string
+	for _, n := range []int{1, 2, 3, 5, 17, 64, 65, 100, 101, 250} {
+		msgs := make([]kafka.Message, n)
+		for i := range msgs {
+			msgs[i] = kafka.Message{Key: []byte("k"), Value: fmt.Appendf(nil, "%d/%d", n, i)}
+			want = append(want, string(msgs[i].Value))
+		}
+		before := pc.count()
+		if err := w.WriteMessages(ctx, msgs...); err != nil {
+			t.Fatalf("%d messages: %v", n, err)
+		}
+		wantProduces := (n + kafkaFlightMessages - 1) / kafkaFlightMessages
+		if got := pc.count() - before; got != wantProduces {
+			t.Errorf("%d messages for one partition: %d produce requests, want %d", n, got, wantProduces)
+		}
+	}
+	if got := readPartition(ctx, t, brokers, topic, 0); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("partition 0 holds %d messages %v,\nwant %d %v", len(got), got, len(want), want)
+	}
+}
+
+// On real Kafka, one run whose messages go to four partitions in unequal
+// numbers is one coalesced call, sized for its largest share, and so one
+// produce request per partition, each partition's messages in order.
+func TestCoalescingWriterSizesTheCallForItsLargestPartition(t *testing.T) {
+	brokers := testenv.RealKafka(t)
+	topic := "actions-sizedrun-" + randomSuffix(t)
+	const partitions = 4
+	testenv.CreateKafkaTopic(t, brokers, topic, partitions)
+	pc := &produceCounter{}
+	w := NewKafkaWriter(kafka.TCP(brokers...), topic, pc, 10*time.Second)
+	t.Cleanup(func() { w.Close() })
+	c := newCoalescingWriter(w)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The first write teaches the writer's balancer the partition count.
+	if err := c.WriteMessages(ctx, kafka.Message{Key: []byte("first"), Value: []byte("first")}); err != nil {
+		t.Fatal(err)
+	}
+	var hash kafka.Hash
+	parts := []int{0, 1, 2, 3}
+	wantPer := [partitions]int{3, 9, 40, 70}
+	var want [partitions][]string
+	want[hash.Balance(kafka.Message{Key: []byte("first")}, parts...)] = []string{"first"}
+	var msgs []kafka.Message
+	var have [partitions]int
+	for k := 0; have != wantPer; k++ {
+		key := fmt.Appendf(nil, "k%d", k)
+		p := hash.Balance(kafka.Message{Key: key}, parts...)
+		if have[p] == wantPer[p] {
+			continue
+		}
+		have[p]++
+		m := kafka.Message{Key: key, Value: fmt.Appendf(nil, "%d/%d", p, have[p])}
+		msgs = append(msgs, m)
+		want[p] = append(want[p], string(m.Value))
+	}
+	before := pc.count()
+	if err := c.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	if got := pc.count() - before; got != partitions {
+		t.Errorf("a run of %v messages over %d partitions took %d produce requests, want %d", wantPer, partitions, got, partitions)
+	}
+	if got := writtenBy(w, 70); got != int64(len(msgs)) {
+		t.Errorf("the writer of BatchSize %d wrote %d messages, want the run's %d", batchSizeOf(batchClassOf(70)), got, len(msgs))
+	}
+
+	// A keyless run: 40 messages without a key, spread round-robin (10 per
+	// partition), and 10 with key "x", all in x's partition, which so gets
+	// 20: one produce request per partition, from the writer sized for 20.
+	var run []kafka.Message
+	xp := hash.Balance(kafka.Message{Key: []byte("x")}, parts...)
+	for i := range 50 {
+		m := kafka.Message{Value: fmt.Appendf(nil, "keyless/%d", i)}
+		if i%5 == 4 {
+			m.Key = []byte("x")
+			want[xp] = append(want[xp], string(m.Value))
+		}
+		run = append(run, m)
+	}
+	before = pc.count()
+	if err := c.WriteMessages(ctx, run...); err != nil {
+		t.Fatal(err)
+	}
+	if got := pc.count() - before; got != partitions {
+		t.Errorf("a run of 40 keyless and 10 keyed messages over %d partitions took %d produce requests, want %d", partitions, got, partitions)
+	}
+	if got := writtenBy(w, 20); got != int64(len(run)) {
+		t.Errorf("the writer of BatchSize %d wrote %d messages, want the keyless run's %d", batchSizeOf(batchClassOf(20)), got, len(run))
+	}
+	for p := range partitions {
+		var got []string
+		for _, v := range readPartition(ctx, t, brokers, topic, p) {
+			// The keyless messages' partitions are the balancer's turns;
+			// only the keyed ones have a partition to check.
+			if !strings.HasPrefix(v, "keyless/") || slices.Contains(want[p], v) {
+				got = append(got, v)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want[p]) {
+			t.Errorf("partition %d holds %v,\nwant %v", p, got, want[p])
+		}
+	}
+}
+
+// writtenBy returns how many messages w's writer for calls of n messages per
+// partition wrote since the last call (kafka.Writer's Stats resets them).
+func writtenBy(w *KafkaBatchWriter, n int) int64 {
+	return w.sized[batchClassOf(n)].Stats().Messages
+}
+
+// Close closes every writer of a KafkaBatchWriter: afterwards a call of any
+// size fails as a closed kafka.Writer's does.
+func TestKafkaBatchWriterCloseClosesEveryWriter(t *testing.T) {
+	w := NewKafkaWriter(kafka.TCP("127.0.0.1:9092"), "t", instantBroker{topic: "t"}, 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range batchClasses {
+		n := batchSizeOf(i)
+		msgs := make([]kafka.Message, n)
+		for j := range msgs {
+			msgs[j] = kafka.Message{Key: []byte("k"), Value: []byte("v")}
+		}
+		if err := w.WriteMessages(ctx, msgs...); !errors.Is(err, io.ErrClosedPipe) {
+			t.Errorf("%d messages after Close: %v, want io.ErrClosedPipe", n, err)
+		}
+	}
 }

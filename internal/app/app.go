@@ -303,7 +303,7 @@ func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injecto
 	return nil, errors.New("no action configured")
 }
 
-func (a *App) kafkaWriter(k *config.KafkaOut) (*kafka.Writer, error) {
+func (a *App) kafkaWriter(k *config.KafkaOut) (*actions.KafkaBatchWriter, error) {
 	tr, err := KafkaTransport("forward.kafka", k.SASL, k.TLS)
 	if err != nil {
 		return nil, err

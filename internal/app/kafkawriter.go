@@ -22,7 +22,9 @@ const partitionCountTTL = time.Second
 // answers a request for one topic's metadata with the last answer for that
 // topic, while it is younger than ttl and its topic has no error, and
 // passes everything else (produce requests, errors, other topics) on.
-// kafka.Writer only reads the answers.
+// kafka.Writer only reads the answers. A timer drops each answer ttl after
+// it was kept, so that a lookup, paid once per message, reads no clock: it
+// is one atomic load and a comparison of the topic.
 type partitionCounts struct {
 	kafka.RoundTripper
 	ttl  time.Duration
@@ -34,7 +36,6 @@ type topicMetadata struct {
 	topic string
 	auto  bool // the request's AllowAutoTopicCreation
 	res   *metadataAPI.Response
-	until time.Time
 }
 
 // RoundTrip answers req from the last answer when it can, else sends it.
@@ -43,8 +44,8 @@ func (c *partitionCounts) RoundTrip(ctx context.Context, addr net.Addr, req kafk
 	if !ok || len(m.TopicNames) != 1 {
 		return c.RoundTripper.RoundTrip(ctx, addr, req)
 	}
-	topic, now := m.TopicNames[0], time.Now()
-	if l := c.last.Load(); l != nil && l.topic == topic && l.auto == m.AllowAutoTopicCreation && now.Before(l.until) {
+	topic := m.TopicNames[0]
+	if l := c.last.Load(); l != nil && l.topic == topic && l.auto == m.AllowAutoTopicCreation {
 		return l.res, nil
 	}
 	res, err := c.RoundTripper.RoundTrip(ctx, addr, req)
@@ -52,7 +53,11 @@ func (c *partitionCounts) RoundTrip(ctx context.Context, addr net.Addr, req kafk
 		return res, err
 	}
 	if r, ok := res.(*metadataAPI.Response); ok && len(r.Topics) == 1 && r.Topics[0].Name == topic && r.Topics[0].ErrorCode == 0 {
-		c.last.Store(&topicMetadata{topic: topic, auto: m.AllowAutoTopicCreation, res: r, until: now.Add(c.ttl)})
+		l := &topicMetadata{topic: topic, auto: m.AllowAutoTopicCreation, res: r}
+		c.last.Store(l)
+		// The timer's function only drops l, unless a later answer has
+		// replaced it, and ends; it holds c for at most ttl.
+		time.AfterFunc(c.ttl, func() { c.last.CompareAndSwap(l, nil) })
 	}
 	return res, nil
 }

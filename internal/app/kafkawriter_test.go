@@ -149,3 +149,21 @@ type fixedTransport struct{ res *metadataAPI.Response }
 func (f fixedTransport) RoundTrip(context.Context, net.Addr, kafka.Request) (kafka.Response, error) {
 	return f.res, nil
 }
+
+// BenchmarkPartitionCountsLookup is the per-message metadata lookup of the
+// forward writer answered from partitionCounts' cache, with the request
+// kafka.Writer builds for it (its two allocations are kafka-go's):
+//
+//	go test -run '^$' -bench PartitionCountsLookup ./internal/app
+func BenchmarkPartitionCountsLookup(b *testing.B) {
+	res := &metadataAPI.Response{Topics: []metadataAPI.ResponseTopic{{Name: "t", Partitions: make([]metadataAPI.ResponsePartition, 8)}}}
+	pc := &partitionCounts{RoundTripper: fixedTransport{res}, ttl: time.Hour}
+	ctx, addr := context.Background(), kafka.TCP("127.0.0.1:1")
+	b.ReportAllocs()
+	for b.Loop() {
+		r, err := pc.RoundTrip(ctx, addr, &metadataAPI.Request{TopicNames: []string{"t"}})
+		if err != nil || r != kafka.Response(res) {
+			b.Fatalf("RoundTrip: %v, %v; want the cached answer", r, err)
+		}
+	}
+}
