@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"slices"
@@ -12,19 +13,17 @@ import (
 )
 
 func TestParseProcNetTCPKeepsListenSocketsOnly(t *testing.T) {
-	if binary.NativeEndian.Uint16([]byte{1, 0}) != 1 {
-		t.Skip("the sample lines are a little-endian host's")
-	}
 	txt := strings.Join([]string{
 		"  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",
 		// 127.0.0.1:9092 listening, and an accepted connection on that port.
-		"   0: 0100007F:2384 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 7050778 1 000000009d73e45e 100 0 0 10 0",
-		"   1: 0100007F:2384 0100007F:D31A 01 00000000:00000000 00:00000000 00000000     0        0 7050901 1 00000000ecfc3ac6 20 4 30 10 -1",
+		"   0: " + procHex(net.IPv4(127, 0, 0, 1).To4()) + ":2384 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 7050778 1 000000009d73e45e 100 0 0 10 0",
+		"   1: " + procHex(net.IPv4(127, 0, 0, 1).To4()) + ":2384 " + procHex(net.IPv4(127, 0, 0, 1).To4()) + ":D31A 01 00000000:00000000 00:00000000 00000000     0        0 7050901 1 00000000ecfc3ac6 20 4 30 10 -1",
 		// 0.0.0.0:2024.
 		"   2: 00000000:07E8 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 181 1 000000009d73e45e 100 0 0 10 0",
-		// tcp6 lines: [::]:4222 and [::1]:6379.
+		// tcp6 lines: [::]:4222 and [::1]:6379 (addresses in the host's
+		// byte order, as the kernel writes them).
 		"   3: 00000000000000000000000000000000:107E 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5150 1 0000000000000000 100 0 0 10 0",
-		"   4: 00000000000000000000000001000000:18EB 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5151 1 0000000000000000 100 0 0 10 0",
+		"   4: " + procHex(net.IPv6loopback) + ":18EB 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5151 1 0000000000000000 100 0 0 10 0",
 		"",
 	}, "\n")
 	got, err := parseProcNetTCP(txt)
@@ -118,4 +117,14 @@ func TestNATSHostPorts(t *testing.T) {
 	if err != nil || !slices.Equal(got, want) {
 		t.Fatalf("natsHostPorts = %q, %v; want %q", got, err, want)
 	}
+}
+
+// procHex writes ip as /proc/net/tcp(6) does: each 32-bit word of the address
+// as a number in the host's byte order, in hexadecimal.
+func procHex(ip net.IP) string {
+	var b strings.Builder
+	for w := 0; w < len(ip); w += 4 {
+		fmt.Fprintf(&b, "%08X", binary.NativeEndian.Uint32(ip[w:]))
+	}
+	return b.String()
 }
