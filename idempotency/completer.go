@@ -37,7 +37,7 @@ type batcher[Req, Res any] struct {
 
 	// free holds requests whose caller took the answer, for reuse: a
 	// request and its channel per completion were a tenth of the worker's
-	// allocated bytes (docs/PERFORMANCE.md).
+	// allocated bytes (a memory profile of cmd/dedupbench).
 	free sync.Pool
 }
 
@@ -56,7 +56,7 @@ type batchReq[Req, Res any] struct {
 // Two keep Redis busy (one batch is answered while the next is sent) and let
 // the rest queue into large batches: with four, a completion that found a
 // free flight often went alone, and completions cost 0.033-0.045 round trips
-// per message instead of 0.019-0.039 (cmd/dedupbench, docs/PERFORMANCE.md).
+// per message instead of 0.019-0.039 (cmd/dedupbench).
 const batchFlights = 2
 
 // batchMax bounds one batch call.

@@ -14,7 +14,7 @@ import (
 // Process on it would grow its fresh stack, through the engine and the
 // Redis client, every time. Pooled goroutines keep their grown stacks; the
 // lane waits, on a shallow stack, for its call to return (runtime.newstack
-// in dedupbench's Kafka CPU profile, see docs/PERFORMANCE.md).
+// in a CPU profile of the Kafka relay).
 //
 // Callers hold a semaphore slot, so at most size calls run at once, and the
 // pool never starts more than size goroutines: when all exist and none is
