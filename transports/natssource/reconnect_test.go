@@ -72,6 +72,19 @@ func TestReconnect(t *testing.T) {
 	start(o2)
 	testenv.Eventually(t, 10*time.Second, "a reconnect", nc.IsConnected)
 	publish(5, 10)
+	// nats-server's NumPending is a running count its consumer raises as
+	// the stream signals new messages, so consumer info just after a publish
+	// can still say 0 pending and "drained" alone can pass before the new
+	// messages are delivered: wait for every message to be handled first,
+	// then for the acks.
+	testenv.Eventually(t, 20*time.Second, "every message handled", func() bool {
+		for i := range 10 {
+			if len(s.get(fmt.Sprintf("m%d", i))) == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	e.drained(t, "c", 20*time.Second)
 	for i := range 10 {
 		if n := len(s.get(fmt.Sprintf("m%d", i))); n != 1 {
