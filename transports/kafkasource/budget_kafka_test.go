@@ -70,6 +70,21 @@ func (l *orderedLog) check(t *testing.T, ends map[int]int64) {
 	}
 }
 
+// finishAndCheck waits until every partition of e's topic is committed to its
+// end, stops r, and checks that log saw each partition's offsets once, in
+// order.
+func finishAndCheck(t *testing.T, e *env, r *testenv.Running, log *orderedLog, partitions int) {
+	t.Helper()
+	ends := e.ends(e.topic, partitions)
+	testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
+		return reachedEnds(e.committed(), ends)
+	})
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+	log.check(t, ends)
+}
+
 // TestFetchBudgetBoundsHeldMessages: with every handler stuck, the source
 // holds no more fetched messages than FetchBufferBytes plus one fetch (the
 // one whose record batch turned out larger than it acquired for), where
@@ -141,14 +156,7 @@ func TestFetchBudgetBoundsHeldMessages(t *testing.T) {
 	}
 
 	close(release)
-	ends := e.ends(e.topic, partitions)
-	testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
-		return reachedEnds(e.committed(), ends)
-	})
-	if err := r.Stop(t, 30*time.Second); err != nil {
-		t.Fatalf("Run returned %v, want nil", err)
-	}
-	log.check(t, ends)
+	finishAndCheck(t, e, r, &log, partitions)
 	if got := started.Load(); got != partitions*perBatch {
 		t.Errorf("handlers started %d times, want %d (each message once)", got, partitions*perBatch)
 	}
@@ -188,14 +196,7 @@ func TestFetchBudgetEveryPartitionProgresses(t *testing.T) {
 		c.BatchSize = 10
 	})
 	r := run(t, worker(t, "budget-progress", src, h))
-	ends := e.ends(e.topic, partitions)
-	testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
-		return reachedEnds(e.committed(), ends)
-	})
-	if err := r.Stop(t, 30*time.Second); err != nil {
-		t.Fatalf("Run returned %v, want nil", err)
-	}
-	log.check(t, ends)
+	finishAndCheck(t, e, r, &log, partitions)
 	// One fetch at a time: the budget held one batch and what the next
 	// fetcher acquired before it (at most the whole budget).
 	if _, peak, _ := kafkasource.FetchBudget(src); peak > perBatch*cost+fetchBytes {
@@ -236,14 +237,7 @@ func TestFetchBudgetReleasedOnStop(t *testing.T) {
 		log.add(m)
 		return nil, nil
 	})))
-	ends := e.ends(e.topic, 2)
-	testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
-		return reachedEnds(e.committed(), ends)
-	})
-	if err := r.Stop(t, 30*time.Second); err != nil {
-		t.Fatalf("Run returned %v, want nil", err)
-	}
-	log.check(t, ends)
+	finishAndCheck(t, e, r, &log, 2)
 }
 
 // TestFirstFetchesDoNotLongPoll: first fetches run one at a time (their
