@@ -37,24 +37,7 @@ func TestRelaySmoke(t *testing.T) {
 		"-contenders", "raw,naive,dedupworker,dedupworker-http", "-timeout", "2m",
 		"-redis", redisURL, "-nats", natsURL, "-kafka", strings.Join(brokers, ","),
 	}
-	// A private Redis counts only this test's round trips; the shared one
-	// also counts other clients'.
-	private := false
-	if bin, err := exec.LookPath("redis-server"); err == nil {
-		args, private = append(args, "-redis-server", bin), true
-	}
-	o, err := parseOptions(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	rep, err := run(ctx, o, &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(out.String())
+	rep, out, private := runRelay(t, args, 8*time.Minute)
 	if len(rep.Results) != 2*4+2 {
 		t.Fatalf("%d results, want %d", len(rep.Results), 2*4+2)
 	}
@@ -114,21 +97,7 @@ func TestRelaySoakSmoke(t *testing.T) {
 		"-soak", "6s", "-soak-every", "1s", "-soak-warmup", "2s", "-rate", "300", "-dups", "30", "-src", "../../..",
 		"-redis", redisURL, "-nats", natsURL, "-kafka", strings.Join(brokers, ","),
 	}
-	if bin, err := exec.LookPath("redis-server"); err == nil {
-		args = append(args, "-redis-server", bin)
-	}
-	o, err := parseOptions(args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	var out bytes.Buffer
-	rep, err := run(ctx, o, &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log(out.String())
+	rep, out, _ := runRelay(t, args, 5*time.Minute)
 	if len(rep.Soaks) != 2 || len(rep.Results) != 0 {
 		t.Fatalf("%d soaks and %d measurements, want 2 soaks only", len(rep.Soaks), len(rep.Results))
 	}
@@ -170,4 +139,27 @@ func TestRelaySoakSmoke(t *testing.T) {
 			t.Errorf("the report lacks %q", want)
 		}
 	}
+}
+
+// runRelay runs the benchmark with args within timeout, with a private Redis
+// when redis-server is installed (private: then only this test's clients
+// count in Redis's round trips), and returns its report and printed output.
+func runRelay(t *testing.T, args []string, timeout time.Duration) (rep report, out *bytes.Buffer, private bool) {
+	t.Helper()
+	if bin, err := exec.LookPath("redis-server"); err == nil {
+		args, private = append(args, "-redis-server", bin), true
+	}
+	o, err := parseOptions(args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out = new(bytes.Buffer)
+	rep, err = run(ctx, o, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(out.String())
+	return rep, out, private
 }
