@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -27,8 +28,14 @@ func (p *processor) completion(d consumer.Delivery, cl *Claim, recOutcome string
 	}
 }
 
-// completeAttempts is how many times complete tries to store a completion.
-const completeAttempts = 3
+// A completion that could not be stored is tried again after
+// completeRetryMin, the wait doubling up to completeRetryMax: short enough
+// that a result lands soon after a failover ends, long enough that a worker
+// holding many results does not flood a store that is coming back.
+const (
+	completeRetryMin = 100 * time.Millisecond
+	completeRetryMax = time.Second
+)
 
 // completeOne is complete for one delivery, without allocating.
 func (p *processor) completeOne(ctx context.Context, c completing) {
@@ -56,16 +63,26 @@ func (p *processor) complete(ctx context.Context, cs []completing) {
 // completeInto is complete with its working space: owned and errs of
 // len(cs), todo holding every index of cs.
 func (p *processor) completeInto(ctx context.Context, cs []completing, owned []bool, errs []error, todo []int) {
-	// The work is done: try hard to record it before giving up, since a
-	// redelivery would run it again once the lease expires.
-	for attempt, wait := 0, 100*time.Millisecond; len(todo) > 0 && attempt < completeAttempts; attempt, wait = attempt+1, wait*3 {
+	// The work is done and its result is held here: the completion is
+	// tried until it is stored, or the claim is found lost, or ctx ends (the
+	// worker's shutdown deadline, a revoked partition). A delivery given
+	// back earlier would be redelivered and, once its lease ran out, run
+	// again: a store outage longer than a few tries (a Sentinel failover
+	// takes seconds) would turn every handler that finished in it into a
+	// duplicate (SPEC §11.1). While the store is down nothing new can be
+	// claimed either (SPEC §7.3); on a Cluster with one primary down, the
+	// held deliveries take concurrency slots that keys of the other slots
+	// could use, until the primary is back.
+	for attempt, wait := 0, completeRetryMin; len(todo) > 0; attempt++ {
 		if attempt > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
+			if attempt == 1 {
+				p.log.Warn("handler finished but its completion could not be stored; holding the result and retrying until the store answers",
+					"messages", len(todo), "err", errs[todo[0]])
 			}
+			if !sleepCtx(ctx, wait) {
+				break
+			}
+			wait = min(2*wait, completeRetryMax)
 		}
 		// The completer reads no values and the delivery's cancellation
 		// must not stop it: a deadline shared with the other deliveries.
@@ -82,9 +99,11 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 				owned[i], errs[i] = res[j], rerrs[j]
 			}
 		}
+		// An error that is not the store's unavailability (a request the
+		// store refuses as invalid) will not change on retry.
 		failed := todo[:0]
 		for _, i := range todo {
-			if errs[i] != nil {
+			if errs[i] != nil && errors.Is(errs[i], ErrStoreUnavailable) {
 				failed = append(failed, i)
 			}
 		}
@@ -99,7 +118,7 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		}
 		switch {
 		case errs[i] != nil:
-			p.log.Error("handler finished but its completion could not be stored; not acked, the message will be redelivered",
+			p.log.Error("handler finished but its completion could not be stored; not acked, the message will be redelivered and run again once its lease ends",
 				"origin", d.Message().Origin.String(), "err", errs[i])
 			p.settle(ctx, d, consumer.OutcomeStoreError, nak(p.storeRetry.Delay(d.Attempt())))
 		case !owned[i]:

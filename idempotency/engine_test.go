@@ -558,7 +558,8 @@ func TestClaimInfoInContext(t *testing.T) {
 
 func TestStoreDownFailsClosed(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedisServer(t)
+	// Persistent, so that the claim made before the outage is there after it.
+	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { client.Close() })
 	f := newFixture(t, client)
@@ -570,30 +571,78 @@ func TestStoreDownFailsClosed(t *testing.T) {
 			close(started)
 			<-release
 		}
-		return nil, nil
+		return []byte("done"), nil
 	}}
 	p := f.processor(t, h, idempotency.WithStoreRetry(100*time.Millisecond, time.Second))
 
 	// Redis dies while a handler runs: the completion cannot be stored, so
-	// the delivery must not be acked.
+	// the delivery is not acked, and its result is held while the
+	// completion is tried again.
 	d1 := consumertest.NewDelivery(consumertest.NewMessage("k1", "mid-run"), 1)
 	done := make(chan struct{})
 	go func() { defer close(done); p.Process(context.Background(), d1) }()
 	<-started
 	srv.Stop()
 	close(release)
-	<-done
-	d1.ExpectNakked(t)
 
 	// With Redis down, a new delivery runs nothing and acks nothing.
 	d2 := consumertest.NewDelivery(consumertest.NewMessage("k2", "x"), 1)
 	p.Process(context.Background(), d2)
 	d2.ExpectNakked(t)
-	if n := h.runs.Load(); n != 1 {
-		t.Fatalf("handler ran %d times with the store down, want only the one already running", n)
+	testenv.Eventually(t, 20*time.Second, "the completion tried more than a few times", func() bool { return f.calls.complete.Load() >= 5 })
+	d1.ExpectUnsettled(t)
+
+	// Redis is back: the held result is stored and the delivery acked,
+	// without running the handler again.
+	srv.Start()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held completion was not stored after the store came back")
 	}
-	if f.oc.get(consumer.OutcomeStoreError) != 2 {
-		t.Fatalf("outcomes %v: want 2 store_error", f.oc.m)
+	d1.ExpectAcked(t)
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1: the one that finished during the outage", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rec, err := f.store.Get(ctx, "orders:k1")
+	if err != nil || rec == nil || rec.State != idempotency.StateCompleted || string(rec.Result) != "done" {
+		t.Fatalf("record %+v, %v: want k1 completed with the held result", rec, err)
+	}
+	if f.oc.get(consumer.OutcomeStoreError) != 1 || f.oc.get(consumer.OutcomeProcessed) != 1 {
+		t.Fatalf("outcomes %v: want 1 store_error (k2) and 1 processed (k1)", f.oc.m)
+	}
+}
+
+// A held completion is given back, not acked, when the delivery's context
+// ends (the worker's drain deadline) before the store answers.
+func TestHeldCompletionGivenBackWhenContextEnds(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServer(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	f := newFixture(t, client)
+	h := &countingHandler{fn: func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		srv.Stop()
+		return nil, nil
+	}}
+	p := f.processor(t, h)
+	ctx, cancel := context.WithCancel(context.Background())
+	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
+	done := make(chan struct{})
+	go func() { defer close(done); p.Process(ctx, d) }()
+	testenv.Eventually(t, 20*time.Second, "the completion tried again", func() bool { return f.calls.complete.Load() >= 2 })
+	d.ExpectUnsettled(t)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Process did not return after its context ended")
+	}
+	d.ExpectNakked(t)
+	if f.oc.get(consumer.OutcomeStoreError) != 1 {
+		t.Fatalf("outcomes %v: want 1 store_error", f.oc.m)
 	}
 }
 
