@@ -143,7 +143,7 @@ func onlineChecks(cfg *config.Config) (warnings, notes []string, _ error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("redis.namespace %q: reading a key: %w", cfg.Redis.Namespace, err)
 	}
-	health, err := app.CheckStoreHealth(ctx, &cfg.Redis)
+	health, err := app.CheckStoreHealth(ctx, &cfg.Redis, cfg.Handlers)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,6 +32,9 @@ import (
 //     every 30 s on Linux), and a host crash loses that much. "everysec",
 //     Redis's default, loses at most about a second and is not reported;
 //     "always" loses nothing.
+//   - failover: through Sentinel, a handler's lease is shorter than
+//     down-after-milliseconds plus the promotion, so a handler that
+//     finishes during a failover may run again (failover.go).
 //
 // The settings are read with CONFIG GET, and where CONFIG is refused
 // (managed Redis, an ACL without +config|get) from INFO, which shows
@@ -42,8 +45,8 @@ import (
 
 // StoreRisk is one risky setting found on one primary.
 type StoreRisk struct {
-	// Check is the check's name: eviction, persistence, replicas or
-	// appendfsync.
+	// Check is the check's name: eviction, persistence, replicas,
+	// appendfsync or failover.
 	Check string
 	// Node is the primary it was found on.
 	Node string
@@ -76,20 +79,21 @@ func (h *StoreHealth) Risky(check string) bool {
 const healthTimeout = 5 * time.Second
 
 // CheckStoreHealth connects to the store of rc as run does and runs the
-// health checks (validate --online). It fails only when Redis cannot be
-// reached; refused reads are in StoreHealth.Unread.
-func CheckStoreHealth(ctx context.Context, rc *config.Redis) (*StoreHealth, error) {
+// health checks (validate --online) for the handlers' leases. It fails
+// only when Redis cannot be reached; refused reads are in
+// StoreHealth.Unread.
+func CheckStoreHealth(ctx context.Context, rc *config.Redis, handlers []config.Handler) (*StoreHealth, error) {
 	client, err := RedisClient(ctx, rc)
 	if err != nil {
 		return nil, err
 	}
 	defer client.Close()
-	return checkStore(ctx, client, rc)
+	return checkStore(ctx, client, rc, handlers)
 }
 
-// checkStore reads the settings of every primary of client, within
-// healthTimeout, and judges them.
-func checkStore(ctx context.Context, client redis.UniversalClient, rc *config.Redis) (*StoreHealth, error) {
+// checkStore reads the settings of every primary of client, and of the
+// Sentinels, within healthTimeout, and judges them.
+func checkStore(ctx context.Context, client redis.UniversalClient, rc *config.Redis, handlers []config.Handler) (*StoreHealth, error) {
 	ctx, cancel := context.WithTimeout(ctx, healthTimeout)
 	defer cancel()
 	var mu sync.Mutex
@@ -111,6 +115,11 @@ func checkStore(ctx context.Context, client redis.UniversalClient, rc *config.Re
 		if u := n.unreadText(); u != "" {
 			h.Unread = append(h.Unread, u)
 		}
+	}
+	rs, unread := failoverRisks(ctx, rc, handlers)
+	h.Risks = append(h.Risks, rs...)
+	if unread != "" {
+		h.Unread = append(h.Unread, unread)
 	}
 	slices.SortStableFunc(h.Risks, func(a, b StoreRisk) int {
 		return slices.Index(metrics.StoreRiskChecks, a.Check) - slices.Index(metrics.StoreRiskChecks, b.Check)
@@ -289,7 +298,7 @@ func parseInfo(info string) map[string]string {
 // risk, dedup_store_risk{check} set, and what could not be read said. A
 // store that does not answer here is left to the worker (it fails closed).
 func (a *App) reportStoreHealth(ctx context.Context) {
-	h, err := checkStore(ctx, a.client, &a.cfg.Redis)
+	h, err := checkStore(ctx, a.client, &a.cfg.Redis, a.cfg.Handlers)
 	if err != nil {
 		a.log.Warn("store health checks failed", "err", err)
 		return

@@ -48,7 +48,7 @@ func TestStoreHealthRisks(t *testing.T) {
 	defer admin.Close()
 	configSet(t, admin, "maxmemory", "2mb", "maxmemory-policy", "allkeys-lru")
 	rc := testRedis(srv.URL(), "risk-"+testenv.RandID())
-	h, err := CheckStoreHealth(testCtx(t), &rc)
+	h, err := CheckStoreHealth(testCtx(t), &rc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,13 +70,13 @@ func TestStoreHealthRisks(t *testing.T) {
 	}
 
 	configSet(t, admin, "maxmemory-policy", "volatile-ttl")
-	if h, err = CheckStoreHealth(testCtx(t), &rc); err != nil || risksOf(h)["eviction"].Seen != "maxmemory-policy volatile-ttl" {
+	if h, err = CheckStoreHealth(testCtx(t), &rc, nil); err != nil || risksOf(h)["eviction"].Seen != "maxmemory-policy volatile-ttl" {
 		t.Errorf("volatile-ttl: %+v, %v; want an eviction risk (every record has a TTL)", h, err)
 	}
 	// Durability asking for more replicas than there are: every write would
 	// fail closed.
 	rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(50 * time.Millisecond)}
-	if h, err = CheckStoreHealth(testCtx(t), &rc); err != nil || risksOf(h)["replicas"].Seen != "connected_slaves 0, redis.durability.replicas 1" {
+	if h, err = CheckStoreHealth(testCtx(t), &rc, nil); err != nil || risksOf(h)["replicas"].Seen != "connected_slaves 0, redis.durability.replicas 1" {
 		t.Errorf("durability 1 without a replica: %+v, %v; want a replicas risk", h, err)
 	}
 }
@@ -88,7 +88,7 @@ func TestStoreHealthSafe(t *testing.T) {
 	srv, _ := testenv.StartReplicatedRedis(t)
 	primary := srv.Client(t)
 	rc := testRedis(srv.URL(), "safe-"+testenv.RandID())
-	h, err := CheckStoreHealth(testCtx(t), &rc)
+	h, err := CheckStoreHealth(testCtx(t), &rc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestStoreHealthSafe(t *testing.T) {
 		t.Fatalf("AOF, noeviction and a replica: %+v, want no risk", h)
 	}
 	configSet(t, primary, "appendfsync", "no")
-	if h, err = CheckStoreHealth(testCtx(t), &rc); err != nil || risksOf(h)["appendfsync"].Seen != "appendonly yes, appendfsync no" || len(h.Risks) != 1 {
+	if h, err = CheckStoreHealth(testCtx(t), &rc, nil); err != nil || risksOf(h)["appendfsync"].Seen != "appendonly yes, appendfsync no" || len(h.Risks) != 1 {
 		t.Fatalf("appendfsync no: %+v, %v; want only the appendfsync risk", h, err)
 	}
 }
@@ -125,7 +125,7 @@ func TestStoreHealthLeastPrivilege(t *testing.T) {
 
 	rc := testRedis(srv.URL(), "ns")
 	rc.Username, rc.Password = "noinfo", "pw"
-	h, err := CheckStoreHealth(testCtx(t), &rc)
+	h, err := CheckStoreHealth(testCtx(t), &rc, nil)
 	if err != nil {
 		t.Fatalf("as a user without +info: %v, want the checks skipped, not a failure", err)
 	}
@@ -139,7 +139,7 @@ func TestStoreHealthLeastPrivilege(t *testing.T) {
 	}
 
 	rc.Username = "withinfo"
-	if h, err = CheckStoreHealth(testCtx(t), &rc); err != nil {
+	if h, err = CheckStoreHealth(testCtx(t), &rc, nil); err != nil {
 		t.Fatal(err)
 	}
 	rs := risksOf(h)
@@ -159,7 +159,7 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 		rc := testRedis("", "hsen-"+testenv.RandID())
 		rc.Sentinel = &config.Sentinel{Master: sen.Master, Addrs: sen.Addrs}
 		rc.Durability = config.Durability{Replicas: 1, Timeout: config.Duration(time.Second)}
-		h, err := CheckStoreHealth(testCtx(t), &rc)
+		h, err := CheckStoreHealth(testCtx(t), &rc, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -167,9 +167,27 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 			t.Errorf("durability 1 with a connected replica: %+v, want no replicas risk", h)
 		}
 		rc.Durability.Replicas = 2
-		if h, err = CheckStoreHealth(testCtx(t), &rc); err != nil || !strings.Contains(risksOf(h)["replicas"].Seen, "redis.durability.replicas 2") ||
+		if h, err = CheckStoreHealth(testCtx(t), &rc, nil); err != nil || !strings.Contains(risksOf(h)["replicas"].Seen, "redis.durability.replicas 2") ||
 			!strings.Contains(risksOf(h)["replicas"].Node, sen.Master) {
 			t.Errorf("durability 2 with one replica: %+v, %v; want a replicas risk on the primary", h, err)
+		}
+
+		// The local Sentinels' down-after-milliseconds is 1000: a lease of
+		// 2s is shorter than a failover, one of 10s is not.
+		rc.Durability.Replicas = 1
+		hs := []config.Handler{{Name: "short", Lease: config.Duration(2 * time.Second)}, {Name: "long", Lease: config.Duration(10 * time.Second)}}
+		if h, err = CheckStoreHealth(testCtx(t), &rc, hs); err != nil {
+			t.Fatal(err)
+		}
+		var fo []StoreRisk
+		for _, r := range h.Risks {
+			if r.Check == "failover" {
+				fo = append(fo, r)
+			}
+		}
+		if len(fo) != 1 || fo[0].Seen != "down-after-milliseconds 1000, handlers[0] (short) lease 2s" ||
+			!strings.Contains(fo[0].Fix, "raise handlers[0].lease to at least 6s") || !strings.Contains(fo[0].Node, sen.Master) {
+			t.Errorf("failover risks %+v, want one for handlers[0] naming its lease and the fix", fo)
 		}
 	})
 	t.Run("cluster", func(t *testing.T) {
@@ -185,7 +203,7 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 		var count atomic.Int64 // ForEachMaster runs fn concurrently
 		_ = c.(*redis.ClusterClient).ForEachMaster(testCtx(t), func(context.Context, *redis.Client) error { count.Add(1); return nil })
 		masters := int(count.Load())
-		h, err := checkStore(testCtx(t), c, &rc)
+		h, err := checkStore(testCtx(t), c, &rc, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -415,4 +433,16 @@ func TestOpenStoreDurabilityTimeoutUnderReadTimeout(t *testing.T) {
 		t.Fatalf("durability timeout 2s: %v", err)
 	}
 	_ = closeStore()
+}
+
+// Sentinels that do not answer skip the failover check, and say so.
+func TestFailoverCheckUnread(t *testing.T) {
+	t.Parallel()
+	rc := testRedis("", "fo-"+testenv.RandID())
+	rc.Sentinel = &config.Sentinel{Master: "m", Addrs: []string{"127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))}}
+	rc.ConnectTimeout = config.Duration(200 * time.Millisecond)
+	rs, unread := failoverRisks(testCtx(t), &rc, []config.Handler{{Name: "h", Lease: config.Duration(time.Second)}})
+	if len(rs) != 0 || !strings.Contains(unread, "skipped the failover check") || !strings.Contains(unread, "down-after-milliseconds") {
+		t.Errorf("risks %+v, unread %q: want no risk and the check said skipped", rs, unread)
+	}
 }

@@ -104,7 +104,7 @@ type transportSeries struct {
 
 // StoreRiskChecks lists the check label values of dedup_store_risk: the
 // store health checks of SPEC §11.2.
-var StoreRiskChecks = []string{"eviction", "persistence", "replicas", "appendfsync"}
+var StoreRiskChecks = []string{"eviction", "persistence", "replicas", "appendfsync", "failover"}
 
 var (
 	_ consumer.HookOutcome       = (*Metrics)(nil)
