@@ -26,11 +26,11 @@ import (
 // run twice: every claim and completion was on the replica before the
 // worker acted on it, and a handler that finished while no primary answered
 // has its result held until its completion lands on the promoted replica.
-// That takes a lease longer than the failover (2.3-3.4 s here): a claim whose
-// lease ran out while nothing could renew it is another worker's to take, as
-// a crashed worker's would be. Without durability the repeats are the writes
-// the replica had not received; the test reports them and asserts nothing
-// about their number.
+// That takes a lease longer than the failover (README, "When Redis fails
+// over", has the figures): a claim whose lease ran out while nothing could
+// renew it is another worker's to take, as a crashed worker's would be.
+// Without durability the repeats are the writes the replica had not
+// received; the test reports them and asserts nothing about their number.
 func TestFailover(t *testing.T) {
 	for _, c := range []struct {
 		name, durability string
