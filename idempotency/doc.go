@@ -7,8 +7,11 @@
 // the handler under a renewed lease (SPEC §6), acks a duplicate without
 // running it, waits for a key in flight elsewhere, or rejects a key reused for
 // other content. A handler's result is stored before the delivery is acked
-// (SPEC §5.2); failures are retried with backoff and dead-lettered after
-// max attempts (SPEC §7).
+// (SPEC §5.2); a result the store cannot take yet is held and its
+// completion retried until it is stored, or the delivery's context ends
+// (the worker's drain deadline), so a store outage does not run the handler
+// again. Failures are retried with backoff and dead-lettered after max
+// attempts (SPEC §7).
 //
 // The root package dedupworker runs it for you. Used directly, the engine
 // is a consumer.Worker's processor for each handler:

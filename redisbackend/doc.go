@@ -50,9 +50,10 @@
 // lost host) with Sentinel promoting the replica that acknowledged (with
 // one replica, the only one it can promote). No claim a handler runs under
 // and no completion a broker ack followed is lost, so no key runs twice —
-// provided the failover ends within the running handlers' leases: their
-// renewals fail while it lasts, and a lease that runs out on the new
-// primary is reclaimed (SPEC §6). What it does not survive, or promise:
+// provided the failover ends within the leases of the handlers running or
+// finishing in it: renewals fail while it lasts, a handler that finished
+// has its result held by the engine until its completion lands, and a
+// lease that runs out on the new primary is reclaimed (SPEC §6). What it does not survive, or promise:
 //
 //   - The primary and every replica that acknowledged dying together, or
 //     such a replica restarting without its data before it is promoted: a
@@ -67,8 +68,9 @@
 //     and it stays. A Claim that fell short therefore gives its claims back
 //     (released, the attempt it counted taken back, without WAIT). A
 //     Complete that fell short is retried by the engine with the same
-//     token, which reports true and waits again; when the retries run out
-//     the message is redelivered, and its claim finds the key completed.
+//     token, which reports true and waits again, until the wait is met or
+//     the delivery's context ends; then the message is redelivered, and its
+//     claim finds the key completed.
 //     So that the duplicate is acked only once the completion is on the
 //     replicas, a durable claim writes a DUPLICATE's record back unchanged
 //     before its WAIT: with Durability, a duplicate costs a write.
