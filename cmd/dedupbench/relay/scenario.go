@@ -118,6 +118,13 @@ type result struct {
 	LatencyN    int     `json:"latency_samples,omitempty"`
 	P50Ms       float64 `json:"latency_p50_ms,omitempty"`
 	P99Ms       float64 `json:"latency_p99_ms,omitempty"`
+	// LatencyRelayCPUUs and LatencyRedisCPUUs are the relay processes'
+	// and Redis's CPU per message of the latency phase, from its first
+	// publish to its last output: what a message costs at a steady rate,
+	// where runs are short and the relay's idle work (fetch polls,
+	// heartbeats) is shared by fewer messages than in a backlog.
+	LatencyRelayCPUUs float64 `json:"latency_relay_cpu_us_per_msg,omitempty"`
+	LatencyRedisCPUUs float64 `json:"latency_redis_cpu_us_per_msg,omitempty"`
 	// Correctness over both phases.
 	MissingKeys     int    `json:"missing_keys"`
 	OrderViolations int    `json:"order_violations"`
@@ -334,6 +341,11 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 
 	if len(latPlan) > 0 {
 		rec.takeLatencies()
+		lcpu0, cerr := procs.cpu()
+		lr0, rerr := readRedisStats(ctx, b.stats)
+		if err := errors.Join(cerr, rerr); err != nil {
+			return err
+		}
 		var rate float64
 		switch sc.Transport {
 		case "kafka":
@@ -356,6 +368,14 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 			case <-time.After(5 * time.Millisecond):
 			}
 		}
+		lcpu1, cerr := procs.cpu()
+		lr1, rerr := readRedisStats(ctx, b.stats)
+		if err := errors.Join(cerr, rerr); err != nil {
+			return err
+		}
+		ln := float64(len(latPlan))
+		res.LatencyRelayCPUUs = float64((lcpu1 - lcpu0).Microseconds()) / ln
+		res.LatencyRedisCPUUs = float64((lr1.cpu - lr0.cpu).Microseconds()) / ln
 		lat := rec.takeLatencies()
 		res.LatencyRate, res.LatencyN = rate, len(lat)
 		res.P50Ms = float64(quantile(lat, 0.50).Microseconds()) / 1000

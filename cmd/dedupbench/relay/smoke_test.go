@@ -77,8 +77,13 @@ func TestRelaySmoke(t *testing.T) {
 		if !r.ScaleOut && r.LatencyN == 0 {
 			t.Errorf("%s: no latency samples", name)
 		}
+		// Every relay works for the messages of the latency phase, and
+		// so does Redis for those that call it.
+		if !r.ScaleOut && (r.LatencyRelayCPUUs <= 0 || r.Contender != "raw" && r.Contender != "watermill" && r.LatencyRedisCPUUs <= 0) {
+			t.Errorf("%s: latency phase relay CPU %.1f, Redis CPU %.1f µs/msg; want both above 0", name, r.LatencyRelayCPUUs, r.LatencyRedisCPUUs)
+		}
 	}
-	for _, want := range []string{"msgs/s (30 % duplicates)", "Redis CPU, µs per message", "Scale-out", "| Kafka → Kafka |", "Where the machine's CPU goes", "Broker processes read"} {
+	for _, want := range []string{"msgs/s (30 % duplicates)", "Redis CPU, µs per message", "Scale-out", "| Kafka → Kafka |", "Where the machine's CPU goes", "Broker processes read", "At the -rate publish rate"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report lacks %q", want)
 		}
