@@ -55,6 +55,17 @@ func newFixture(t *testing.T, client redis.UniversalClient) *fixture {
 	return f
 }
 
+// privateFixture is a fixture on a private redis-server started with args
+// (see testenv.RedisServerConfig.Args), for tests that stop it: its client
+// fails fast while the server is down.
+func privateFixture(t *testing.T, args ...string) (*fixture, *testenv.RedisServer) {
+	t.Helper()
+	srv := testenv.StartRedisServer(t, args...)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	return newFixture(t, client), srv
+}
+
 func setup(t *testing.T) *fixture {
 	t.Helper()
 	return newFixture(t, testenv.RedisClient(t))
@@ -559,10 +570,7 @@ func TestClaimInfoInContext(t *testing.T) {
 func TestStoreDownFailsClosed(t *testing.T) {
 	t.Parallel()
 	// Persistent, so that the claim made before the outage is there after it.
-	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { client.Close() })
-	f := newFixture(t, client)
+	f, srv := privateFixture(t, "--appendonly", "yes", "--appendfsync", "always")
 
 	started := make(chan struct{})
 	release := make(chan struct{})
@@ -619,10 +627,7 @@ func TestStoreDownFailsClosed(t *testing.T) {
 // ends (the worker's drain deadline) before the store answers.
 func TestHeldCompletionGivenBackWhenContextEnds(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedisServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { client.Close() })
-	f := newFixture(t, client)
+	f, srv := privateFixture(t)
 	h := &countingHandler{fn: func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 		srv.Stop()
 		return nil, nil
@@ -680,10 +685,7 @@ func TestDurabilityShortfallRunsNothing(t *testing.T) {
 
 func TestFailOpenBypassesStore(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedisServer(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	t.Cleanup(func() { client.Close() })
-	f := newFixture(t, client)
+	f, srv := privateFixture(t)
 	srv.Stop()
 	h := &countingHandler{}
 	p := f.processor(t, h, idempotency.WithFailOpen())
