@@ -16,7 +16,8 @@ import (
 
 // failoverPromotion is what the failover check allows, beyond Sentinel's
 // down-after-milliseconds, for the election and the promotion: while both
-// run no primary takes writes. docs/DESIGN.md has the failovers measured.
+// run no primary takes writes. README ("When Redis fails over") has the
+// failovers measured.
 const failoverPromotion = 5 * time.Second
 
 // failoverRisks is the failover check of a Sentinel deployment: a handler
@@ -25,9 +26,11 @@ const failoverPromotion = 5 * time.Second
 // completion until one does; if its claim's lease ran out first, another
 // worker's redelivery finds the claim expired and runs the key again, as it
 // would after a crash. Every failover stops writes for at least
-// down-after-milliseconds plus the promotion, so a lease below that is
-// reported. It returns the risks, and a line for StoreHealth.Unread when no
-// Sentinel told down-after-milliseconds; nothing for other deployments.
+// down-after-milliseconds plus the promotion, and a claim may have less
+// than two thirds of its lease left when it starts, so a lease below 8/5
+// of that outage is reported. It returns the risks, and a line for
+// StoreHealth.Unread when no Sentinel told down-after-milliseconds;
+// nothing for other deployments.
 func failoverRisks(ctx context.Context, rc *config.Redis, handlers []config.Handler) ([]StoreRisk, string) {
 	s := rc.Sentinel
 	if s == nil || len(handlers) == 0 {
@@ -38,7 +41,12 @@ func failoverRisks(ctx context.Context, rc *config.Redis, handlers []config.Hand
 		return nil, fmt.Sprintf("redis.sentinel %v: could not read down-after-milliseconds of master %q (%s): skipped the failover check; the Sentinel user needs +sentinel|master",
 			s.Addrs, s.Master, firstLine(err))
 	}
-	least := downAfter + failoverPromotion
+	// The engine renews a lease every third of it, with a tenth of jitter:
+	// a failover can start just before a renewal was due, with about 0.63
+	// of the lease left, so the lease must be 8/5 of the outage, in whole
+	// seconds.
+	outage := downAfter + failoverPromotion
+	least := (outage*8/5 + time.Second - 1).Truncate(time.Second)
 	var rs []StoreRisk
 	for i := range handlers {
 		h := &handlers[i]
@@ -49,7 +57,7 @@ func failoverRisks(ctx context.Context, rc *config.Redis, handlers []config.Hand
 				Seen:  fmt.Sprintf("down-after-milliseconds %d, handlers[%d] (%s) lease %s", downAfter.Milliseconds(), i, h.Name, h.Lease),
 				Why: "a failover stops every write for at least down-after-milliseconds and the promotion after it; a handler that finishes meanwhile holds its result until a primary answers, " +
 					"but once its lease has run out another worker may claim the key and run it again",
-				Fix: fmt.Sprintf("raise handlers[%d].lease to at least %s (down-after-milliseconds + %s for the promotion), or lower down-after-milliseconds",
+				Fix: fmt.Sprintf("raise handlers[%d].lease to at least %s (a claim renewed every third of its lease may have 5/8 of it left when the failover starts: down-after-milliseconds + %s for the promotion, × 8/5), or lower down-after-milliseconds",
 					i, config.Duration(least), config.Duration(failoverPromotion)),
 			})
 		}

@@ -172,8 +172,9 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 			t.Errorf("durability 2 with one replica: %+v, %v; want a replicas risk on the primary", h, err)
 		}
 
-		// The local Sentinels' down-after-milliseconds is 1000: a lease of
-		// 2s is shorter than a failover, one of 10s is not.
+		// The local Sentinels' down-after-milliseconds is 1000: a failover
+		// is taken as 6s, which a lease of 10s outlasts with 5/8 of it left;
+		// one of 2s does not.
 		rc.Durability.Replicas = 1
 		hs := []config.Handler{{Name: "short", Lease: config.Duration(2 * time.Second)}, {Name: "long", Lease: config.Duration(10 * time.Second)}}
 		if h, err = CheckStoreHealth(testCtx(t), &rc, hs); err != nil {
@@ -186,7 +187,7 @@ func TestStoreHealthSentinelAndCluster(t *testing.T) {
 			}
 		}
 		if len(fo) != 1 || fo[0].Seen != "down-after-milliseconds 1000, handlers[0] (short) lease 2s" ||
-			!strings.Contains(fo[0].Fix, "raise handlers[0].lease to at least 6s") || !strings.Contains(fo[0].Node, sen.Master) {
+			!strings.Contains(fo[0].Fix, "raise handlers[0].lease to at least 10s") || !strings.Contains(fo[0].Node, sen.Master) {
 			t.Errorf("failover risks %+v, want one for handlers[0] naming its lease and the fix", fo)
 		}
 	})
