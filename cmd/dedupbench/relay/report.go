@@ -76,6 +76,12 @@ func printReport(w io.Writer, rep report) {
 		}
 		return fmt.Sprintf("%.1f / %.1f", r.LatencyRelayCPUUs, r.LatencyRedisCPUUs)
 	})
+	table("At the -rate publish rate: Redis round trips / commands per message (the latency phase)", func(r result) string {
+		if r.LatencyN == 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f / %.2f", r.LatencyRoundTrips, r.LatencyCommands)
+	})
 	table("Redis round trips per message", func(r result) string { return fmt.Sprintf("%.3f", r.RoundTrips) })
 	table("Redis commands per message (inside scripts too)", func(r result) string { return fmt.Sprintf("%.2f", r.Commands) })
 	table("Peak RSS of the relay process, MB", func(r result) string { return fmt.Sprintf("%.0f", r.PeakRSSMB) })

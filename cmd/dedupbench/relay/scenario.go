@@ -125,6 +125,10 @@ type result struct {
 	// heartbeats) is shared by fewer messages than in a backlog.
 	LatencyRelayCPUUs float64 `json:"latency_relay_cpu_us_per_msg,omitempty"`
 	LatencyRedisCPUUs float64 `json:"latency_redis_cpu_us_per_msg,omitempty"`
+	// LatencyRoundTrips and LatencyCommands are RoundTrips and Commands
+	// of the latency phase.
+	LatencyRoundTrips float64 `json:"latency_redis_round_trips_per_msg,omitempty"`
+	LatencyCommands   float64 `json:"latency_redis_commands_per_msg,omitempty"`
 	// Correctness over both phases.
 	MissingKeys     int    `json:"missing_keys"`
 	OrderViolations int    `json:"order_violations"`
@@ -376,6 +380,8 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		ln := float64(len(latPlan))
 		res.LatencyRelayCPUUs = float64((lcpu1 - lcpu0).Microseconds()) / ln
 		res.LatencyRedisCPUUs = float64((lr1.cpu - lr0.cpu).Microseconds()) / ln
+		res.LatencyRoundTrips = float64(lr1.reads-lr0.reads-1) / ln // less the INFO that read lr1
+		res.LatencyCommands = float64(lr1.commands-lr0.commands-1) / ln
 		lat := rec.takeLatencies()
 		res.LatencyRate, res.LatencyN = rate, len(lat)
 		res.P50Ms = float64(quantile(lat, 0.50).Microseconds()) / 1000
