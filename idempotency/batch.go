@@ -23,15 +23,28 @@ type ownedRun struct {
 // which runs every delivery, get them one at a time.
 //
 // In order, each delivery of ds is:
-//   - owned (claimed NEW, RECLAIMED or RECOVERED by Prepare, and still
-//     held): added to the pending batch;
+//   - not claimed by Prepare (its key came earlier in the same fetch), or
+//     found in flight by Prepare's claim (the key's owner may have finished
+//     since): claimed again now, as Process claims (a held claim of the key
+//     is adopted, else one claim call), then taken as below. When a
+//     delivery of the pending batch owns its key, it is held back instead:
+//     its fate is that delivery's, so it is processed, alone and as Process
+//     processes it, once the batch has run and settled, before anything
+//     after it. It is then a duplicate when the batch completed the key;
+//     when that delivery failed and released the key, it runs after the
+//     batch, as that delivery's retry would. Producer retries and
+//     redeliveries land next to their original, so neither of these cuts
+//     the batch;
+//   - owned (claimed NEW, RECLAIMED or RECOVERED, and still held): added to
+//     the pending batch;
 //   - a duplicate or a fingerprint mismatch: answered at once, as Process
 //     answers it; the handler never sees it;
-//   - anything else (in flight elsewhere, not claimed yet, a claim gone
-//     stale, a failed claim, a missing key): a cut. The pending batch runs
-//     first, then this delivery alone, exactly as Process runs it (waiting
-//     for the key's owner, claiming again), then the rest. Order is kept:
-//     no message runs before one ahead of it whose fate it could depend on.
+//   - anything else (in flight elsewhere, a claim gone stale, a failed
+//     claim, a missing key): a cut. The pending batch runs first (and what
+//     it held back), then this delivery alone, exactly as Process runs it
+//     (waiting for the key's owner, claiming again), then the rest. Order
+//     is kept: no message runs before one ahead of it whose fate it could
+//     depend on.
 //
 // After a HandleBatch call every message completes, retries or is
 // dead-lettered on its own from its Result; the completions of the call are
@@ -45,9 +58,17 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 		return
 	}
 	run := make([]ownedRun, 0, len(ds))
+	// behind holds, in order, the deliveries of keys that a delivery of run
+	// owns.
+	var behind []heldBack
 	flush := func() {
 		p.runBatch(ctx, bh, run)
 		run = run[:0]
+		for i, b := range behind {
+			p.process(b.ctx, b.d, b.pr)
+			behind[i] = heldBack{}
+		}
+		behind = behind[:0]
 	}
 	for _, d := range ds {
 		pr := p.take(d)
@@ -65,8 +86,19 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 				p.abandon(o.ctx, o.d, o.pr)
 			}
 			run = run[:0]
+			for _, b := range behind {
+				p.abandon(b.ctx, b.d, b.pr)
+			}
+			behind = behind[:0]
 			p.abandon(dctx, d, pr)
 			continue
+		}
+		if pr.key != "" && pr.err == nil && (!pr.claimed || pr.batched && pr.res.Outcome == ClaimInFlight) {
+			if owns(run, pr.ekey) {
+				behind = append(behind, heldBack{d: d, pr: pr, ctx: dctx})
+				continue
+			}
+			p.claimNow(dctx, pr)
 		}
 		if pr.key == "" || !pr.claimed || pr.err != nil {
 			flush()
@@ -94,6 +126,40 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 		}
 	}
 	flush()
+}
+
+// heldBack is a delivery of ProcessBatch whose key a delivery of the pending
+// batch owns.
+type heldBack struct {
+	d   consumer.Delivery
+	pr  *prepared
+	ctx context.Context
+}
+
+// owns reports whether a delivery of run holds the claim of ekey.
+func owns(run []ownedRun, ekey string) bool {
+	for i := range run {
+		if run[i].pr.ekey == ekey {
+			return true
+		}
+	}
+	return false
+}
+
+// claimNow claims pr's key for a delivery of a batch that Prepare did not
+// claim it for, or whose batch claim found it in flight, as the first round
+// of process claims: a held claim of the key, made for a delivery that has
+// not started, is adopted; otherwise one claim call decides.
+func (p *processor) claimNow(ctx context.Context, pr *prepared) {
+	pr.claimed, pr.batched = false, false
+	if p.adopt(pr) {
+		return
+	}
+	pr.claimAt = p.e.clock.Now()
+	cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
+	res, err := p.e.claimer.do(cctx, p.claimRequest(pr))
+	cancel()
+	pr.claimed, pr.err, pr.res = true, err, res
 }
 
 // Batching reports whether ProcessBatch hands runs to the handler: it is a

@@ -42,11 +42,19 @@
 //     handler, in order, in one call;
 //   - duplicates and fingerprint mismatches are answered as for a single
 //     delivery, and never reach the handler;
-//   - a delivery that cannot run at once (its key in flight elsewhere, not
-//     claimed yet because it repeats a key of the run, a claim gone stale, a
-//     store error, a missing key) cuts the run: the deliveries before it run
-//     as one call, then it runs alone through Handle as a single delivery
-//     does (waiting for the key's owner), then the rest of the run.
+//   - a delivery that Prepare did not claim because it repeats a key of the
+//     fetch, or whose claim found its key in flight (a producer retry or a
+//     redelivery next to its original), is claimed again when the run
+//     reaches it, and then taken as above. When a delivery of the pending
+//     call owns its key it waits instead, and is processed as a single
+//     delivery once that call has settled: a duplicate when the call
+//     completed the key, or, when that message failed, a run on its own
+//     after the call, as that message's retry would be;
+//   - a delivery that cannot run at once (its key in flight elsewhere, a
+//     claim gone stale, a store error, a missing key) cuts the run: the
+//     deliveries before it run as one call, then it runs alone through
+//     Handle as a single delivery does (waiting for the key's owner), then
+//     the rest of the run.
 //
 // Each message of a call has its own context, consumer.MessageContext(ctx,
 // i), carrying its claim (FromContext, Step) and cancelled when that claim's

@@ -245,3 +245,119 @@ func TestProcessBatchLeaseRenewedForEveryClaim(t *testing.T) {
 		d.(*consumertest.Delivery).ExpectAcked(t)
 	}
 }
+
+// batchDeliveries returns a delivery per key, in order, at offsets 0, 1, ...
+// (a key given twice is the same message twice: a producer retry).
+func batchDeliveries(keys ...string) []*consumertest.Delivery {
+	ds := make([]*consumertest.Delivery, len(keys))
+	for i, k := range keys {
+		ds[i] = consumertest.NewDelivery(consumertest.NewMessage(k, "payload-"+k), 1)
+		ds[i].Message().Origin.Offset = int64(i)
+	}
+	return ds
+}
+
+func asDeliveries(ds []*consumertest.Delivery) []consumer.Delivery {
+	out := make([]consumer.Delivery, len(ds))
+	for i, d := range ds {
+		out[i] = d
+	}
+	return out
+}
+
+func TestProcessBatchRepeatedKeyWaitsForItsOwnerWithoutCutting(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	cc := &completeCounter{Store: f.store}
+	eng, err := idempotency.New(cc, idempotency.Config{Hooks: consumer.Hooks{f.oc, f.calls}, StoreTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	dedup, err := eng.Processor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &batchRecorder{}
+	p := dedup("orders", rec.handler(t))
+	ctx := context.Background()
+
+	// "a" twice in one fetch: Prepare claims it for its first delivery
+	// only, and the second is a duplicate once the first completed.
+	ds := batchDeliveries("a", "b", "a", "c", "d")
+	p.Prepare(ctx, asDeliveries(ds))
+	p.ProcessBatch(ctx, asDeliveries(ds))
+
+	want := [][]string{{"a", "b", "c", "d"}}
+	if got := rec.calls; !slices.EqualFunc(got, want, slices.Equal[[]string]) {
+		t.Fatalf("handler calls %v, want %v: the repeated key waits for the batch that owns it, and the batch is not cut", got, want)
+	}
+	if got := cc.get(); !slices.EqualFunc(got, want, slices.Equal[[]string]) {
+		t.Fatalf("Complete calls %v, want %v", got, want)
+	}
+	for _, d := range ds {
+		d.ExpectAcked(t)
+	}
+	if got := f.oc.get(consumer.OutcomeDuplicate); got != 1 {
+		t.Fatalf("%d duplicates, want 1 (the second a)", got)
+	}
+	if got := f.oc.get(consumer.OutcomeProcessed); got != 4 {
+		t.Fatalf("%d processed, want 4", got)
+	}
+}
+
+func TestProcessBatchKeyInFlightAtPrepareAndDoneBeforeItsRunDoesNotCut(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	rec := &batchRecorder{}
+	p := f.processor(t, rec.handler(t))
+	ctx := context.Background()
+
+	// The dispatcher prepares the next fetch while the lane runs the
+	// previous one: "a" of the second fetch is claimed while the first
+	// fetch's "a" still holds it, and that one has completed by the time
+	// the second fetch runs.
+	first := batchDeliveries("a", "b")
+	second := batchDeliveries("c", "a", "d")
+	p.Prepare(ctx, asDeliveries(first))
+	p.Prepare(ctx, asDeliveries(second))
+	p.ProcessBatch(ctx, asDeliveries(first))
+	p.ProcessBatch(ctx, asDeliveries(second))
+
+	want := [][]string{{"a", "b"}, {"c", "d"}}
+	if got := rec.calls; !slices.EqualFunc(got, want, slices.Equal[[]string]) {
+		t.Fatalf("handler calls %v, want %v: a key found in flight by the batch claim and done by its run is a duplicate, not a cut", got, want)
+	}
+	for _, d := range append(first, second...) {
+		d.ExpectAcked(t)
+	}
+	if got := f.oc.get(consumer.OutcomeDuplicate); got != 1 {
+		t.Fatalf("%d duplicates, want 1 (the second fetch's a)", got)
+	}
+}
+
+func TestProcessBatchRepeatedKeyRunsAfterTheBatchWhenItsOwnerFailed(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	fail := errors.New("downstream hiccup")
+	rec := &batchRecorder{fail: map[string]error{"a": fail}}
+	p := f.processor(t, rec.handler(t))
+	ctx := context.Background()
+
+	ds := batchDeliveries("a", "b", "a", "c")
+	p.Prepare(ctx, asDeliveries(ds))
+	p.ProcessBatch(ctx, asDeliveries(ds))
+
+	// The first "a" failed and released its claim; the second then claims
+	// the key and runs on its own after the batch, never before a message
+	// ahead of it. "c" went with the batch, as it does when the batch's "a"
+	// fails and no second "a" follows.
+	want := [][]string{{"a", "b", "c"}, {"a"}}
+	if got := rec.calls; !slices.EqualFunc(got, want, slices.Equal[[]string]) {
+		t.Fatalf("handler calls %v, want %v", got, want)
+	}
+	ds[0].ExpectNakked(t)
+	ds[2].ExpectNakked(t)
+	ds[1].ExpectAcked(t)
+	ds[3].ExpectAcked(t)
+}
