@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -122,7 +123,7 @@ func TestForwardKafkaHeadersWithClaim(t *testing.T) {
 	}
 }
 
-// syncOnly hides PublishMsgAsync: ForwardNATS then publishes one message
+// syncOnly hides the NATSJetStream: ForwardNATS then publishes one message
 // after another.
 type syncOnly struct{ js jetstream.JetStream }
 
@@ -132,20 +133,20 @@ func (s syncOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream
 
 func TestForwardNATSHeadersWithClaim(t *testing.T) {
 	t.Run("async", func(t *testing.T) {
-		testForwardNATSHeaders(t, func(js jetstream.JetStream) NATSPublisher { return js })
+		testForwardNATSHeaders(t, func(js *NATSJetStream) NATSPublisher { return js })
 	})
 	t.Run("sync", func(t *testing.T) {
-		testForwardNATSHeaders(t, func(js jetstream.JetStream) NATSPublisher { return syncOnly{js} })
+		testForwardNATSHeaders(t, func(js *NATSJetStream) NATSPublisher { return syncOnly{js} })
 	})
 }
 
-func testForwardNATSHeaders(t *testing.T, publisher func(jetstream.JetStream) NATSPublisher) {
+func testForwardNATSHeaders(t *testing.T, publisher func(*NATSJetStream) NATSPublisher) {
 	nc, err := nats.Connect(testenv.NATS(t), nats.Timeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err := NewNATSJetStream(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,43 +244,42 @@ func TestNATSOutgoingLeavesTheIncomingHeaders(t *testing.T) {
 	}
 }
 
-// fakeFuture is a PubAckFuture whose answer the test sends.
-type fakeFuture struct {
-	msg *nats.Msg
-	ok  chan *jetstream.PubAck
-	err chan error
+// fakeJS is a jetstream.JetStream of which ForwardNATS's runs call only
+// PublishMsgAsync: it hands each message to the test, which answers it
+// through the NATSJetStream's handlers as jetstream would, and fails the
+// publishes whose payload is failByte.
+type fakeJS struct {
+	jetstream.JetStream
+	sent chan *nats.Msg
 }
 
-func (f *fakeFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
-func (f *fakeFuture) Err() <-chan error            { return f.err }
-func (f *fakeFuture) Msg() *nats.Msg               { return f.msg }
+const failByte = 0xff
 
-// fakeAsync hands each async publish's future to the test, which answers
-// it.
-type fakeAsync struct {
-	syncOnly
-	sent chan *fakeFuture
-}
-
-func (a *fakeAsync) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+func (f *fakeJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
 	if len(opts) > 0 {
 		return nil, fmt.Errorf("unexpected publish options")
 	}
-	f := &fakeFuture{msg: m, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	a.sent <- f
-	return f, nil
+	if len(m.Data) == 1 && m.Data[0] == failByte {
+		return nil, nats.ErrConnectionClosed
+	}
+	f.sent <- m
+	return nil, nil
 }
 
 // TestForwardNATSWaitsForEveryPubAck checks that each message of a run gets
-// its own future's answer whatever order the answers come in: a PubAck, an
-// error, or none before the context's deadline.
+// its own answer whatever order the answers come in: a PubAck, an error, a
+// publish that failed at once, or none before the context's deadline; that
+// an answer after the run returned is not written into its results; and
+// that the run leaves none of its messages registered.
 func TestForwardNATSWaitsForEveryPubAck(t *testing.T) {
-	ms := make([]*consumer.Message, 4)
+	ms := make([]*consumer.Message, 5)
 	for i := range ms {
 		ms[i] = &consumer.Message{Payload: []byte{byte(i)}}
 	}
-	pub := &fakeAsync{sent: make(chan *fakeFuture, len(ms))}
-	fwd := ForwardNATS("relay", pub, "out", nil)
+	ms[4].Payload = []byte{failByte}
+	fake := &fakeJS{sent: make(chan *nats.Msg, len(ms))}
+	acks := &pubAcks{pending: map[*nats.Msg]pubSlot{}}
+	fwd := ForwardNATS("relay", &NATSJetStream{JetStream: fake, acks: acks}, "out", nil)
 	results := make([]consumer.Result, len(ms))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -288,38 +288,45 @@ func TestForwardNATSWaitsForEveryPubAck(t *testing.T) {
 		defer close(done)
 		fwd(ctx, ms, results)
 	}()
-	futures := make([]*fakeFuture, len(ms))
-	for i := range futures {
+	sent := make([]*nats.Msg, 4)
+	for i := range sent {
 		select {
-		case futures[i] = <-pub.sent:
+		case sent[i] = <-fake.sent:
 		case <-done:
 			t.Fatalf("the run returned after %d of %d publishes, before their PubAcks", i, len(ms))
 		}
 	}
 	// The answers, in an order other than the publishes': message 3 never
 	// gets one.
-	futures[1].err <- fmt.Errorf("stream full")
-	futures[0].ok <- &jetstream.PubAck{Stream: "OUT", Sequence: 7}
-	futures[2].ok <- &jetstream.PubAck{Stream: "OUT", Sequence: 8}
+	acks.failed(nil, sent[1], fmt.Errorf("stream full"))
+	acks.acked(nil, sent[0], &jetstream.PubAck{Stream: "OUT", Sequence: 7})
+	acks.acked(nil, sent[2], &jetstream.PubAck{Stream: "OUT", Sequence: 8})
 	<-done
+	acks.acked(nil, sent[3], &jetstream.PubAck{Stream: "OUT", Sequence: 9})
 	if string(results[0].Value) != "OUT:7" || results[0].Err != nil {
 		t.Errorf("message 0: %q %v, want OUT:7", results[0].Value, results[0].Err)
 	}
 	if results[1].Err == nil || !strings.Contains(results[1].Err.Error(), "stream full") {
-		t.Errorf("message 1: %v, want its future's error", results[1].Err)
+		t.Errorf("message 1: %v, want its own error", results[1].Err)
 	}
 	if string(results[2].Value) != "OUT:8" || results[2].Err != nil {
 		t.Errorf("message 2: %q %v, want OUT:8", results[2].Value, results[2].Err)
 	}
-	if results[3].Err == nil || !strings.Contains(results[3].Err.Error(), "no PubAck") {
-		t.Errorf("message 3: %v, want no PubAck by the deadline", results[3].Err)
+	if results[3].Err == nil || !strings.Contains(results[3].Err.Error(), "no PubAck") || results[3].Value != nil {
+		t.Errorf("message 3: %q %v, want no PubAck by the deadline, and not the PubAck that came after the run", results[3].Value, results[3].Err)
 	}
-	for i, f := range futures {
-		if got := f.msg.Header.Get(nats.MsgIdHdr); got != "" {
+	if !errors.Is(results[4].Err, nats.ErrConnectionClosed) {
+		t.Errorf("message 4: %v, want its publish's own error", results[4].Err)
+	}
+	if n := len(acks.pending); n != 0 {
+		t.Errorf("%d messages still registered after the run", n)
+	}
+	for i, m := range sent {
+		if got := m.Header.Get(nats.MsgIdHdr); got != "" {
 			t.Errorf("message %d: Nats-Msg-Id %q without a claim", i, got)
 		}
-		if f.msg.Subject != "out" || len(f.msg.Data) != 1 || f.msg.Data[0] != byte(i) {
-			t.Errorf("message %d published as %q %v", i, f.msg.Subject, f.msg.Data)
+		if m.Subject != "out" || len(m.Data) != 1 || m.Data[0] != byte(i) {
+			t.Errorf("message %d published as %q %v", i, m.Subject, m.Data)
 		}
 	}
 }

@@ -1,0 +1,252 @@
+package actions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+)
+
+// errCodeStoreFailed is the JetStream error code of a message the stream
+// did not store, here because it holds MaxMsgs already under DiscardNew
+// ("maximum messages exceeded"); jetstream has no name for it.
+const errCodeStoreFailed jetstream.ErrorCode = 10077
+
+// natsRun runs ForwardNATS through js on n messages whose payloads are
+// "m0", "m1", ... in a goroutine, and returns their results on the channel
+// once the run returns.
+func natsRun(ctx context.Context, js NATSPublisher, subject string, n int) <-chan []consumer.Result {
+	ms := make([]*consumer.Message, n)
+	for i := range ms {
+		ms[i] = &consumer.Message{Payload: fmt.Appendf(nil, "m%d", i)}
+	}
+	fwd := ForwardNATS("relay", js, subject, nil)
+	out := make(chan []consumer.Result, 1)
+	go func() {
+		results := make([]consumer.Result, n)
+		fwd(ctx, ms, results)
+		out <- results
+	}()
+	return out
+}
+
+// natsJetStream connects to url and makes a NATSJetStream on the
+// connection, which is closed when the test ends.
+func natsJetStream(t *testing.T, url string, opts ...nats.Option) *NATSJetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(2 * time.Second)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := NewNATSJetStream(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// A run the stream refuses in part (MaxMsgs with DiscardNew) reports the
+// stored messages with their own sequences and exactly the refused ones as
+// failed; a run to a subject no stream captures fails every message.
+func TestForwardNATSPartlyRefusedRun(t *testing.T) {
+	for _, srv := range testenv.NATSServers() {
+		t.Run(srv.Name, func(t *testing.T) {
+			js := natsJetStream(t, srv.URL(t))
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			name := "ACTFULL" + strings.ToUpper(randomSuffix(t))
+			subject := "actfull." + name
+			stream, err := js.CreateStream(ctx, jetstream.StreamConfig{
+				Name: name, Subjects: []string{subject}, Storage: jetstream.MemoryStorage,
+				MaxMsgs: 3, Discard: jetstream.DiscardNew,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = js.DeleteStream(context.Background(), name) })
+
+			results := <-natsRun(ctx, js, subject, 5)
+			for i, r := range results[:3] {
+				if want := fmt.Sprintf("%s:%d", name, i+1); r.Err != nil || string(r.Value) != want {
+					t.Errorf("message %d: %q %v, want %s", i, r.Value, r.Err, want)
+					continue
+				}
+				raw, err := stream.GetMsg(ctx, uint64(i+1))
+				if err != nil {
+					t.Fatalf("stream message %d: %v", i+1, err)
+				}
+				if want := fmt.Sprintf("m%d", i); string(raw.Data) != want {
+					t.Errorf("message %d's result names sequence %d, which holds %q, not %q", i, i+1, raw.Data, want)
+				}
+			}
+			for i, r := range results[3:] {
+				var apiErr *jetstream.APIError
+				if !errors.As(r.Err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed {
+					t.Errorf("message %d: %q %v, want the stream's maximum messages exceeded", i+3, r.Value, r.Err)
+				}
+			}
+
+			for i, r := range <-natsRun(ctx, js, "actnostream."+name, 3) {
+				if !errors.Is(r.Err, jetstream.ErrNoStreamResponse) {
+					t.Errorf("message %d to a subject without a stream: %q %v, want %v", i, r.Value, r.Err, jetstream.ErrNoStreamResponse)
+				}
+			}
+		})
+	}
+}
+
+// answerer plays a stream on a core subject of a real server: it hands the
+// test every message published to the subject, and the test answers each
+// with a PubAck or an error of its choice, when it chooses.
+type answerer struct {
+	t   *testing.T
+	got chan *nats.Msg
+}
+
+func newAnswerer(t *testing.T, url, subject string) *answerer {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	a := &answerer{t: t, got: make(chan *nats.Msg, 64)}
+	if _, err := nc.ChanSubscribe(subject, a.got); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// take returns the next n published messages, in publish order.
+func (a *answerer) take(n int) []*nats.Msg {
+	a.t.Helper()
+	ms := make([]*nats.Msg, n)
+	for i := range ms {
+		select {
+		case ms[i] = <-a.got:
+		case <-time.After(10 * time.Second):
+			a.t.Fatalf("%d of %d messages published within 10s", i, n)
+		}
+	}
+	return ms
+}
+
+func (a *answerer) ack(m *nats.Msg, seq uint64) {
+	a.t.Helper()
+	if err := m.Respond(fmt.Appendf(nil, `{"stream":"FAKE","seq":%d}`, seq)); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+func (a *answerer) refuse(m *nats.Msg) {
+	a.t.Helper()
+	if err := m.Respond([]byte(`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}`)); err != nil {
+		a.t.Fatal(err)
+	}
+}
+
+// Each message of a run is reported with its own PubAck, answered in any
+// order, and the run is not reported before the last PubAck is in.
+func TestForwardNATSReportsEachMessageAfterItsPubAck(t *testing.T) {
+	url := testenv.NATS(t)
+	subject := "actfake." + randomSuffix(t)
+	a := newAnswerer(t, url, subject)
+	js := natsJetStream(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 6
+	run := natsRun(ctx, js, subject, n)
+	ms := a.take(n)
+	// Answered last first; message 2 is refused; message 0 waits.
+	for i := n - 1; i > 0; i-- {
+		if i == 2 {
+			a.refuse(ms[i])
+		} else {
+			a.ack(ms[i], uint64(100+i))
+		}
+	}
+	// Every other answer is in when jetstream has one publish pending.
+	testenv.Eventually(t, 10*time.Second, "jetstream has every answer but message 0's", func() bool { return js.PublishAsyncPending() == 1 })
+	select {
+	case results := <-run:
+		t.Fatalf("the run was reported before message 0's PubAck: %v", results)
+	default:
+	}
+	a.ack(ms[0], 100)
+	results := <-run
+	for i, r := range results {
+		if string(ms[i].Data) != fmt.Sprintf("m%d", i) {
+			t.Fatalf("publish %d carries %q", i, ms[i].Data)
+		}
+		if i == 2 {
+			var apiErr *jetstream.APIError
+			if !errors.As(r.Err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed {
+				t.Errorf("message 2: %q %v, want its refusal", r.Value, r.Err)
+			}
+			continue
+		}
+		if want := fmt.Sprintf("FAKE:%d", 100+i); r.Err != nil || string(r.Value) != want {
+			t.Errorf("message %d: %q %v, want %s", i, r.Value, r.Err, want)
+		}
+	}
+}
+
+// A connection lost while a run waits fails exactly the messages whose
+// PubAck had not come, with nats.ErrDisconnected, without waiting for the
+// run's deadline.
+func TestForwardNATSConnectionLossFailsTheUnacked(t *testing.T) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Shutdown)
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server not ready after 10s")
+	}
+	subject := "actlost." + randomSuffix(t)
+	a := newAnswerer(t, s.ClientURL(), subject)
+	js := natsJetStream(t, s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const n = 4
+	run := natsRun(ctx, js, subject, n)
+	ms := a.take(n)
+	a.ack(ms[1], 11)
+	a.ack(ms[3], 13)
+	testenv.Eventually(t, 10*time.Second, "jetstream has the two answers", func() bool { return js.PublishAsyncPending() == 2 })
+	start := time.Now()
+	s.Shutdown()
+	var results []consumer.Result
+	select {
+	case results = <-run:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run still waits 10s after its connection was lost")
+	}
+	for i, r := range results {
+		switch i {
+		case 1, 3:
+			if want := fmt.Sprintf("FAKE:%d", 10+i); r.Err != nil || string(r.Value) != want {
+				t.Errorf("message %d: %q %v, want %s", i, r.Value, r.Err, want)
+			}
+		default:
+			if !errors.Is(r.Err, nats.ErrDisconnected) {
+				t.Errorf("message %d: %q %v, want %v", i, r.Value, r.Err, nats.ErrDisconnected)
+			}
+		}
+	}
+	t.Logf("the run ended %v after the server's shutdown", time.Since(start))
+}
