@@ -188,7 +188,7 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 				continue
 			}
-			results[i].Value = res.add(ack)
+			results[i].Value = res.add(ack.Stream, ack.Sequence)
 		}
 	}
 }
@@ -253,17 +253,17 @@ type resultBlock struct {
 	left int
 }
 
-// add returns ack's result, "<stream>:<sequence>", and counts it off.
-func (r *resultBlock) add(ack *jetstream.PubAck) []byte {
-	need := len(ack.Stream) + 1 + 20 // 20: the digits of the largest uint64
+// add returns a PubAck's result, "<stream>:<sequence>", and counts it off.
+func (r *resultBlock) add(stream string, seq uint64) []byte {
+	need := len(stream) + 1 + 20 // 20: the digits of the largest uint64
 	if cap(r.b)-len(r.b) < need {
 		// Room for every result still to come of this stream.
 		r.b = make([]byte, 0, need*max(r.left, 1))
 	}
 	r.left--
 	start := len(r.b)
-	r.b = append(r.b, ack.Stream...)
+	r.b = append(r.b, stream...)
 	r.b = append(r.b, ':')
-	r.b = strconv.AppendUint(r.b, ack.Sequence, 10)
+	r.b = strconv.AppendUint(r.b, seq, 10)
 	return r.b[start:len(r.b):len(r.b)]
 }

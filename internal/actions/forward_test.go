@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -244,93 +243,6 @@ func TestNATSOutgoingLeavesTheIncomingHeaders(t *testing.T) {
 	}
 }
 
-// fakeJS is a jetstream.JetStream of which ForwardNATS's runs call only
-// PublishMsgAsync: it hands each message to the test, which answers it
-// through the NATSJetStream's handlers as jetstream would, and fails the
-// publishes whose payload is failByte.
-type fakeJS struct {
-	jetstream.JetStream
-	sent chan *nats.Msg
-}
-
-const failByte = 0xff
-
-func (f *fakeJS) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
-	if len(opts) > 0 {
-		return nil, fmt.Errorf("unexpected publish options")
-	}
-	if len(m.Data) == 1 && m.Data[0] == failByte {
-		return nil, nats.ErrConnectionClosed
-	}
-	f.sent <- m
-	return nil, nil
-}
-
-// TestForwardNATSWaitsForEveryPubAck checks that each message of a run gets
-// its own answer whatever order the answers come in: a PubAck, an error, a
-// publish that failed at once, or none before the context's deadline; that
-// an answer after the run returned is not written into its results; and
-// that the run leaves none of its messages registered.
-func TestForwardNATSWaitsForEveryPubAck(t *testing.T) {
-	ms := make([]*consumer.Message, 5)
-	for i := range ms {
-		ms[i] = &consumer.Message{Payload: []byte{byte(i)}}
-	}
-	ms[4].Payload = []byte{failByte}
-	fake := &fakeJS{sent: make(chan *nats.Msg, len(ms))}
-	acks := &pubAcks{pending: map[*nats.Msg]pubSlot{}}
-	fwd := ForwardNATS("relay", &NATSJetStream{JetStream: fake, acks: acks}, "out", nil)
-	results := make([]consumer.Result, len(ms))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fwd(ctx, ms, results)
-	}()
-	sent := make([]*nats.Msg, 4)
-	for i := range sent {
-		select {
-		case sent[i] = <-fake.sent:
-		case <-done:
-			t.Fatalf("the run returned after %d of %d publishes, before their PubAcks", i, len(ms))
-		}
-	}
-	// The answers, in an order other than the publishes': message 3 never
-	// gets one.
-	acks.failed(nil, sent[1], fmt.Errorf("stream full"))
-	acks.acked(nil, sent[0], &jetstream.PubAck{Stream: "OUT", Sequence: 7})
-	acks.acked(nil, sent[2], &jetstream.PubAck{Stream: "OUT", Sequence: 8})
-	<-done
-	acks.acked(nil, sent[3], &jetstream.PubAck{Stream: "OUT", Sequence: 9})
-	if string(results[0].Value) != "OUT:7" || results[0].Err != nil {
-		t.Errorf("message 0: %q %v, want OUT:7", results[0].Value, results[0].Err)
-	}
-	if results[1].Err == nil || !strings.Contains(results[1].Err.Error(), "stream full") {
-		t.Errorf("message 1: %v, want its own error", results[1].Err)
-	}
-	if string(results[2].Value) != "OUT:8" || results[2].Err != nil {
-		t.Errorf("message 2: %q %v, want OUT:8", results[2].Value, results[2].Err)
-	}
-	if results[3].Err == nil || !strings.Contains(results[3].Err.Error(), "no PubAck") || results[3].Value != nil {
-		t.Errorf("message 3: %q %v, want no PubAck by the deadline, and not the PubAck that came after the run", results[3].Value, results[3].Err)
-	}
-	if !errors.Is(results[4].Err, nats.ErrConnectionClosed) {
-		t.Errorf("message 4: %v, want its publish's own error", results[4].Err)
-	}
-	if n := len(acks.pending); n != 0 {
-		t.Errorf("%d messages still registered after the run", n)
-	}
-	for i, m := range sent {
-		if got := m.Header.Get(nats.MsgIdHdr); got != "" {
-			t.Errorf("message %d: Nats-Msg-Id %q without a claim", i, got)
-		}
-		if m.Subject != "out" || len(m.Data) != 1 || m.Data[0] != byte(i) {
-			t.Errorf("message %d published as %q %v", i, m.Subject, m.Data)
-		}
-	}
-}
-
 // resultBlock's results are "<stream>:<sequence>" each, correct when a
 // later ack's stream name no longer fits the block (a new one is made), and
 // clipped: appending to one leaves the next as it was.
@@ -344,7 +256,7 @@ func TestResultBlock(t *testing.T) {
 	want := []string{"OUT:1", "OUT:18446744073709551615", "A-MUCH-LONGER-STREAM-NAME-THAN-THE-BLOCK-HAS-ROOM-FOR:3"}
 	got := make([][]byte, len(acks))
 	for i, a := range acks {
-		got[i] = r.add(a)
+		got[i] = r.add(a.Stream, a.Sequence)
 	}
 	r.left-- // the fourth message failed
 	if r.left != 0 {
@@ -362,7 +274,7 @@ func TestResultBlock(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() {
 		r := resultBlock{left: 64}
 		for range 64 {
-			_ = r.add(acks[0])
+			_ = r.add(acks[0].Stream, acks[0].Sequence)
 		}
 	}); n != 1 {
 		t.Errorf("%v allocations for a run of 64 results of one stream, want 1", n)

@@ -1,8 +1,12 @@
 package actions
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,120 +21,289 @@ import (
 // synchronous JetStream publish.
 const publishAckTimeout = 5 * time.Second
 
-// NATSJetStream is a jetstream.JetStream whose asynchronous publishes answer
-// the ForwardNATS runs that wait for them, without a jetstream.PubAckFuture
-// per message. jetstream calls the context's ack and error handlers with the
-// *nats.Msg that was published; a run registers each of its messages before
-// publishing it and is answered by those handlers, so it waits on one
-// channel for the whole run instead of on two per message (a future's Ok
-// and Err channels are each made when first asked for). Every error
-// jetstream reports for an async publish reaches the handler: an error
-// PubAck, no responders after its retries, the context's
-// WithPublishAsyncTimeout, a reconnect (nats.ErrDisconnected for every
-// message then pending) and CleanupPublisher.
+// The no-responders retries of an async publish, as jetstream makes them
+// (jetstream.DefaultPubRetryAttempts after jetstream.DefaultPubRetryWait):
+// a stream whose leader is being elected has no responder for a moment.
+const (
+	pubRetryAttempts = jetstream.DefaultPubRetryAttempts
+	pubRetryWait     = jetstream.DefaultPubRetryWait
+)
+
+// NATSJetStream is a jetstream.JetStream that also publishes ForwardNATS's
+// runs asynchronously itself, on the connection's core API, and answers
+// them without a jetstream.PubAckFuture per message: a run registers its
+// messages under reply subjects of one subscription of its own, waits on
+// one channel for the whole run, and reads each PubAck with a parser for
+// the forms nats-server writes ({"stream":S,"seq":N}, with "domain" and
+// "duplicate"), falling back to encoding/json for anything else, errors
+// included. What jetstream's async publish guarantees holds here too:
+//   - a no-responders answer is retried pubRetryAttempts times after
+//     pubRetryWait, then fails with jetstream.ErrNoStreamResponse;
+//   - an error PubAck fails its message with the *jetstream.APIError;
+//   - the connection's RECONNECTING fails every message then waiting with
+//     nats.ErrDisconnected, and CLOSED with nats.ErrConnectionClosed (an
+//     answer that comes later is dropped);
+//   - a message whose publish fails at once fails with that error.
 //
-// Other async publishes on the context (with futures) work as on any
-// jetstream.JetStream; the handlers ignore the messages no run registered.
+// The goroutine that watches the connection's status ends when the
+// connection closes.
 type NATSJetStream struct {
 	jetstream.JetStream
-	acks *pubAcks
+	nc     *nats.Conn
+	prefix string // reply subjects: prefix + id in base 36
+
+	mu      sync.Mutex
+	pending map[uint64]pubSlot // the registered messages by reply id
+	next    uint64             // the next reply id
+	stream  string             // the last PubAck's stream name, reused while it repeats
 }
 
 // NewNATSJetStream makes a JetStream context on nc as jetstream.New does,
-// with opts, and with its async ack and error handlers set to answer
-// ForwardNATS's runs: a WithPublishAsyncAckHandler or
-// WithPublishAsyncErrHandler in opts is replaced.
+// with opts, subscribes to the reply subjects of its runs' publishes, and
+// watches nc's status for disconnects.
 func NewNATSJetStream(nc *nats.Conn, opts ...jetstream.JetStreamOpt) (*NATSJetStream, error) {
-	a := &pubAcks{pending: map[*nats.Msg]pubSlot{}}
-	all := make([]jetstream.JetStreamOpt, 0, len(opts)+2)
-	all = append(all, opts...)
-	all = append(all, jetstream.WithPublishAsyncAckHandler(a.acked), jetstream.WithPublishAsyncErrHandler(a.failed))
-	js, err := jetstream.New(nc, all...)
+	js, err := jetstream.New(nc, opts...)
 	if err != nil {
 		return nil, err
 	}
-	return &NATSJetStream{JetStream: js, acks: a}, nil
+	n := &NATSJetStream{JetStream: js, nc: nc, prefix: nc.NewInbox() + ".", pending: map[uint64]pubSlot{}}
+	// The status listener first: a disconnect after the subscription is
+	// made fails what waits.
+	status := nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
+	if _, err := nc.Subscribe(n.prefix+"*", n.reply); err != nil {
+		nc.RemoveStatusListener(status)
+		return nil, fmt.Errorf("nats: subscribing to the PubAcks of forward.nats: %w", err)
+	}
+	go n.failOnDisconnect(status)
+	return n, nil
 }
 
-// pubAcks routes the answers of a JetStream context's async publishes to
-// the runs that registered their messages. A run's message is registered
-// from before its publish until its answer or the end of the run's wait,
-// whichever is first; an answer for a message not registered (a later
-// answer, or another publisher's message) is dropped.
-type pubAcks struct {
-	mu      sync.Mutex
-	pending map[*nats.Msg]pubSlot
-}
-
-// pubSlot is where a registered message's answer goes: its index in run.
+// pubSlot is where a registered message's answer goes: its index in run,
+// and how many no-responders answers it was republished after.
 type pubSlot struct {
-	run *pubRun
-	i   int
+	run     *pubRun
+	i       int
+	retries int
 }
 
 // pubRun is one ForwardNATS run's wait for its answers. answers and left
-// are guarded by pubAcks.mu until done is closed or the run's messages are
-// unregistered (pubAcks.drop); the run reads answers only after that.
+// are guarded by NATSJetStream.mu until done is closed or the run's
+// messages are unregistered (drop); the run reads answers only after that.
 type pubRun struct {
+	msgs    []nats.Msg
+	base    uint64 // msgs[i]'s reply id is base+i
 	answers []pubAnswer
 	left    int           // registered messages still unanswered
 	done    chan struct{} // closed when left reaches 0
 }
 
-// pubAnswer is a message's PubAck or its error; neither means no answer.
+// pubAnswer is a message's PubAck (its stream, with seq) or its error;
+// neither means no answer.
 type pubAnswer struct {
-	ack *jetstream.PubAck
-	err error
+	stream string
+	seq    uint64
+	err    error
 }
 
-// register records msgs as run's messages, each unanswered.
-func (a *pubAcks) register(run *pubRun, msgs []nats.Msg) {
-	a.mu.Lock()
-	for i := range msgs {
-		a.pending[&msgs[i]] = pubSlot{run: run, i: i}
+// register gives msgs their reply ids and reply subjects and records them
+// as run's, each unanswered.
+func (js *NATSJetStream) register(run *pubRun) {
+	n := len(run.msgs)
+	js.mu.Lock()
+	run.base = js.next
+	js.next += uint64(n)
+	for i := range n {
+		js.pending[run.base+uint64(i)] = pubSlot{run: run, i: i}
 	}
-	run.left = len(msgs)
-	a.mu.Unlock()
-}
-
-// answer gives m's run its answer, once: it unregisters m.
-func (a *pubAcks) answer(m *nats.Msg, ans pubAnswer) {
-	a.mu.Lock()
-	if s, ok := a.pending[m]; ok {
-		delete(a.pending, m)
-		s.run.answers[s.i] = ans
-		s.run.left--
-		if s.run.left == 0 {
-			close(s.run.done)
-		}
+	run.left = n
+	js.mu.Unlock()
+	// The run's reply subjects share one string.
+	var b strings.Builder
+	b.Grow(n * (len(js.prefix) + 13)) // 13: the base-36 digits of the largest uint64
+	ends := make([]int, n)
+	for i := range n {
+		b.WriteString(js.prefix)
+		var digits [13]byte
+		b.Write(strconv.AppendUint(digits[:0], run.base+uint64(i), 36))
+		ends[i] = b.Len()
 	}
-	a.mu.Unlock()
+	all, start := b.String(), 0
+	for i := range n {
+		run.msgs[i].Reply = all[start:ends[i]]
+		start = ends[i]
+	}
 }
 
-// acked is the context's MsgAckHandler. jetstream calls it on the goroutine
-// that reads PubAcks: it takes only a.mu, which is never held while calling
-// into jetstream.
-func (a *pubAcks) acked(_ jetstream.JetStream, m *nats.Msg, ack *jetstream.PubAck) {
-	a.answer(m, pubAnswer{ack: ack})
+// answerLocked gives message id its answer, once: it unregisters the
+// message. js.mu is held.
+func (js *NATSJetStream) answerLocked(id uint64, ans pubAnswer) {
+	s, ok := js.pending[id]
+	if !ok {
+		return
+	}
+	delete(js.pending, id)
+	s.run.answers[s.i] = ans
+	s.run.left--
+	if s.run.left == 0 {
+		close(s.run.done)
+	}
 }
 
-// failed is the context's MsgErrHandler. jetstream may call it with its own
-// publisher lock held (an ack timeout), so it too takes only a.mu.
-func (a *pubAcks) failed(_ jetstream.JetStream, m *nats.Msg, err error) {
-	a.answer(m, pubAnswer{err: err})
+func (js *NATSJetStream) answer(id uint64, ans pubAnswer) {
+	js.mu.Lock()
+	js.answerLocked(id, ans)
+	js.mu.Unlock()
 }
 
 // drop unregisters the messages of run still unanswered: answers that come
 // later are not run's.
-func (a *pubAcks) drop(run *pubRun, msgs []nats.Msg) {
-	a.mu.Lock()
+func (js *NATSJetStream) drop(run *pubRun) {
+	js.mu.Lock()
 	if run.left > 0 {
-		for i := range msgs {
-			delete(a.pending, &msgs[i]) // run's own: msgs is its array
+		for i := range run.msgs {
+			delete(js.pending, run.base+uint64(i))
 		}
 		run.left = 0
 	}
-	a.mu.Unlock()
+	js.mu.Unlock()
+}
+
+// reply is the handler of the reply subscription: a PubAck, an error
+// PubAck, or a no-responders status for one registered message.
+func (js *NATSJetStream) reply(m *nats.Msg) {
+	if len(m.Subject) <= len(js.prefix) {
+		return
+	}
+	id, err := strconv.ParseUint(m.Subject[len(js.prefix):], 36, 64)
+	if err != nil {
+		return
+	}
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		js.noResponders(id)
+		return
+	}
+	stream, seq, ok := fastPubAck(m.Data)
+	if !ok {
+		js.answer(id, decodePubAck(m.Data))
+		return
+	}
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	if string(stream) != js.stream {
+		js.stream = string(stream)
+	}
+	js.answerLocked(id, pubAnswer{stream: js.stream, seq: seq})
+}
+
+// noResponders republishes message id after pubRetryWait, or fails it with
+// jetstream.ErrNoStreamResponse once it was retried pubRetryAttempts times.
+// The timer publishes only if the message is still registered then.
+func (js *NATSJetStream) noResponders(id uint64) {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	s, ok := js.pending[id]
+	if !ok {
+		return
+	}
+	if s.retries >= pubRetryAttempts {
+		js.answerLocked(id, pubAnswer{err: jetstream.ErrNoStreamResponse})
+		return
+	}
+	s.retries++
+	js.pending[id] = s
+	time.AfterFunc(pubRetryWait, func() {
+		js.mu.Lock()
+		_, ok := js.pending[id]
+		js.mu.Unlock()
+		if !ok {
+			return
+		}
+		if err := js.nc.PublishMsg(&s.run.msgs[s.i]); err != nil {
+			js.answer(id, pubAnswer{err: err})
+		}
+	})
+}
+
+// failOnDisconnect fails every registered message when the connection
+// starts reconnecting (its subscription's answers may be lost) or closes,
+// until it closes.
+func (js *NATSJetStream) failOnDisconnect(status chan nats.Status) {
+	for st := range status {
+		err := nats.ErrDisconnected
+		if st == nats.CLOSED {
+			err = nats.ErrConnectionClosed
+		}
+		js.mu.Lock()
+		for id := range js.pending {
+			js.answerLocked(id, pubAnswer{err: err})
+		}
+		js.mu.Unlock()
+		if st == nats.CLOSED {
+			js.nc.RemoveStatusListener(status)
+			return
+		}
+	}
+}
+
+// fastPubAck reads the PubAck nats-server writes for a stored message:
+// {"stream":S,"seq":N} or {"stream":S,"domain":D,"seq":N}, either with
+// ,"duplicate": true (or without the space) before the brace. ok is false
+// for anything else, and for a name with an escape in it.
+func fastPubAck(data []byte) (stream []byte, seq uint64, ok bool) {
+	rest, ok := bytes.CutPrefix(data, []byte(`{"stream":"`))
+	if !ok {
+		return nil, 0, false
+	}
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 || bytes.IndexByte(rest[:end], '\\') >= 0 {
+		return nil, 0, false
+	}
+	stream, rest = rest[:end], rest[end+1:]
+	if r, ok := bytes.CutPrefix(rest, []byte(`,"domain":"`)); ok {
+		end := bytes.IndexByte(r, '"')
+		if end < 0 || bytes.IndexByte(r[:end], '\\') >= 0 {
+			return nil, 0, false
+		}
+		rest = r[end+1:]
+	}
+	if rest, ok = bytes.CutPrefix(rest, []byte(`,"seq":`)); !ok {
+		return nil, 0, false
+	}
+	n := 0
+	for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+		n++
+	}
+	seq, err := strconv.ParseUint(string(rest[:n]), 10, 64)
+	if err != nil {
+		return nil, 0, false
+	}
+	switch string(rest[n:]) {
+	case `}`, `,"duplicate": true}`, `,"duplicate":true}`:
+		return stream, seq, len(stream) > 0
+	}
+	return nil, 0, false
+}
+
+// pubAckReply is a PubAck or the error JetStream answered instead, as
+// jetstream decodes it.
+type pubAckReply struct {
+	Error *jetstream.APIError `json:"error,omitempty"`
+	*jetstream.PubAck
+}
+
+// decodePubAck is a PubAck's answer decoded with encoding/json, with the
+// errors jetstream's async publish reports for it.
+func decodePubAck(data []byte) pubAnswer {
+	var r pubAckReply
+	switch {
+	case json.Unmarshal(data, &r) != nil:
+		return pubAnswer{err: jetstream.ErrInvalidJSAck}
+	case r.Error != nil:
+		return pubAnswer{err: r.Error}
+	case r.PubAck == nil || r.Stream == "":
+		return pubAnswer{err: jetstream.ErrInvalidJSAck}
+	}
+	return pubAnswer{stream: r.Stream, seq: r.Sequence}
 }
 
 // publishRun publishes msgs asynchronously and writes each one's result
@@ -141,15 +314,13 @@ func (js *NATSJetStream) publishRun(ctx context.Context, subject string, msgs []
 	if len(msgs) == 0 {
 		return
 	}
-	run := &pubRun{answers: make([]pubAnswer, len(msgs)), done: make(chan struct{})}
+	run := &pubRun{msgs: msgs, answers: make([]pubAnswer, len(msgs)), done: make(chan struct{})}
 	// Registered before the first publish: a PubAck can come before
-	// PublishMsgAsync returns.
-	js.acks.register(run, msgs)
+	// PublishMsg returns.
+	js.register(run)
 	for i := range msgs {
-		if _, err := js.PublishMsgAsync(&msgs[i]); err != nil {
-			// Nothing was sent (jetstream dropped the message's
-			// registration), so no other answer comes for it.
-			js.acks.answer(&msgs[i], pubAnswer{err: err})
+		if err := js.nc.PublishMsg(&msgs[i]); err != nil {
+			js.answer(run.base+uint64(i), pubAnswer{err: err})
 		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
@@ -157,16 +328,16 @@ func (js *NATSJetStream) publishRun(ctx context.Context, subject string, msgs []
 	select {
 	case <-run.done:
 	case <-wctx.Done():
-		js.acks.drop(run, msgs)
+		js.drop(run)
 	}
 	res := resultBlock{left: len(msgs)}
 	for i, ans := range run.answers {
 		switch {
-		case ans.ack != nil:
-			results[i].Value = res.add(ans.ack)
 		case ans.err != nil:
 			res.left--
 			results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, ans.err)
+		case ans.stream != "":
+			results[i].Value = res.add(ans.stream, ans.seq)
 		default:
 			res.left--
 			results[i].Err = fmt.Errorf("forward to nats %s: no PubAck: %w", subject, context.Cause(wctx))

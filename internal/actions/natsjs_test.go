@@ -2,6 +2,7 @@ package actions
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -39,9 +40,16 @@ func natsRun(ctx context.Context, js NATSPublisher, subject string, n int) <-cha
 	return out
 }
 
+// registered is how many messages of js's runs wait for an answer.
+func registered(js *NATSJetStream) int {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	return len(js.pending)
+}
+
 // natsJetStream connects to url and makes a NATSJetStream on the
 // connection, which is closed when the test ends.
-func natsJetStream(t *testing.T, url string, opts ...nats.Option) *NATSJetStream {
+func natsJetStream(t testing.TB, url string, opts ...nats.Option) *NATSJetStream {
 	t.Helper()
 	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(2 * time.Second)}, opts...)...)
 	if err != nil {
@@ -110,6 +118,7 @@ func TestForwardNATSPartlyRefusedRun(t *testing.T) {
 // with a PubAck or an error of its choice, when it chooses.
 type answerer struct {
 	t   *testing.T
+	nc  *nats.Conn
 	got chan *nats.Msg
 }
 
@@ -120,7 +129,7 @@ func newAnswerer(t *testing.T, url, subject string) *answerer {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	a := &answerer{t: t, got: make(chan *nats.Msg, 64)}
+	a := &answerer{t: t, nc: nc, got: make(chan *nats.Msg, 64)}
 	if _, err := nc.ChanSubscribe(subject, a.got); err != nil {
 		t.Fatal(err)
 	}
@@ -178,8 +187,8 @@ func TestForwardNATSReportsEachMessageAfterItsPubAck(t *testing.T) {
 			a.ack(ms[i], uint64(100+i))
 		}
 	}
-	// Every other answer is in when jetstream has one publish pending.
-	testenv.Eventually(t, 10*time.Second, "jetstream has every answer but message 0's", func() bool { return js.PublishAsyncPending() == 1 })
+	// Every other answer is in when one message is still registered.
+	testenv.Eventually(t, 10*time.Second, "every answer but message 0's is in", func() bool { return registered(js) == 1 })
 	select {
 	case results := <-run:
 		t.Fatalf("the run was reported before message 0's PubAck: %v", results)
@@ -227,7 +236,7 @@ func TestForwardNATSConnectionLossFailsTheUnacked(t *testing.T) {
 	ms := a.take(n)
 	a.ack(ms[1], 11)
 	a.ack(ms[3], 13)
-	testenv.Eventually(t, 10*time.Second, "jetstream has the two answers", func() bool { return js.PublishAsyncPending() == 2 })
+	testenv.Eventually(t, 10*time.Second, "the two answers are in", func() bool { return registered(js) == 2 })
 	start := time.Now()
 	s.Shutdown()
 	var results []consumer.Result
@@ -249,4 +258,127 @@ func TestForwardNATSConnectionLossFailsTheUnacked(t *testing.T) {
 		}
 	}
 	t.Logf("the run ended %v after the server's shutdown", time.Since(start))
+}
+
+// TestForwardNATSWaitsForEveryPubAck checks that each message of a run gets
+// its own answer: a PubAck, an error, a publish that failed at once (a
+// payload over the server's maximum), or none before the context's
+// deadline; that an answer after the run returned is not written into its
+// results; and that the run leaves none of its messages registered.
+func TestForwardNATSWaitsForEveryPubAck(t *testing.T) {
+	url := testenv.NATS(t)
+	subject := "actwait." + randomSuffix(t)
+	a := newAnswerer(t, url, subject)
+	js := natsJetStream(t, url)
+	ms := make([]*consumer.Message, 5)
+	for i := range ms {
+		ms[i] = &consumer.Message{Payload: fmt.Appendf(nil, "m%d", i)}
+	}
+	ms[4].Payload = make([]byte, 2<<20)
+	fwd := ForwardNATS("relay", js, subject, nil)
+	results := make([]consumer.Result, len(ms))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fwd(ctx, ms, results)
+	}()
+	sent := a.take(4)
+	// The answers, in an order other than the publishes': message 3 gets
+	// one only after the run.
+	a.refuse(sent[1])
+	a.ack(sent[0], 7)
+	a.ack(sent[2], 8)
+	<-done
+	a.ack(sent[3], 9)
+	if err := a.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if string(results[0].Value) != "FAKE:7" || results[0].Err != nil {
+		t.Errorf("message 0: %q %v, want FAKE:7", results[0].Value, results[0].Err)
+	}
+	var apiErr *jetstream.APIError
+	if !errors.As(results[1].Err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed {
+		t.Errorf("message 1: %q %v, want its refusal", results[1].Value, results[1].Err)
+	}
+	if string(results[2].Value) != "FAKE:8" || results[2].Err != nil {
+		t.Errorf("message 2: %q %v, want FAKE:8", results[2].Value, results[2].Err)
+	}
+	if results[3].Err == nil || !strings.Contains(results[3].Err.Error(), "no PubAck") || results[3].Value != nil {
+		t.Errorf("message 3: %q %v, want no PubAck by the deadline", results[3].Value, results[3].Err)
+	}
+	if !errors.Is(results[4].Err, nats.ErrMaxPayload) {
+		t.Errorf("message 4: %v, want its publish's own error", results[4].Err)
+	}
+	for i, m := range sent {
+		if got := m.Header.Get(nats.MsgIdHdr); got != "" {
+			t.Errorf("message %d: Nats-Msg-Id %q without a claim", i, got)
+		}
+		if want := fmt.Sprintf("m%d", i); string(m.Data) != want {
+			t.Errorf("message %d published as %q, want %q", i, m.Data, want)
+		}
+	}
+	// Message 3's late PubAck, in after the run, found it unregistered.
+	if n := registered(js); n != 0 {
+		t.Errorf("%d messages still registered after the run", n)
+	}
+	if string(results[3].Value) != "" {
+		t.Errorf("message 3's late PubAck was written into the run's results: %q", results[3].Value)
+	}
+}
+
+// fastPubAck reads what nats-server writes for a stored message exactly as
+// encoding/json does, and leaves every other form to it.
+func TestFastPubAck(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		fast bool
+	}{
+		{`{"stream":"ORDERS","seq":1}`, true},
+		{`{"stream":"ORDERS","seq":18446744073709551615}`, true},
+		{`{"stream":"ORDERS","domain":"hub","seq":42}`, true},
+		{`{"stream":"ORDERS","seq":7,"duplicate": true}`, true},
+		{`{"stream":"ORDERS","domain":"hub","seq":7,"duplicate":true}`, true},
+		{`{"stream":"OR\"DERS","seq":1}`, false},
+		{`{"stream":"ORDERS","seq":18446744073709551616}`, false},
+		{`{"stream":"ORDERS","seq":}`, false},
+		{`{"stream":"","seq":3}`, false},
+		{`{"stream":"ORDERS","seq":3,"val":"4"}`, false},
+		{`{"stream":"ORDERS","seq":3,"duplicate": true,"batch":"b","count":2}`, false},
+		{`{"stream":"ORDERS", "seq":3}`, false},
+		{`{"stream":"ORDERS","seq":3} `, false},
+		{`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}`, false},
+		{`{"seq":3,"stream":"ORDERS"}`, false},
+		{``, false},
+	} {
+		stream, seq, ok := fastPubAck([]byte(tc.in))
+		if ok != tc.fast {
+			t.Errorf("%s: fast %v, want %v", tc.in, ok, tc.fast)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		var want jetstream.PubAck
+		if err := json.Unmarshal([]byte(tc.in), &want); err != nil {
+			t.Fatalf("%s: %v", tc.in, err)
+		}
+		if string(stream) != want.Stream || seq != want.Sequence {
+			t.Errorf("%s: %q %d, encoding/json reads %q %d", tc.in, stream, seq, want.Stream, want.Sequence)
+		}
+	}
+	// What the fast path leaves decodes as jetstream decodes it.
+	if ans := decodePubAck([]byte(`{"stream":"ORDERS","seq":3,"val":"4"}`)); ans.err != nil || ans.stream != "ORDERS" || ans.seq != 3 {
+		t.Errorf("a counter's PubAck decoded as %+v", ans)
+	}
+	var apiErr *jetstream.APIError
+	if ans := decodePubAck([]byte(`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}`)); !errors.As(ans.err, &apiErr) || apiErr.ErrorCode != errCodeStoreFailed {
+		t.Errorf("an error PubAck decoded as %+v", ans)
+	}
+	for _, in := range []string{`not json`, `{}`, `{"stream":"","seq":3}`} {
+		if ans := decodePubAck([]byte(in)); !errors.Is(ans.err, jetstream.ErrInvalidJSAck) {
+			t.Errorf("%s decoded as %+v, want %v", in, ans, jetstream.ErrInvalidJSAck)
+		}
+	}
 }
