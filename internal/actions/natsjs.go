@@ -245,43 +245,113 @@ func (js *NATSJetStream) failOnDisconnect(status chan nats.Status) {
 	}
 }
 
-// fastPubAck reads the PubAck nats-server writes for a stored message:
-// {"stream":S,"seq":N} or {"stream":S,"domain":D,"seq":N}, either with
-// ,"duplicate": true (or without the space) before the brace. ok is false
-// for anything else, and for a name with an escape in it.
+// fastPubAck reads the PubAck nats-server writes for a stored message: an
+// object of "stream" and "seq", maybe "domain" and "duplicate", strings
+// without escapes, any JSON whitespace between tokens (2.9 writes
+// {"stream":S, "seq":N}, 2.10 and later without the space). ok is false for
+// anything else, which encoding/json then reads (decodePubAck).
 func fastPubAck(data []byte) (stream []byte, seq uint64, ok bool) {
-	rest, ok := bytes.CutPrefix(data, []byte(`{"stream":"`))
-	if !ok {
+	p := pubAckScanner{b: data}
+	if !p.byte('{') {
 		return nil, 0, false
 	}
-	end := bytes.IndexByte(rest, '"')
-	if end < 0 || bytes.IndexByte(rest[:end], '\\') >= 0 {
-		return nil, 0, false
-	}
-	stream, rest = rest[:end], rest[end+1:]
-	if r, ok := bytes.CutPrefix(rest, []byte(`,"domain":"`)); ok {
-		end := bytes.IndexByte(r, '"')
-		if end < 0 || bytes.IndexByte(r[:end], '\\') >= 0 {
+	var haveSeq bool
+	for first := true; ; first = false {
+		if p.byte('}') {
+			p.space()
+			return stream, seq, !first && len(p.b) == 0 && len(stream) > 0 && haveSeq
+		}
+		if !first && !p.byte(',') {
 			return nil, 0, false
 		}
-		rest = r[end+1:]
+		key, ok := p.str()
+		if !ok || !p.byte(':') {
+			return nil, 0, false
+		}
+		switch string(key) {
+		case "stream":
+			if stream, ok = p.str(); !ok {
+				return nil, 0, false
+			}
+		case "domain":
+			if _, ok = p.str(); !ok {
+				return nil, 0, false
+			}
+		case "seq":
+			if seq, ok = p.uint(); !ok {
+				return nil, 0, false
+			}
+			haveSeq = true
+		case "duplicate":
+			if !p.word("true") && !p.word("false") {
+				return nil, 0, false
+			}
+		default:
+			return nil, 0, false
+		}
 	}
-	if rest, ok = bytes.CutPrefix(rest, []byte(`,"seq":`)); !ok {
-		return nil, 0, false
+}
+
+// pubAckScanner reads the tokens of a PubAck from the front of b; each
+// method skips the whitespace before its token and reports whether the
+// token was there.
+type pubAckScanner struct{ b []byte }
+
+func (p *pubAckScanner) space() {
+	for len(p.b) > 0 && (p.b[0] == ' ' || p.b[0] == '\t' || p.b[0] == '\n' || p.b[0] == '\r') {
+		p.b = p.b[1:]
 	}
+}
+
+func (p *pubAckScanner) byte(c byte) bool {
+	p.space()
+	if len(p.b) == 0 || p.b[0] != c {
+		return false
+	}
+	p.b = p.b[1:]
+	return true
+}
+
+func (p *pubAckScanner) word(w string) bool {
+	p.space()
+	if !bytes.HasPrefix(p.b, []byte(w)) {
+		return false
+	}
+	p.b = p.b[len(w):]
+	return true
+}
+
+// str is a string without escapes.
+func (p *pubAckScanner) str() ([]byte, bool) {
+	if !p.byte('"') {
+		return nil, false
+	}
+	end := bytes.IndexByte(p.b, '"')
+	if end < 0 || bytes.IndexByte(p.b[:end], '\\') >= 0 {
+		return nil, false
+	}
+	s := p.b[:end]
+	p.b = p.b[end+1:]
+	return s, true
+}
+
+// uint is a non-negative integer that fits a uint64, without sign,
+// fraction or exponent.
+func (p *pubAckScanner) uint() (uint64, bool) {
+	p.space()
 	n := 0
-	for n < len(rest) && rest[n] >= '0' && rest[n] <= '9' {
+	for n < len(p.b) && p.b[n] >= '0' && p.b[n] <= '9' {
 		n++
 	}
-	seq, err := strconv.ParseUint(string(rest[:n]), 10, 64)
+	if n == 0 || n > 1 && p.b[0] == '0' {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(p.b[:n]), 10, 64)
 	if err != nil {
-		return nil, 0, false
+		return 0, false
 	}
-	switch string(rest[n:]) {
-	case `}`, `,"duplicate": true}`, `,"duplicate":true}`:
-		return stream, seq, len(stream) > 0
-	}
-	return nil, 0, false
+	p.b = p.b[n:]
+	return v, true
 }
 
 // pubAckReply is a PubAck or the error JetStream answered instead, as

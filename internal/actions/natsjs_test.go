@@ -346,10 +346,25 @@ func TestFastPubAck(t *testing.T) {
 		{`{"stream":"","seq":3}`, false},
 		{`{"stream":"ORDERS","seq":3,"val":"4"}`, false},
 		{`{"stream":"ORDERS","seq":3,"duplicate": true,"batch":"b","count":2}`, false},
-		{`{"stream":"ORDERS", "seq":3}`, false},
-		{`{"stream":"ORDERS","seq":3} `, false},
+		{`{"stream":"ORDERS", "seq":3}`, true},
+		{`{"stream":"ORDERS", "seq":3,"duplicate": true}`, true},
+		{` { "stream" : "ORDERS" ,"seq": 3 } `, true},
+		{`{"seq":3,"stream":"ORDERS"}`, true},
+		{`{"stream":"ORDERS","seq":3,"duplicate":false}`, true},
+		{`{"stream":"ORDERS"}`, false},
+		{`{"seq":3}`, false},
+		{`{}`, false},
+		{`{"stream":"ORDERS","seq":3,}`, false},
+		{`{"stream":"ORDERS","seq":3}x`, false},
+		{`{"stream":"ORDERS","seq":03}`, false},
+		{`{"stream":"ORDERS","seq":-3}`, false},
+		{`{"stream":"ORDERS","seq":3.5}`, false},
+		{`{"stream":"ORDERS","seq":3e2}`, false},
+		{`{"stream":"ORDERS","seq":"3"}`, false},
+		{`{"stream":"ORDERS","seq":3,"duplicate":1}`, false},
+		{`{"stream":"ORDERS","domain":"h\u0075b","seq":3}`, false},
+		{`{"stream":"ORDERS","seq":3`, false},
 		{`{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}`, false},
-		{`{"seq":3,"stream":"ORDERS"}`, false},
 		{``, false},
 	} {
 		stream, seq, ok := fastPubAck([]byte(tc.in))
@@ -379,6 +394,44 @@ func TestFastPubAck(t *testing.T) {
 	for _, in := range []string{`not json`, `{}`, `{"stream":"","seq":3}`} {
 		if ans := decodePubAck([]byte(in)); !errors.Is(ans.err, jetstream.ErrInvalidJSAck) {
 			t.Errorf("%s decoded as %+v, want %v", in, ans, jetstream.ErrInvalidJSAck)
+		}
+	}
+}
+
+// A message that finds no responder (a stream being created, or whose
+// leader is being elected) is published again, as jetstream does, and
+// gets the PubAck of the responder that is there by then.
+func TestForwardNATSRetriesNoResponders(t *testing.T) {
+	url := testenv.NATS(t)
+	subject := "actretry." + randomSuffix(t)
+	js := natsJetStream(t, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const n = 3
+	run := natsRun(ctx, js, subject, n)
+	testenv.Eventually(t, 10*time.Second, "every message answered by no responders once", func() bool {
+		js.mu.Lock()
+		defer js.mu.Unlock()
+		retried := 0
+		for _, s := range js.pending {
+			if s.retries > 0 {
+				retried++
+			}
+		}
+		return retried == n
+	})
+	a := newAnswerer(t, url, subject)
+	// Each message's own timer publishes it again: in any order.
+	for _, m := range a.take(n) {
+		var i uint64
+		if _, err := fmt.Sscanf(string(m.Data), "m%d", &i); err != nil {
+			t.Fatalf("republished %q: %v", m.Data, err)
+		}
+		a.ack(m, 20+i)
+	}
+	for i, r := range <-run {
+		if want := fmt.Sprintf("FAKE:%d", 20+i); r.Err != nil || string(r.Value) != want {
+			t.Errorf("message %d: %q %v, want %s", i, r.Value, r.Err, want)
 		}
 	}
 }
