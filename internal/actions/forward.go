@@ -160,8 +160,9 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 	return func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
 		// The run's messages in one allocation, and the one-key value
 		// slices of their Idempotency-Key and Nats-Msg-Id headers in
-		// another. jetstream keeps a message until its PubAck or error
-		// is in, and an unanswered one keeps the run's arrays with it.
+		// another. A no-responders retry's timer (NATSJetStream) may
+		// still publish a message of a run that ended, and keeps the
+		// run's arrays until it fired, so they are never reused.
 		out := make([]nats.Msg, len(ms))
 		keys := make([]string, len(ms))
 		for i, m := range ms {
@@ -172,8 +173,9 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 				kv = keys[i : i+1 : i+1]
 			}
 			// Nats-Msg-Id is a header of the message rather than a
-			// jetstream.WithMsgID option: a publish without options
-			// skips jetstream's per-message option parsing.
+			// jetstream.WithMsgID option: the async path publishes on
+			// the core connection, and a synchronous publish without
+			// options skips jetstream's per-message option parsing.
 			out[i] = nats.Msg{Subject: subject, Data: m.Payload, Header: natsHeader(mctx, m, kv, inject)}
 		}
 		if async != nil {

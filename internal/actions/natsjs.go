@@ -29,24 +29,30 @@ const (
 	pubRetryWait     = jetstream.DefaultPubRetryWait
 )
 
-// NATSJetStream is a jetstream.JetStream that also publishes ForwardNATS's
-// runs asynchronously itself, on the connection's core API, and answers
-// them without a jetstream.PubAckFuture per message: a run registers its
-// messages under reply subjects of one subscription of its own, waits on
-// one channel for the whole run, and reads each PubAck with a parser for
-// the forms nats-server writes ({"stream":S,"seq":N}, with "domain" and
-// "duplicate"), falling back to encoding/json for anything else, errors
-// included. What jetstream's async publish guarantees holds here too:
-//   - a no-responders answer is retried pubRetryAttempts times after
-//     pubRetryWait, then fails with jetstream.ErrNoStreamResponse;
-//   - an error PubAck fails its message with the *jetstream.APIError;
+// NATSJetStream is a jetstream.JetStream that publishes ForwardNATS's runs
+// asynchronously itself, on the connection's core API. jetstream's own
+// async publish costs each message a PubAckFuture, an entry in a map keyed
+// by reply token, and an encoding/json decode of its PubAck; here a run
+// registers its messages under reply ids of one subscription of its own,
+// waits on one channel for the whole run, and reads each PubAck with a
+// scanner for the objects nats-server writes (keys "stream", "seq",
+// "domain", "duplicate"), leaving any other answer, errors included, to
+// encoding/json as jetstream decodes it. jetstream's guarantees for an
+// async publish hold:
+//   - a no-responders answer is published again pubRetryAttempts times,
+//     pubRetryWait apart, then fails with jetstream.ErrNoStreamResponse;
+//   - an error answer fails its message with the *jetstream.APIError, an
+//     answer that is no PubAck with jetstream.ErrInvalidJSAck;
 //   - the connection's RECONNECTING fails every message then waiting with
-//     nats.ErrDisconnected, and CLOSED with nats.ErrConnectionClosed (an
-//     answer that comes later is dropped);
+//     nats.ErrDisconnected (its subscription may have lost answers), and
+//     CLOSED with nats.ErrConnectionClosed; an answer that comes later is
+//     dropped;
 //   - a message whose publish fails at once fails with that error.
 //
-// The goroutine that watches the connection's status ends when the
-// connection closes.
+// The context's own async publish options (WithPublishAsyncMaxPending and
+// the like) do not bound the runs' publishes: ForwardNATS's callers bound
+// them by their concurrency. The goroutine that watches the connection's
+// status ends when the connection closes.
 type NATSJetStream struct {
 	jetstream.JetStream
 	nc     *nats.Conn
