@@ -73,8 +73,8 @@ func NewNATSJetStream(nc *nats.Conn, opts ...jetstream.JetStreamOpt) (*NATSJetSt
 		return nil, err
 	}
 	n := &NATSJetStream{JetStream: js, nc: nc, prefix: nc.NewInbox() + ".", pending: map[uint64]pubSlot{}}
-	// The status listener first: a disconnect after the subscription is
-	// made fails what waits.
+	// Listening before subscribing: no disconnect of the subscription's
+	// lifetime goes unseen.
 	status := nc.StatusChanged(nats.RECONNECTING, nats.CLOSED)
 	if _, err := nc.Subscribe(n.prefix+"*", n.reply); err != nil {
 		nc.RemoveStatusListener(status)
