@@ -7,7 +7,6 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,21 +25,8 @@ type NATSPublisher interface {
 	PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
 }
 
-// NATSAsyncPublisher is a NATSPublisher that can also publish without
-// waiting for the PubAck, as a jetstream.JetStream can. ForwardNATS uses it
-// to publish a run at once.
-type NATSAsyncPublisher interface {
-	NATSPublisher
-	PublishMsgAsync(msg *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error)
-}
-
 // IdempotencyHeader is the header forward and http set to the raw key.
 const IdempotencyHeader = "Idempotency-Key"
-
-// publishAckTimeout bounds the wait for a batch's JetStream PubAcks when the
-// handler's context has no earlier deadline: the default timeout of a
-// synchronous JetStream publish.
-const publishAckTimeout = 5 * time.Second
 
 // outgoing returns m's headers for the forwarded copy: the incoming ones,
 // with Idempotency-Key set to the claim's key (replacing an incoming header
@@ -163,25 +149,22 @@ func isIdempotencyHeader(name string) bool {
 // JetStream's own duplicate window covers a crash between this publish and
 // the completion (SPEC §9.3). The result is "<stream>:<sequence>".
 //
-// It is a consumer.BatchHandler. When js is a NATSAsyncPublisher every
-// message of a run is published asynchronously, then each waits for its own
-// PubAck, all within the context's deadline or publishAckTimeout, whichever
-// is earlier; otherwise the messages are published one after another, each
-// waiting for its PubAck.
+// It is a consumer.BatchHandler. When js is a *NATSJetStream every message
+// of a run is published asynchronously, then the run waits for each
+// message's own PubAck or error, all within the context's deadline or
+// publishAckTimeout, whichever is earlier: a message with neither by then
+// fails with "no PubAck". Any other js publishes the messages one after
+// another, each waiting for its PubAck.
 func ForwardNATS(handler string, js NATSPublisher, subject string, inject Injector) consumer.BatchFunc {
-	async, _ := js.(NATSAsyncPublisher)
+	async, _ := js.(*NATSJetStream)
 	return func(ctx context.Context, ms []*consumer.Message, results []consumer.Result) {
-		var futures []jetstream.PubAckFuture
-		if async != nil {
-			futures = make([]jetstream.PubAckFuture, len(ms))
-		}
 		// The run's messages in one allocation, and the one-key value
 		// slices of their Idempotency-Key and Nats-Msg-Id headers in
-		// another. jetstream keeps a message until its PubAck or error
-		// is in, and an unanswered one keeps the run's arrays with it.
+		// another. A no-responders retry's timer (NATSJetStream) may
+		// still publish a message of a run that ended, and keeps the
+		// run's arrays until it fired, so they are never reused.
 		out := make([]nats.Msg, len(ms))
 		keys := make([]string, len(ms))
-		res := resultBlock{left: len(ms)}
 		for i, m := range ms {
 			mctx := consumer.MessageContext(ctx, i)
 			var kv []string
@@ -190,78 +173,25 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 				kv = keys[i : i+1 : i+1]
 			}
 			// Nats-Msg-Id is a header of the message rather than a
-			// jetstream.WithMsgID option: a publish without options
-			// skips jetstream's per-message option parsing.
-			msg := &out[i]
-			*msg = nats.Msg{Subject: subject, Data: m.Payload, Header: natsHeader(mctx, m, kv, inject)}
-			if async == nil {
-				ack, err := js.PublishMsg(mctx, msg)
-				if err != nil {
-					res.left--
-					results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
-					continue
-				}
-				results[i].Value = res.add(ack)
-				continue
-			}
-			f, err := async.PublishMsgAsync(msg)
+			// jetstream.WithMsgID option: the async path publishes on
+			// the core connection, and a synchronous publish without
+			// options skips jetstream's per-message option parsing.
+			out[i] = nats.Msg{Subject: subject, Data: m.Payload, Header: natsHeader(mctx, m, kv, inject)}
+		}
+		if async != nil {
+			async.publishRun(ctx, subject, out, results)
+			return
+		}
+		res := resultBlock{left: len(ms)}
+		for i := range out {
+			ack, err := js.PublishMsg(consumer.MessageContext(ctx, i), &out[i])
 			if err != nil {
 				res.left--
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
 				continue
 			}
-			futures[i] = f
+			results[i].Value = res.add(ack.Stream, ack.Sequence)
 		}
-		if async == nil {
-			return
-		}
-		wctx, cancel := context.WithTimeout(ctx, publishAckTimeout)
-		defer cancel()
-		// Every future is waited for until the one deadline, so any order
-		// is correct. PubAcks of one connection's publishes to a stream
-		// come back in publish order, so the last is waited for first:
-		// once it is in, the earlier ones are taken without parking and
-		// without making their futures' error channels, where waiting in
-		// order woke this goroutine once per message.
-		for i := len(futures) - 1; i >= 0; i-- {
-			f := futures[i]
-			if f == nil {
-				continue
-			}
-			select {
-			case ack := <-f.Ok():
-				results[i].Value = res.add(ack)
-				continue
-			default:
-			}
-			select {
-			case ack := <-f.Ok():
-				results[i].Value = res.add(ack)
-			case err := <-f.Err():
-				res.left--
-				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)
-			case <-wctx.Done():
-				// An answer that came while a later message was waited
-				// for is its message's result, not the deadline.
-				results[i] = pubAckAnswered(f, subject, wctx, &res)
-			}
-		}
-	}
-}
-
-// pubAckAnswered is the result of a publish whose wait ended: its PubAck or
-// error when one came, else "no PubAck" with ctx's cause. A PubAck's
-// result is written into res.
-func pubAckAnswered(f jetstream.PubAckFuture, subject string, ctx context.Context, res *resultBlock) consumer.Result {
-	select {
-	case ack := <-f.Ok():
-		return consumer.Result{Value: res.add(ack)}
-	case err := <-f.Err():
-		res.left--
-		return consumer.Result{Err: fmt.Errorf("forward to nats %s: %w", subject, err)}
-	default:
-		res.left--
-		return consumer.Result{Err: fmt.Errorf("forward to nats %s: no PubAck: %w", subject, context.Cause(ctx))}
 	}
 }
 
@@ -325,17 +255,17 @@ type resultBlock struct {
 	left int
 }
 
-// add returns ack's result, "<stream>:<sequence>", and counts it off.
-func (r *resultBlock) add(ack *jetstream.PubAck) []byte {
-	need := len(ack.Stream) + 1 + 20 // 20: the digits of the largest uint64
+// add returns a PubAck's result, "<stream>:<sequence>", and counts it off.
+func (r *resultBlock) add(stream string, seq uint64) []byte {
+	need := len(stream) + 1 + 20 // 20: the digits of the largest uint64
 	if cap(r.b)-len(r.b) < need {
 		// Room for every result still to come of this stream.
 		r.b = make([]byte, 0, need*max(r.left, 1))
 	}
 	r.left--
 	start := len(r.b)
-	r.b = append(r.b, ack.Stream...)
+	r.b = append(r.b, stream...)
 	r.b = append(r.b, ':')
-	r.b = strconv.AppendUint(r.b, ack.Sequence, 10)
+	r.b = strconv.AppendUint(r.b, seq, 10)
 	return r.b[start:len(r.b):len(r.b)]
 }

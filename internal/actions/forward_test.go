@@ -122,7 +122,7 @@ func TestForwardKafkaHeadersWithClaim(t *testing.T) {
 	}
 }
 
-// syncOnly hides PublishMsgAsync: ForwardNATS then publishes one message
+// syncOnly hides the NATSJetStream: ForwardNATS then publishes one message
 // after another.
 type syncOnly struct{ js jetstream.JetStream }
 
@@ -132,20 +132,20 @@ func (s syncOnly) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream
 
 func TestForwardNATSHeadersWithClaim(t *testing.T) {
 	t.Run("async", func(t *testing.T) {
-		testForwardNATSHeaders(t, func(js jetstream.JetStream) NATSPublisher { return js })
+		testForwardNATSHeaders(t, func(js *NATSJetStream) NATSPublisher { return js })
 	})
 	t.Run("sync", func(t *testing.T) {
-		testForwardNATSHeaders(t, func(js jetstream.JetStream) NATSPublisher { return syncOnly{js} })
+		testForwardNATSHeaders(t, func(js *NATSJetStream) NATSPublisher { return syncOnly{js} })
 	})
 }
 
-func testForwardNATSHeaders(t *testing.T, publisher func(jetstream.JetStream) NATSPublisher) {
+func testForwardNATSHeaders(t *testing.T, publisher func(*NATSJetStream) NATSPublisher) {
 	nc, err := nats.Connect(testenv.NATS(t), nats.Timeout(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	js, err := NewNATSJetStream(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,87 +243,6 @@ func TestNATSOutgoingLeavesTheIncomingHeaders(t *testing.T) {
 	}
 }
 
-// fakeFuture is a PubAckFuture whose answer the test sends.
-type fakeFuture struct {
-	msg *nats.Msg
-	ok  chan *jetstream.PubAck
-	err chan error
-}
-
-func (f *fakeFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
-func (f *fakeFuture) Err() <-chan error            { return f.err }
-func (f *fakeFuture) Msg() *nats.Msg               { return f.msg }
-
-// fakeAsync hands each async publish's future to the test, which answers
-// it.
-type fakeAsync struct {
-	syncOnly
-	sent chan *fakeFuture
-}
-
-func (a *fakeAsync) PublishMsgAsync(m *nats.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
-	if len(opts) > 0 {
-		return nil, fmt.Errorf("unexpected publish options")
-	}
-	f := &fakeFuture{msg: m, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	a.sent <- f
-	return f, nil
-}
-
-// TestForwardNATSWaitsForEveryPubAck checks that each message of a run gets
-// its own future's answer whatever order the answers come in: a PubAck, an
-// error, or none before the context's deadline.
-func TestForwardNATSWaitsForEveryPubAck(t *testing.T) {
-	ms := make([]*consumer.Message, 4)
-	for i := range ms {
-		ms[i] = &consumer.Message{Payload: []byte{byte(i)}}
-	}
-	pub := &fakeAsync{sent: make(chan *fakeFuture, len(ms))}
-	fwd := ForwardNATS("relay", pub, "out", nil)
-	results := make([]consumer.Result, len(ms))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		fwd(ctx, ms, results)
-	}()
-	futures := make([]*fakeFuture, len(ms))
-	for i := range futures {
-		select {
-		case futures[i] = <-pub.sent:
-		case <-done:
-			t.Fatalf("the run returned after %d of %d publishes, before their PubAcks", i, len(ms))
-		}
-	}
-	// The answers, in an order other than the publishes': message 3 never
-	// gets one.
-	futures[1].err <- fmt.Errorf("stream full")
-	futures[0].ok <- &jetstream.PubAck{Stream: "OUT", Sequence: 7}
-	futures[2].ok <- &jetstream.PubAck{Stream: "OUT", Sequence: 8}
-	<-done
-	if string(results[0].Value) != "OUT:7" || results[0].Err != nil {
-		t.Errorf("message 0: %q %v, want OUT:7", results[0].Value, results[0].Err)
-	}
-	if results[1].Err == nil || !strings.Contains(results[1].Err.Error(), "stream full") {
-		t.Errorf("message 1: %v, want its future's error", results[1].Err)
-	}
-	if string(results[2].Value) != "OUT:8" || results[2].Err != nil {
-		t.Errorf("message 2: %q %v, want OUT:8", results[2].Value, results[2].Err)
-	}
-	if results[3].Err == nil || !strings.Contains(results[3].Err.Error(), "no PubAck") {
-		t.Errorf("message 3: %v, want no PubAck by the deadline", results[3].Err)
-	}
-	for i, f := range futures {
-		if got := f.msg.Header.Get(nats.MsgIdHdr); got != "" {
-			t.Errorf("message %d: Nats-Msg-Id %q without a claim", i, got)
-		}
-		if f.msg.Subject != "out" || len(f.msg.Data) != 1 || f.msg.Data[0] != byte(i) {
-			t.Errorf("message %d published as %q %v", i, f.msg.Subject, f.msg.Data)
-		}
-	}
-}
-
 // resultBlock's results are "<stream>:<sequence>" each, correct when a
 // later ack's stream name no longer fits the block (a new one is made), and
 // clipped: appending to one leaves the next as it was.
@@ -337,7 +256,7 @@ func TestResultBlock(t *testing.T) {
 	want := []string{"OUT:1", "OUT:18446744073709551615", "A-MUCH-LONGER-STREAM-NAME-THAN-THE-BLOCK-HAS-ROOM-FOR:3"}
 	got := make([][]byte, len(acks))
 	for i, a := range acks {
-		got[i] = r.add(a)
+		got[i] = r.add(a.Stream, a.Sequence)
 	}
 	r.left-- // the fourth message failed
 	if r.left != 0 {
@@ -355,7 +274,7 @@ func TestResultBlock(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() {
 		r := resultBlock{left: 64}
 		for range 64 {
-			_ = r.add(acks[0])
+			_ = r.add(acks[0].Stream, acks[0].Sequence)
 		}
 	}); n != 1 {
 		t.Errorf("%v allocations for a run of 64 results of one stream, want 1", n)

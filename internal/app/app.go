@@ -386,7 +386,9 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 		}
 		return nil
 	})
-	js, err := jetstream.New(nc)
+	// forward.nats waits for a run's PubAcks through this context's ack
+	// handlers (actions.NATSJetStream).
+	js, err := actions.NewNATSJetStream(nc)
 	if err != nil {
 		return nil, err
 	}
