@@ -21,6 +21,19 @@ type completeCounter struct {
 	calls [][]string
 }
 
+// countingEngine is an engine on f's store, with f's hooks, whose Complete
+// calls cc records.
+func countingEngine(t *testing.T, f *fixture) (*idempotency.Engine, *completeCounter) {
+	t.Helper()
+	cc := &completeCounter{Store: f.store}
+	eng, err := idempotency.New(cc, idempotency.Config{Hooks: consumer.Hooks{f.oc, f.calls}, StoreTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	return eng, cc
+}
+
 func (s *completeCounter) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
 	keys := make([]string, len(cs))
 	for i, c := range cs {
@@ -78,12 +91,7 @@ func (b *batchRecorder) handler(t *testing.T) consumer.BatchFunc {
 func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	cc := &completeCounter{Store: f.store}
-	eng, err := idempotency.New(cc, idempotency.Config{Hooks: consumer.Hooks{f.oc, f.calls}, StoreTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
+	eng, cc := countingEngine(t, f)
 	ctx := context.Background()
 
 	deliveries := map[string]*consumertest.Delivery{}
@@ -268,12 +276,7 @@ func asDeliveries(ds []*consumertest.Delivery) []consumer.Delivery {
 func TestProcessBatchRepeatedKeyWaitsForItsOwnerWithoutCutting(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	cc := &completeCounter{Store: f.store}
-	eng, err := idempotency.New(cc, idempotency.Config{Hooks: consumer.Hooks{f.oc, f.calls}, StoreTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { eng.Close() })
+	eng, cc := countingEngine(t, f)
 	dedup, err := eng.Processor()
 	if err != nil {
 		t.Fatal(err)

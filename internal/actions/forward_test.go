@@ -140,15 +140,7 @@ func TestForwardNATSHeadersWithClaim(t *testing.T) {
 }
 
 func testForwardNATSHeaders(t *testing.T, publisher func(*NATSJetStream) NATSPublisher) {
-	nc, err := nats.Connect(testenv.NATS(t), nats.Timeout(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := NewNATSJetStream(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := natsJetStream(t, testenv.NATS(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	name := "ACTFWD" + strings.ToUpper(randomSuffix(t))

@@ -11,7 +11,6 @@ import (
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
-	"github.com/idemkit/dedupworker/redisbackend"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
@@ -54,20 +53,7 @@ func TestBatchRunWithProducerRetriesIsOneCall(t *testing.T) {
 	}
 	e.produce(e.topic, msgs)
 
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: e.topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	eng, err := idempotency.New(store, idempotency.Config{StoreTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Close() })
-	dedup, err := eng.Processor(idempotency.WithRetention(time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
+	dedup := engineProcessor(t, e.topic, idempotency.WithRetention(time.Minute))
 	counter := &runCounter{}
 	factory := func(name string, h consumer.Handler) consumer.Processor {
 		counter.Processor = dedup(name, h)

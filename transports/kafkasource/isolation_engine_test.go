@@ -26,24 +26,11 @@ func TestIsolationThroughEngine(t *testing.T) {
 	e := newEnv(t, 1)
 	dlq := e.topic + ".dlq"
 	testenv.CreateKafkaTopic(t, e.brokers, dlq, 1)
-	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: e.topic})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	eng, err := idempotency.New(store, idempotency.Config{StoreTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = eng.Close() })
-	dedup, err := eng.Processor(
+	dedup := engineProcessor(t, e.topic,
 		idempotency.WithKeySources(idempotency.JSONKey("id")),
 		idempotency.WithMissingKey(idempotency.MissingKeyReject),
 		idempotency.WithRetention(time.Minute),
 	)
-	if err != nil {
-		t.Fatal(err)
-	}
 	produceTxns(t, e.brokers, e.topic)
 
 	var mu sync.Mutex
@@ -71,4 +58,25 @@ func TestIsolationThroughEngine(t *testing.T) {
 	if !slices.Equal(seen, want) {
 		t.Errorf("handled, in order:\n got %q\nwant %q", seen, want)
 	}
+}
+
+// engineProcessor is the deduplication engine's processor factory with opts,
+// on the real Redis under namespace, closed when the test ends.
+func engineProcessor(t *testing.T, namespace string, opts ...idempotency.Option) func(string, consumer.Handler) consumer.Processor {
+	t.Helper()
+	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{Namespace: namespace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	eng, err := idempotency.New(store, idempotency.Config{StoreTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	dedup, err := eng.Processor(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dedup
 }
