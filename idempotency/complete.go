@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
 // completing is an outcome to store before its delivery is acked
@@ -79,7 +80,7 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 				p.log.Warn("handler finished but its completion could not be stored; holding the result and retrying until the store answers",
 					"messages", len(todo), "err", errs[todo[0]])
 			}
-			if !sleepCtx(ctx, wait) {
+			if !sleep.For(ctx, wait) {
 				break
 			}
 			wait = min(2*wait, completeRetryMax)

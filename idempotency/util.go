@@ -1,24 +1,10 @@
 package idempotency
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
-	"time"
 )
-
-// sleepCtx waits d; it returns false, early, when ctx ends first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
 
 // keyHash is what logs show instead of a key: keys can carry personal data.
 func keyHash(ekey string) string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
 // NewMessage returns a message with payload and, when key is not empty, the
@@ -326,27 +327,13 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 					return fmt.Errorf("consumertest: the processor returned without settling message %d (%s)", run[i].Origin.Offset, strconv.Quote(string(run[i].Payload)))
 				}
 			}
-			if len(again) > 0 && !wait(ctx, delay) {
+			if len(again) > 0 && !sleep.For(ctx, delay) {
 				return nil
 			}
 			run = again
 		}
 	}
 	return nil
-}
-
-func wait(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // Deliveries returns every delivery made so far, in order.

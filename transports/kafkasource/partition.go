@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
 // partition is one assigned partition in one generation. Three kinds of
@@ -205,7 +206,7 @@ func (p *partition) fetch() {
 	offset := p.from
 	unknown := 0
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 && !sleepCtx(ctx, backoff(attempt)) {
+		if attempt > 0 && !sleep.For(ctx, backoff(attempt)) {
 			return
 		}
 		tr := s.transport()

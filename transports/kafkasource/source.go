@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
 // ErrRevoked is the cause of a Process context cancelled because its
@@ -248,7 +249,7 @@ func (s *Source) checkTopic(ctx context.Context) error {
 		default:
 			s.log.Warn("brokers do not answer; retrying", "brokers", s.cfg.Brokers, "attempt", attempt, "err", err)
 		}
-		if !sleepCtx(ctx, backoff(attempt+1)) {
+		if !sleep.For(ctx, backoff(attempt+1)) {
 			return ctx.Err()
 		}
 	}
@@ -470,17 +471,6 @@ func (g *generation) commit() {
 		}
 	}
 	g.m.s.log.Debug("committed", "generation", g.gen.ID, "offsets", offsets)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // kafkaLogger adapts kafka-go's Printf-style logger to slog.

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
 // bind returns the durable consumer, creating it when it does not exist. A
@@ -29,7 +30,7 @@ func (s *Source) bind(ctx context.Context, defaultPending int) (jetstream.Consum
 		}
 		delay := consumer.Backoff(attempt, 200*time.Millisecond, 5*time.Second)
 		s.log.Warn("binding the consumer failed; retrying", "attempt", attempt, "delay", delay, "err", err)
-		if !sleep(ctx, delay) {
+		if !sleep.For(ctx, delay) {
 			return nil, ctx.Err()
 		}
 	}

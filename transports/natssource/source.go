@@ -374,17 +374,6 @@ const batchLinger = 2 * time.Millisecond
 // exists.
 const idleCheckEvery = 5 * time.Second
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
 func (s *Source) flush() {
 	nc := s.js.Conn()
 	if !nc.IsConnected() {
