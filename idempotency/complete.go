@@ -68,9 +68,9 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 	// tried until it is stored, or the claim is found lost, or ctx ends (the
 	// worker's shutdown deadline, a revoked partition). A delivery given
 	// back earlier would be redelivered and, once its lease ran out, run
-	// again: a store outage longer than a few tries (a Sentinel failover
-	// takes seconds) would turn every handler that finished in it into a
-	// duplicate (SPEC §11.1). While the store is down nothing new can be
+	// again: a store outage longer than a few tries (a Redis restart, a
+	// failover that waits for a replica's resync) would turn every handler
+	// that finished in it into a duplicate (SPEC §11.1). While the store is down nothing new can be
 	// claimed either (SPEC §7.3); on a Cluster with one primary down, the
 	// held deliveries take concurrency slots that keys of the other slots
 	// could use, until the primary is back.

@@ -99,13 +99,9 @@ func RedisClient(ctx context.Context, rc *config.Redis) (redis.UniversalClient, 
 	if err != nil {
 		return nil, err
 	}
-	tc, err := tlsConfig("redis.tls", rc.TLS)
+	tc, dial, err := dialSettings(rc)
 	if err != nil {
 		return nil, err
-	}
-	dial := rc.ConnectTimeout.D()
-	if dial <= 0 {
-		dial = redisbackend.DefaultDialTimeout
 	}
 	ctx, cancel := context.WithTimeout(ctx, dial+time.Second)
 	defer cancel()
@@ -212,7 +208,7 @@ func clusterEnabled(ctx context.Context, ro *redis.Options) (bool, error) {
 // sentinelClient is RedisClient for redis.sentinel.
 func sentinelClient(ctx context.Context, rc *config.Redis, password string, tc *tls.Config, dial time.Duration) (redis.UniversalClient, error) {
 	s := rc.Sentinel
-	spw, err := secret("redis.sentinel.password", s.Password, s.PasswordFile)
+	spw, err := sentinelPassword(s)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +219,27 @@ func sentinelClient(ctx context.Context, rc *config.Redis, password string, tc *
 		ContextTimeoutEnabled: true,
 	})
 	return pinged(ctx, c, fmt.Sprintf("redis.sentinel %v (master %q)", s.Addrs, s.Master))
+}
+
+// dialSettings are the TLS configuration (nil without redis.tls) and the
+// dial timeout of every connection to the deployment of rc, the Sentinels'
+// included.
+func dialSettings(rc *config.Redis) (*tls.Config, time.Duration, error) {
+	tc, err := tlsConfig("redis.tls", rc.TLS)
+	if err != nil {
+		return nil, 0, err
+	}
+	dial := rc.ConnectTimeout.D()
+	if dial <= 0 {
+		dial = redisbackend.DefaultDialTimeout
+	}
+	return tc, dial, nil
+}
+
+// sentinelPassword is the Sentinels' own password, from
+// redis.sentinel.password or password_file.
+func sentinelPassword(s *config.Sentinel) (string, error) {
+	return secret("redis.sentinel.password", s.Password, s.PasswordFile)
 }
 
 // pinged returns c once it answered a PING within ctx, else closes it and

@@ -69,17 +69,13 @@ func failoverRisks(ctx context.Context, rc *config.Redis, handlers []config.Hand
 // down-after-milliseconds of the master, and returns the first answer.
 func sentinelDownAfter(ctx context.Context, rc *config.Redis) (time.Duration, error) {
 	s := rc.Sentinel
-	password, err := secret("redis.sentinel.password", s.Password, s.PasswordFile)
+	password, err := sentinelPassword(s)
 	if err != nil {
 		return 0, err
 	}
-	tc, err := tlsConfig("redis.tls", rc.TLS)
+	tc, dial, err := dialSettings(rc)
 	if err != nil {
 		return 0, err
-	}
-	dial := rc.ConnectTimeout.D()
-	if dial <= 0 {
-		dial = redisbackend.DefaultDialTimeout
 	}
 	var errs []error
 	for _, addr := range s.Addrs {
