@@ -114,3 +114,41 @@ func DeliveryContext(ctx context.Context, d Delivery) context.Context {
 	}
 	return ctx
 }
+
+// A RunHandledNotifier is a delivery of a source that keeps an order
+// (Kafka's offset order) and can start the next run of that order sooner
+// when it learns that a run's handlers are done. The source hands such a
+// delivery first in the run it passes to Runner.ProcessBatch.
+//
+// A Processor that supports it calls RunHandled, through the package's
+// RunHandled function, at most once during ProcessBatch: when the handler
+// has returned for every delivery of the run with a result to store, and
+// nothing of the call is left to run a handler, so that no delivery of the
+// run is to be retried for its handler's failure or run again by this call.
+// What remains is storing the results and settling the deliveries, which
+// ProcessBatch still does before it returns.
+//
+// Once notified, the source may start the handler of the next run of the
+// same order while this call stores its results: every side effect of this
+// run happened before it. A delivery that the call settles with a Nak after
+// the notice (its result could not be stored because the store lost its
+// claim and record) is retried after what the source started since; its
+// handler's first run was in order. A processor that never notifies loses
+// nothing: the source then waits for ProcessBatch to return.
+type RunHandledNotifier interface {
+	// RunHandled returns promptly and does not call into the processor.
+	RunHandled()
+}
+
+// RunHandled notifies run's source that the handlers of run are done, when
+// run's first delivery is a RunHandledNotifier; otherwise it does nothing.
+// A Processor calls it from ProcessBatch, with the run ProcessBatch was
+// given, under the conditions RunHandledNotifier describes.
+func RunHandled(run []Delivery) {
+	if len(run) == 0 {
+		return
+	}
+	if n, ok := run[0].(RunHandledNotifier); ok {
+		n.RunHandled()
+	}
+}

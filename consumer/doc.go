@@ -40,7 +40,10 @@
 // Processors that are not Batching, and handlers that are not
 // BatchHandlers, get the run one delivery at a time, in order (the NATS
 // source then keeps calling Process concurrently: Runner.Batching). A run
-// holds one Concurrency slot for the whole call.
+// holds one Concurrency slot for the whole call. A processor that knows when
+// a run's handlers are done, before it has stored their results, tells the
+// run's source (RunHandledNotifier): the Kafka source then starts the lane's
+// next run while the first call stores them.
 //
 // Every message of a run is settled on its own from its Result: one failed
 // message is retried or dead-lettered alone. On Kafka a nakked message holds

@@ -31,7 +31,9 @@ type Processor interface {
 	// keeping their order where the handler's side effects are concerned.
 	// It has Process's contract for every delivery of ds, including a
 	// cancelled ctx. A wrapper that gives each delivery a context of its
-	// own passes them with WithDeliveryContexts.
+	// own passes them with WithDeliveryContexts. A processor that can tell
+	// when a run's handlers are done while its results are still being
+	// stored calls RunHandled (see RunHandledNotifier).
 	ProcessBatch(ctx context.Context, ds []Delivery)
 	// Batching reports whether ProcessBatch hands runs to a BatchHandler;
 	// when false it processes the deliveries one at a time, in order.
@@ -110,7 +112,9 @@ type Runner interface {
 	// unit of work, however many messages it carries. A processor that is
 	// not Batching takes the deliveries one at a time, in order, under that
 	// one slot. Every delivery of ds has Process's contract (with a
-	// cancelled ctx it is settled as best it can).
+	// cancelled ctx it is settled as best it can). A source that keeps an
+	// order may pass deliveries that are RunHandledNotifiers, to learn when
+	// it may start the run after this one.
 	ProcessBatch(ctx context.Context, ds []Delivery)
 	// Batching reports whether ProcessBatch gives the handler runs at once
 	// (Processor.Batching: a BatchHandler behind a processor that hands it

@@ -311,11 +311,7 @@ func (r *runner) Process(ctx context.Context, d Delivery) {
 func (r *runner) Batching() bool { return r.proc.Batching() }
 
 func (r *runner) ProcessBatch(ctx context.Context, ds []Delivery) {
-	switch len(ds) {
-	case 0:
-		return
-	case 1:
-		r.Process(ctx, ds[0])
+	if len(ds) == 0 {
 		return
 	}
 	ctx, cancel := r.bind(ctx)

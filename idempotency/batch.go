@@ -61,8 +61,16 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	// behind holds, in order, the deliveries of keys that a delivery of run
 	// owns.
 	var behind []heldBack
-	flush := func() {
-		p.runBatch(ctx, bh, run)
+	// flush runs the pending batch, then what it held back. The last flush
+	// of the call notifies the source once the batch's handlers are done
+	// (consumer.RunHandled) when nothing was held back behind it: nothing
+	// of the call is then left to run.
+	flush := func(last bool) {
+		var handled []consumer.Delivery
+		if last && len(behind) == 0 {
+			handled = ds
+		}
+		p.runBatch(ctx, bh, run, handled)
 		run = run[:0]
 		for i, b := range behind {
 			p.process(b.ctx, b.d, b.pr)
@@ -101,7 +109,7 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 			p.claimNow(dctx, pr)
 		}
 		if pr.key == "" || !pr.claimed || pr.err != nil {
-			flush()
+			flush(false)
 			p.process(dctx, d, pr)
 			continue
 		}
@@ -112,7 +120,7 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 			case claimReady:
 				run = append(run, ownedRun{d: d, pr: pr, leaseEnd: leaseEnd, ctx: dctx})
 			case claimLost:
-				flush()
+				flush(false)
 				pr.claimed, pr.batched = false, false
 				p.process(dctx, d, pr)
 			}
@@ -121,11 +129,11 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 		case ClaimMismatch:
 			p.mismatch(dctx, d, pr, pr.res.Record)
 		default:
-			flush()
+			flush(false)
 			p.process(dctx, d, pr)
 		}
 	}
-	flush()
+	flush(true)
 }
 
 // heldBack is a delivery of ProcessBatch whose key a delivery of the pending
@@ -172,7 +180,10 @@ func (p *processor) Batching() bool {
 // runBatch runs the handler on the owned deliveries of run in one call,
 // with the lease of every claim renewed while it runs, then stores their
 // completions together and settles them. A run of one goes through Handle.
-func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run []ownedRun) {
+// When every delivery of run has a result to store, runBatch notifies the
+// source of handled, a non-empty run of ProcessBatch, that its handlers are
+// done before it stores them (consumer.RunHandled).
+func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run []ownedRun, handled []consumer.Delivery) {
 	switch len(run) {
 	case 0:
 		return
@@ -184,6 +195,7 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		took := time.Since(start)
 		r.renewer.stop()
 		if c, ok := p.outcome(o.ctx, o.d, o.pr, r, hctx, result, herr, took, true); ok {
+			consumer.RunHandled(handled)
 			p.completeOne(o.ctx, c)
 		}
 		r.cancel(nil)
@@ -216,6 +228,9 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 			}
 			cs = append(cs, c)
 		}
+	}
+	if len(cs) == len(run) {
+		consumer.RunHandled(handled)
 	}
 	if len(cs) > 0 {
 		p.complete(ctx, cs)
