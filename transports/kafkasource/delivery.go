@@ -43,7 +43,10 @@ type delivery struct {
 	call procCall // its Process call on the member's procPool
 }
 
-var _ consumer.Delivery = (*delivery)(nil)
+var (
+	_ consumer.Delivery           = (*delivery)(nil)
+	_ consumer.RunHandledNotifier = (*delivery)(nil)
+)
 
 // newDeliveries returns the first attempts of a dispatched chunk's
 // messages, allocated together: one slab of deliveries and the chunk's
@@ -174,6 +177,12 @@ func (d *delivery) Nak(_ context.Context, delay time.Duration) error {
 	d.delay = max(delay, 0)
 	return nil
 }
+
+// RunHandled tells the lane running d's run that the run's handlers are
+// done, so that it may start its next run while this one's results are
+// stored. It does nothing unless d is the first delivery of a running
+// ProcessBatch call.
+func (d *delivery) RunHandled() { d.call.handled() }
 
 // Heartbeat is a no-op: the consumer group heartbeats on its own, and Kafka
 // has no per-message timer.

@@ -30,6 +30,17 @@
 // whole record batch on every partition at once. The bound only delays
 // fetches: offsets, their order, commits and rebalances are as without it.
 //
+// With a batch handler (Runner.Batching), a lane hands its queued messages
+// to Runner.ProcessBatch in runs of up to BatchSize. A run's call may tell
+// the source that the run's handlers are done while their results are
+// still being stored (consumer.RunHandledNotifier; the deduplication engine
+// does when every message of the run has a result to store): the lane then
+// starts its next run, whose call takes a concurrency slot of its own, and
+// waits for the first call to return before a third. Side effects stay in
+// offset order. A message whose result the store then could not take (its
+// claim and record were lost) is retried after the run that started
+// meanwhile.
+//
 // Kafka cannot redeliver one message, so a Nak is a retry in place: the
 // lane (the partition, or the key) waits the requested delay and processes
 // the message again with Attempt()+1 (SPEC §7.1). Attempts are counted by

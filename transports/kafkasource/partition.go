@@ -529,21 +529,36 @@ func (p *partition) enqueue(ds []*delivery) {
 
 // ---- lanes ----
 
+// runLane runs l's queue in order until it is empty. When the runner
+// batches, it takes the queue in runs of up to BatchSize, each in one
+// ProcessBatch call, and a run's storing of its results overlaps the next
+// run: once a call reports that its handlers are done
+// (consumer.RunHandledNotifier), the lane starts its next run, then waits for
+// the first call to return and retries that call's nakked deliveries before
+// it starts a third. A failed handler holds back the rest of the order as
+// before, since a call whose handler failed reports nothing before it
+// returns.
 func (p *partition) runLane(l *lane, registered bool) {
-	limit := 1
-	if p.g.m.r.Batching() {
-		limit = p.g.m.s.cfg.BatchSize
-	}
+	batching := p.g.m.r.Batching()
+	limit := p.g.m.s.cfg.BatchSize
+	// prev is a call whose handlers are done and which has not returned.
+	var prev *procCall
 	for {
 		p.mu.Lock()
 		if len(l.queue) == 0 {
+			if prev != nil {
+				p.mu.Unlock()
+				p.finishRun(prev)
+				prev = nil
+				continue
+			}
 			if registered {
 				delete(p.lanesByID, l.key)
 			}
 			p.mu.Unlock()
 			return
 		}
-		if limit == 1 || len(l.queue) == 1 {
+		if !batching {
 			d := l.queue[0]
 			l.queue[0] = nil
 			l.queue = l.queue[1:]
@@ -557,22 +572,45 @@ func (p *partition) runLane(l *lane, registered bool) {
 		clear(l.queue[:n])
 		l.queue = l.queue[n:]
 		p.mu.Unlock()
-		p.deliverRun(run)
+		prev = p.deliverRun(run, prev)
 	}
 }
 
-// deliverRun runs a lane's run in one ProcessBatch call, then retries its
-// nakked deliveries in place, in order, each until it is acked. It returns
-// with the run's offsets finished, or some unfinished when the partition
-// stops.
-func (p *partition) deliverRun(run []*delivery) {
-	m := p.g.m
+// deliverRun runs run in one ProcessBatch call and returns once its
+// handlers are done, having finished prev, the lane's previous call, on the
+// way (see finishRun). It returns the call while it still stores its
+// results, or nil once the run is finished.
+func (p *partition) deliverRun(run []*delivery, prev *procCall) *procCall {
 	if !p.acquire() {
 		p.abandonAll(run)
-		return
+		if prev != nil {
+			p.finishRun(prev)
+		}
+		return nil
 	}
-	m.procs.processBatch(p.workCtx, run)
-	<-m.sem
+	c := p.g.m.procs.startBatch(p.workCtx, run)
+	returned := c.handledOrReturned()
+	if prev != nil {
+		p.finishRun(prev)
+	}
+	if !returned {
+		return c
+	}
+	p.retryRun(c.run)
+	return nil
+}
+
+// finishRun waits for a call whose handlers were done to return, then
+// retries its nakked deliveries in place.
+func (p *partition) finishRun(c *procCall) {
+	c.wait()
+	p.retryRun(c.run)
+}
+
+// retryRun retries the nakked deliveries of a returned run in place, in
+// order, each until it is acked. It returns with the run's offsets finished,
+// or some unfinished when the partition stops.
+func (p *partition) retryRun(run []*delivery) {
 	for _, d := range run {
 		st, delay := d.outcome()
 		if st == settledAck {
@@ -616,7 +654,6 @@ func (p *partition) deliver(d *delivery) {
 			return
 		}
 		m.procs.process(p.workCtx, d)
-		<-m.sem
 		st, delay := d.outcome()
 		if st == settledAck {
 			return

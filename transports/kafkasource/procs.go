@@ -3,6 +3,7 @@ package kafkasource
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/gopool"
@@ -16,37 +17,60 @@ import (
 // lane waits, on a shallow stack, for its call to return (runtime.newstack
 // in a CPU profile of the Kafka relay).
 //
-// Callers hold a semaphore slot, so at most size calls run at once, and the
-// pool never starts more than size goroutines: when all exist and none is
-// idle, a call waits for one that is finishing (it released its call and is
-// going back for the next). The member owns the pool and closes it when
-// Consume returns, after every lane returned.
+// Callers hold a semaphore slot, and the pooled goroutine gives it back
+// when its call returns: a run whose handlers are done may still be
+// storing its results when its lane has gone on (startBatch). So at most
+// size calls run at once, and the pool never starts more than size
+// goroutines: when all exist and none is idle, a call waits for one that is
+// finishing (it released its call and is going back for the next). The
+// member owns the pool and closes it when Consume returns, after every lane
+// returned.
 type procPool struct {
 	pool *gopool.Pool[*procCall]
 }
 
-// procCall is one Process call, kept in its delivery (no allocation a
-// call); the caller waits on done.
+// procCall is one Process or ProcessBatch call, kept in its delivery (the
+// run's first for ProcessBatch: no allocation a call).
 type procCall struct {
-	ctx  context.Context
-	d    *delivery
-	ds   []consumer.Delivery // a run for ProcessBatch; nil for Process
-	done sync.WaitGroup
+	ctx context.Context
+	d   *delivery
+	ds  []consumer.Delivery // a run for ProcessBatch; nil for Process
+	run []*delivery         // the same run, for its lane
+
+	done sync.WaitGroup // Process: the caller waits on it
+	// A ProcessBatch call reports on ev: false once its handlers are done
+	// (the run's first delivery is notified, consumer.RunHandled), true
+	// when the call returned. state makes the first report of each kind
+	// the only one: callIdle, callRunning, then callHandled, then
+	// callReturned.
+	ev    chan bool
+	state atomic.Int32
 }
 
-func newProcPool(r consumer.Runner, size int) *procPool {
+const (
+	callIdle int32 = iota // no ProcessBatch call started on it
+	callRunning
+	callHandled
+	callReturned
+)
+
+func newProcPool(r consumer.Runner, size int, sem <-chan struct{}) *procPool {
 	return &procPool{pool: gopool.New(size, func(c *procCall) {
 		if c.ds != nil {
 			r.ProcessBatch(c.ctx, c.ds)
-		} else {
-			r.Process(c.ctx, c.d)
+			<-sem
+			c.state.Store(callReturned)
+			c.ev <- true
+			return
 		}
+		r.Process(c.ctx, c.d)
+		<-sem
 		c.done.Done()
 	})}
 }
 
 // process runs Process(ctx, d) on a pooled goroutine and returns when it
-// returned.
+// returned. The caller holds a semaphore slot, which the call gives back.
 func (pp *procPool) process(ctx context.Context, d *delivery) {
 	c := &d.call
 	c.ctx, c.d = ctx, d
@@ -56,18 +80,48 @@ func (pp *procPool) process(ctx context.Context, d *delivery) {
 	c.ctx, c.d = nil, nil
 }
 
-// processBatch runs ProcessBatch(ctx, ds) on a pooled goroutine and returns
-// when it returned. The call is kept in the run's first delivery.
-func (pp *procPool) processBatch(ctx context.Context, ds []*delivery) {
-	run := make([]consumer.Delivery, len(ds))
-	for i, d := range ds {
-		run[i] = d
+// startBatch starts ProcessBatch(ctx, run) on a pooled goroutine and
+// returns its call, kept in the run's first delivery. The caller holds a
+// semaphore slot, which the call gives back when it returns; the caller
+// waits on the call with handledOrReturned and wait.
+func (pp *procPool) startBatch(ctx context.Context, run []*delivery) *procCall {
+	ds := make([]consumer.Delivery, len(run))
+	for i, d := range run {
+		ds[i] = d
 	}
-	c := &ds[0].call
-	c.ctx, c.ds = ctx, run
-	c.done.Add(1)
+	c := &run[0].call
+	if c.ev == nil {
+		c.ev = make(chan bool, 2)
+	}
+	c.ctx, c.ds, c.run = ctx, ds, run
+	c.state.Store(callRunning)
 	pp.pool.Run(c)
-	c.done.Wait()
+	return c
+}
+
+// handled reports that the run's handlers are done; only the first report
+// of a running ProcessBatch call counts.
+func (c *procCall) handled() {
+	if c.state.CompareAndSwap(callRunning, callHandled) {
+		c.ev <- false
+	}
+}
+
+// handledOrReturned waits until the call's handlers are done or the call
+// returned, and reports whether it returned. A call that returned is
+// forgotten.
+func (c *procCall) handledOrReturned() bool {
+	if <-c.ev {
+		c.ctx, c.ds = nil, nil
+		return true
+	}
+	return false
+}
+
+// wait waits, after handledOrReturned reported the call's handlers done,
+// until the call returned, and forgets it.
+func (c *procCall) wait() {
+	<-c.ev
 	c.ctx, c.ds = nil, nil
 }
 

@@ -41,12 +41,12 @@ func (r *countingRunner) Process(_ context.Context, d consumer.Delivery) {
 }
 
 // TestProcPool: process returns only after Process returned, the pool never
-// starts more goroutines than its size however many calls are made, and
-// close waits for them.
+// starts more goroutines than its size however many calls are made, each
+// call gives its caller's slot back, and close waits for them.
 func TestProcPool(t *testing.T) {
 	r := &countingRunner{release: make(chan struct{})}
-	pp := newProcPool(r, 3)
 	sem := make(chan struct{}, 3) // callers hold a slot, as lanes do
+	pp := newProcPool(r, 3, sem)
 	var wg sync.WaitGroup
 	returned := atomic.Int32{}
 	for range 30 {
@@ -55,7 +55,6 @@ func TestProcPool(t *testing.T) {
 			d := &delivery{}
 			pp.process(context.Background(), d)
 			returned.Add(1)
-			<-sem
 		})
 	}
 	// Three calls run and block; none may have returned.
@@ -80,5 +79,73 @@ func TestProcPool(t *testing.T) {
 	if n := pp.pool.Started(); n > 3 {
 		t.Fatalf("the pool started %d goroutines, want at most its size 3", n)
 	}
+	if n := len(sem); n != 0 {
+		t.Fatalf("%d semaphore slots still held after every call returned", n)
+	}
 	pp.close() // returns when its goroutines did
+}
+
+// batchRunner's ProcessBatch notifies its run's source that its handlers
+// are done when notify is set, then waits for release before it returns.
+type batchRunner struct {
+	countingRunner
+	notify  bool
+	entered chan struct{}
+}
+
+func (r *batchRunner) Batching() bool { return true }
+func (r *batchRunner) ProcessBatch(_ context.Context, ds []consumer.Delivery) {
+	r.entered <- struct{}{}
+	if r.notify {
+		consumer.RunHandled(ds)
+		consumer.RunHandled(ds) // a second notice is ignored
+	}
+	<-r.release
+}
+
+// TestProcPoolBatchReports: a ProcessBatch call reports its handlers done
+// when the processor notifies the run's first delivery, and its return
+// afterwards; it holds its semaphore slot until it returns. A call that
+// never notifies reports only its return.
+func TestProcPoolBatchReports(t *testing.T) {
+	for _, notify := range []bool{true, false} {
+		r := &batchRunner{countingRunner: countingRunner{release: make(chan struct{})}, notify: notify, entered: make(chan struct{}, 1)}
+		sem := make(chan struct{}, 1)
+		pp := newProcPool(r, 1, sem)
+		run := []*delivery{{}, {}}
+		// A delivery that is not the first of a running call ignores a
+		// notice.
+		run[1].RunHandled()
+
+		sem <- struct{}{}
+		c := pp.startBatch(context.Background(), run)
+		<-r.entered
+		if notify {
+			if c.handledOrReturned() {
+				t.Fatal("the call reported its return before ProcessBatch returned")
+			}
+			if len(sem) != 1 {
+				t.Fatal("the call gave its slot back before it returned")
+			}
+			close(r.release)
+			c.wait()
+		} else {
+			select {
+			case v := <-c.ev:
+				t.Fatalf("a call that was not notified reported %v before it returned", v)
+			default:
+			}
+			close(r.release)
+			if !c.handledOrReturned() {
+				t.Fatal("a call that was not notified reported its handlers done")
+			}
+		}
+		if len(sem) != 0 {
+			t.Fatal("the call kept its slot after it returned")
+		}
+		if len(c.ev) != 0 {
+			t.Fatalf("%d reports left after the call returned", len(c.ev))
+		}
+		pp.close()
+	}
 }

@@ -124,10 +124,10 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		r:   r,
 		dlq: dlq,
 		// Member-wide cap on deliveries in Process (SPEC §8.1).
-		sem:   make(chan struct{}, max(r.Concurrency(), 1)),
-		base:  context.WithoutCancel(ctx),
-		procs: newProcPool(r, max(r.Concurrency(), 1)),
+		sem:  make(chan struct{}, max(r.Concurrency(), 1)),
+		base: context.WithoutCancel(ctx),
 	}
+	m.procs = newProcPool(r, max(r.Concurrency(), 1), m.sem)
 	// Every generation's lanes returned before Consume does: the pool's
 	// goroutines are idle.
 	defer m.procs.close()

@@ -1,0 +1,188 @@
+package kafkasource_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
+)
+
+// overlapping is a batching Processor that tells the source when a run's
+// handlers are done (consumer.RunHandled) and then holds the run in
+// ProcessBatch, as a result being stored would, until the lane's next run
+// has started. The run that holds the partition's last offset is not held.
+// It naks the offsets of nakOnce on their first attempt after the notice,
+// as the engine naks a result it could not store.
+type overlapping struct {
+	t       *testing.T
+	last    int64 // the partition's last offset
+	nakOnce map[int64]bool
+	// committed reads the group's committed offset of the partition.
+	committed func() int64
+
+	mu        sync.Mutex
+	runs      [][]int64
+	started   map[int]chan struct{} // closed when run k entered ProcessBatch
+	active    int                   // ProcessBatch calls not returned
+	maxActive int
+	acked     map[int64]int
+	retries   map[int64]int // a retried offset: how many runs had started when it ran
+	problems  []string
+}
+
+func (p *overlapping) startedCh(k int) chan struct{} {
+	c, ok := p.started[k]
+	if !ok {
+		c = make(chan struct{})
+		p.started[k] = c
+	}
+	return c
+}
+
+func (p *overlapping) Prepare(context.Context, []consumer.Delivery) {}
+
+func (p *overlapping) Batching() bool { return true }
+
+func (p *overlapping) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	offs := make([]int64, len(ds))
+	for i, d := range ds {
+		offs[i] = d.Message().Origin.Offset
+	}
+	p.mu.Lock()
+	k := len(p.runs)
+	if k > 0 {
+		prev := p.runs[k-1]
+		if offs[0] <= prev[len(prev)-1] {
+			p.problems = append(p.problems, fmt.Sprintf("run %d %v does not follow run %d %v", k, offs, k-1, prev))
+		}
+	}
+	p.runs = append(p.runs, offs)
+	p.active++
+	p.maxActive = max(p.maxActive, p.active)
+	close(p.startedCh(k))
+	next := p.startedCh(k + 1)
+	p.mu.Unlock()
+
+	if ctx.Err() == nil {
+		consumer.RunHandled(ds)
+		if offs[len(offs)-1] != p.last {
+			select {
+			case <-next:
+			case <-time.After(10 * time.Second):
+				p.mu.Lock()
+				p.problems = append(p.problems, fmt.Sprintf("run %d %v: the lane did not start its next run while this one stored its results", k, offs))
+				p.mu.Unlock()
+			}
+		}
+	}
+	for _, d := range ds {
+		off := d.Message().Origin.Offset
+		switch {
+		case ctx.Err() != nil:
+			_ = d.Nak(ctx, 0)
+		case p.nakOnce[off] && d.Attempt() == 1:
+			_ = d.Nak(ctx, 0)
+		default:
+			p.ack(ctx, d)
+		}
+	}
+	p.mu.Lock()
+	p.active--
+	p.mu.Unlock()
+}
+
+// Process takes the retries of nakked deliveries.
+func (p *overlapping) Process(ctx context.Context, d consumer.Delivery) {
+	if ctx.Err() != nil {
+		_ = d.Nak(ctx, 0)
+		return
+	}
+	off := d.Message().Origin.Offset
+	c := p.committed()
+	p.mu.Lock()
+	p.retries[off] = len(p.runs)
+	if c > off {
+		p.problems = append(p.problems, fmt.Sprintf("offset %d committed past before its retry: committed %d", off, c))
+	}
+	p.mu.Unlock()
+	p.ack(ctx, d)
+}
+
+func (p *overlapping) ack(ctx context.Context, d consumer.Delivery) {
+	if err := d.Ack(ctx); err != nil {
+		p.t.Errorf("ack of offset %d: %v", d.Message().Origin.Offset, err)
+		return
+	}
+	p.mu.Lock()
+	p.acked[d.Message().Origin.Offset]++
+	p.mu.Unlock()
+}
+
+// TestLaneOverlapsStoringResults: once a run's processor reports its
+// handlers done, the partition's lane starts its next run while the first
+// call is still storing its results, and never has more than two calls at
+// once. A delivery nakked after the notice is retried in place after the
+// run that started meanwhile and before any later one; the committed offset
+// does not pass it before its retry is acked; every offset is acked once.
+func TestLaneOverlapsStoringResults(t *testing.T) {
+	t.Parallel()
+	const n, batch = 40, 10
+	e := newRealEnv(t, 1)
+	var ms []msg
+	for i := range n {
+		ms = append(ms, msg{value: fmt.Sprint(i)})
+	}
+	e.produce(e.topic, ms)
+	proc := &overlapping{t: t, last: n - 1, nakOnce: map[int64]bool{3: true},
+		started: map[int]chan struct{}{}, acked: map[int64]int{}, retries: map[int64]int{},
+		committed: func() int64 { return e.committed()[0] }}
+	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
+	// Room for the next run while one stores its results.
+	src := e.source(func(c *kafkasource.Config) { c.BatchSize, c.MaxUnfinished = batch, 4*batch })
+	r := run(t, worker(t, "overlap", src, ignore, consumer.WithProcessor(newProc), consumer.WithConcurrency(4)))
+	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed()[0] == n })
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	proc.mu.Lock()
+	defer proc.mu.Unlock()
+	for _, p := range proc.problems {
+		t.Error(p)
+	}
+	if proc.maxActive != 2 {
+		t.Errorf("at most %d ProcessBatch calls of the lane at once, want 2: a run overlaps the storing of the one before, and no more", proc.maxActive)
+	}
+	if len(proc.runs) < 2 {
+		t.Fatalf("%d runs, want at least 2: %v", len(proc.runs), proc.runs)
+	}
+	// Offset 3 was nakked by its run; it must be retried once the run
+	// after it started, before a third began.
+	var in int
+	for k, run := range proc.runs {
+		if slices.Contains(run, 3) {
+			in = k
+		}
+	}
+	if got, ok := proc.retries[3]; !ok {
+		t.Error("offset 3 was nakked and never retried")
+	} else if got != in+2 {
+		t.Errorf("offset 3 (run %d) was retried when %d runs had started, want %d: after the overlapping run, before the next", in, got, in+2)
+	}
+	for off := range int64(n) {
+		if proc.acked[off] != 1 {
+			t.Errorf("offset %d acked %d times, want once", off, proc.acked[off])
+		}
+	}
+	for off := range proc.retries {
+		if off != 3 {
+			t.Errorf("offset %d was retried; only offset 3 was nakked", off)
+		}
+	}
+}
