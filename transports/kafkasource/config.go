@@ -109,10 +109,11 @@ type Config struct {
 	// and not yet finished; fetching pauses beyond it. It bounds how far
 	// key ordering runs ahead of a slow key (and how many claims wait), the
 	// messages a crash or a rebalance redelivers, and the memory held: every
-	// fetched message is in memory until it is finished. Default BatchSize
-	// with partition ordering, 4×BatchSize with key ordering: the memory a
-	// larger bound holds buys no throughput (measured with cmd/dedupbench
-	// --kafka-unfinished).
+	// fetched message is in memory until it is finished. Default
+	// 2×BatchSize with partition ordering, room for the run a lane starts
+	// while the run before it stores its results (see the package doc),
+	// and 4×BatchSize with key ordering; docs/PERFORMANCE.md has what each
+	// buys.
 	MaxUnfinished int
 	// FetchMaxBytes caps the size of one fetch response; the broker still
 	// returns a record batch larger than it whole. A partition holds the
@@ -168,7 +169,7 @@ func defaultMaxUnfinished(batch int, ordering string) int {
 	if ordering == OrderingKey {
 		return 4 * batch
 	}
-	return batch
+	return 2 * batch
 }
 
 func (c *Config) withDefaults() {

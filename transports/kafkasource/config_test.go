@@ -144,3 +144,31 @@ func TestTrackerWatermark(t *testing.T) {
 		t.Fatalf("watermark %d, want 5000", w)
 	}
 }
+
+// MaxUnfinished defaults to room for two runs of a partition (one storing
+// its results while the next runs) and four of a key's; a value set is
+// kept.
+func TestMaxUnfinishedDefault(t *testing.T) {
+	for _, tc := range []struct {
+		ordering string
+		batch    int
+		set      int
+		want     int
+	}{
+		{kafkasource.OrderingPartition, 0, 0, 200},
+		{kafkasource.OrderingPartition, 10, 0, 20},
+		{kafkasource.OrderingKey, 10, 0, 40},
+		{kafkasource.OrderingPartition, 10, 15, 15},
+	} {
+		s, err := kafkasource.New(kafkasource.Config{
+			Brokers: []string{"127.0.0.1:1"}, Topic: "t", GroupID: "g",
+			Ordering: tc.ordering, BatchSize: tc.batch, MaxUnfinished: tc.set,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kafkasource.EffectiveConfig(s).MaxUnfinished; got != tc.want {
+			t.Errorf("ordering %s, BatchSize %d, MaxUnfinished %d: effective %d, want %d", tc.ordering, tc.batch, tc.set, got, tc.want)
+		}
+	}
+}

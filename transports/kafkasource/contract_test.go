@@ -77,7 +77,7 @@ func TestPreparedAlwaysProcessed(t *testing.T) {
 	proc := &preparing{processed: map[consumer.Delivery]int{}, prepared: map[consumer.Delivery]bool{},
 		causes: map[int64]error{}, block: make(chan struct{}), started: make(chan struct{})}
 	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
-	src := e.source(func(c *kafkasource.Config) { c.BatchSize = 10 })
+	src := e.source(func(c *kafkasource.Config) { c.BatchSize, c.MaxUnfinished = 10, 10 })
 	r := run(t, worker(t, "prep", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), consumer.WithProcessor(newProc)))
 	select {
 	case <-proc.started:
@@ -92,7 +92,7 @@ func TestPreparedAlwaysProcessed(t *testing.T) {
 	proc.mu.Lock()
 	defer proc.mu.Unlock()
 	if len(proc.batches) != 1 || len(proc.batches[0]) != 10 {
-		t.Errorf("prepared batches %v, want one of 10 (BatchSize 10; fetching pauses while 10 are unfinished)", proc.batches)
+		t.Errorf("prepared batches %v, want one of 10 (BatchSize 10; fetching pauses while MaxUnfinished 10 are unfinished)", proc.batches)
 	}
 	for d := range proc.prepared {
 		if n := proc.processed[d]; n != 1 {
