@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+
+	"github.com/idemkit/dedupworker/internal/app"
 )
 
 // Exit codes (SPEC §9.1).
@@ -75,6 +77,10 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		if c.name != args[0] {
 			continue
 		}
+		// What go-redis logs on its own (a Sentinel that does not answer)
+		// reads as one of the command's warnings; run sends it to the
+		// worker's logger instead.
+		app.RedisWarnings(stderr)
 		err := c.run(args[1:], stdout, stderr)
 		switch {
 		case err == nil:

@@ -46,3 +46,32 @@ func TestRedisLogsAreStructured(t *testing.T) {
 		t.Errorf("record %v: want level WARN and go-redis's message about the Sentinel", rec)
 	}
 }
+
+// Under RedisWarnings the same line is one "warning: go-redis: " line of the
+// command's stderr.
+func TestRedisWarningsAreCommandLines(t *testing.T) {
+	var out testenv.SyncBuffer
+	RedisWarnings(&out)
+	t.Cleanup(func() { RedisLogs(slog.New(slog.DiscardHandler)) })
+
+	closed := testenv.FreeAddr(t)
+	c := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: "nobody", SentinelAddrs: []string{closed},
+		DialTimeout: 200 * time.Millisecond, MaxRetries: -1,
+	})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("Ping through a Sentinel that does not exist succeeded")
+	}
+	text := out.String()
+	if !strings.HasSuffix(text, "\n") || !strings.Contains(text, "sentinel") {
+		t.Fatalf("no whole go-redis line about the Sentinel:\n%q", text)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
+		if !strings.HasPrefix(line, "warning: go-redis: ") || strings.TrimPrefix(line, "warning: go-redis: ") == "" {
+			t.Errorf("line %q: want \"warning: go-redis: \" and go-redis's message", line)
+		}
+	}
+}
