@@ -64,7 +64,11 @@
 // a single delivery: one failure fails only its message. The completions of
 // a call are submitted to the store together (one Complete call, unless
 // other handlers' completions already fill a batch), and the deliveries are
-// acked after them. A panic in HandleBatch fails every message of the call
+// acked after them. When every message of the run's last call has a result
+// to store and nothing of the run waits behind it, the engine tells the
+// run's source so before it stores them (consumer.RunHandled): the Kafka
+// source then starts the lane's next run while the completions are in
+// flight. A panic in HandleBatch fails every message of the call
 // with a *consumer.PanicError. In shadow mode every delivery goes through
 // Handle, one at a time.
 package idempotency
