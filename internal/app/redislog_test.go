@@ -20,17 +20,7 @@ func TestRedisLogsAreStructured(t *testing.T) {
 	RedisLogs(slog.New(slog.NewJSONHandler(&out, nil)))
 	t.Cleanup(func() { RedisLogs(slog.New(slog.DiscardHandler)) })
 
-	closed := testenv.FreeAddr(t)
-	c := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName: "nobody", SentinelAddrs: []string{closed},
-		DialTimeout: 200 * time.Millisecond, MaxRetries: -1,
-	})
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err == nil {
-		t.Fatal("Ping through a Sentinel that does not exist succeeded")
-	}
+	pingMissingSentinel(t)
 
 	var rec map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
@@ -54,6 +44,22 @@ func TestRedisWarningsAreCommandLines(t *testing.T) {
 	RedisWarnings(&out)
 	t.Cleanup(func() { RedisLogs(slog.New(slog.DiscardHandler)) })
 
+	pingMissingSentinel(t)
+	text := out.String()
+	if !strings.HasSuffix(text, "\n") || !strings.Contains(text, "sentinel") {
+		t.Fatalf("no whole go-redis line about the Sentinel:\n%q", text)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
+		if !strings.HasPrefix(line, "warning: go-redis: ") || strings.TrimPrefix(line, "warning: go-redis: ") == "" {
+			t.Errorf("line %q: want \"warning: go-redis: \" and go-redis's message", line)
+		}
+	}
+}
+
+// pingMissingSentinel pings through a Sentinel that does not answer, so
+// that go-redis logs about it.
+func pingMissingSentinel(t *testing.T) {
+	t.Helper()
 	closed := testenv.FreeAddr(t)
 	c := redis.NewFailoverClient(&redis.FailoverOptions{
 		MasterName: "nobody", SentinelAddrs: []string{closed},
@@ -64,14 +70,5 @@ func TestRedisWarningsAreCommandLines(t *testing.T) {
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err == nil {
 		t.Fatal("Ping through a Sentinel that does not exist succeeded")
-	}
-	text := out.String()
-	if !strings.HasSuffix(text, "\n") || !strings.Contains(text, "sentinel") {
-		t.Fatalf("no whole go-redis line about the Sentinel:\n%q", text)
-	}
-	for _, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
-		if !strings.HasPrefix(line, "warning: go-redis: ") || strings.TrimPrefix(line, "warning: go-redis: ") == "" {
-			t.Errorf("line %q: want \"warning: go-redis: \" and go-redis's message", line)
-		}
 	}
 }
