@@ -270,3 +270,40 @@ func TestValidatePrintRedactsTheSentinelPassword(t *testing.T) {
 		t.Fatalf("validate with redis.master_name: exit %d %q, want 2 and %q", code, stderr, want)
 	}
 }
+
+// What go-redis logs on its own while validate --online reaches the
+// Sentinels (here: the first one listed does not answer) comes out as the
+// command's warnings, one "warning: go-redis: " line each, not as go-redis's
+// raw text; the command still succeeds through the others.
+func TestValidateOnlineGoRedisLinesAreWarnings(t *testing.T) {
+	t.Parallel()
+	url, js := natsSetup(t)
+	id := testenv.RandID()
+	createStreamMaxAge(t, js, "VGR_"+id, "vgr."+id, time.Minute)
+	sen := testenv.RedisSentinel(t)
+	addrs := append([]string{testenv.FreeAddr(t)}, sen.Addrs...)
+	cfg := writeConfig(t, `redis: {sentinel: {master: %s, addrs: [%s]}}
+handlers:
+  - name: orders
+    source: {nats: {url: %q, stream: VGR_%s}}
+    retention: 1h
+    action: {exec: {command: [/bin/true]}}
+`, sen.Master, strings.Join(addrs, ", "), url, id)
+	code, _, stderr := runCmd(t, "validate", "-c", cfg, "--online")
+	if code != 0 {
+		t.Fatalf("validate --online with one Sentinel down: exit %d %q, want 0", code, stderr)
+	}
+	var fromRedis int
+	for _, line := range strings.Split(stderr, "\n") {
+		if !strings.Contains(line, "sentinel: ") {
+			continue
+		}
+		fromRedis++
+		if !strings.HasPrefix(line, "warning: go-redis: ") {
+			t.Errorf("stderr line %q: want it as \"warning: go-redis: …\"", line)
+		}
+	}
+	if fromRedis == 0 {
+		t.Fatalf("no go-redis line about the Sentinel that does not answer:\n%s", stderr)
+	}
+}
