@@ -109,11 +109,14 @@ type Config struct {
 	// and not yet finished; fetching pauses beyond it. It bounds how far
 	// key ordering runs ahead of a slow key (and how many claims wait), the
 	// messages a crash or a rebalance redelivers, and the memory held: every
-	// fetched message is in memory until it is finished. Default
-	// 2×BatchSize with partition ordering, room for the run a lane starts
-	// while the run before it stores its results (see the package doc),
-	// and 4×BatchSize with key ordering; docs/PERFORMANCE.md has what each
-	// buys.
+	// fetched message is in memory until it is finished. Default BatchSize
+	// with partition ordering, and twice that when the runner batches
+	// (Runner.Batching): room for the run a lane starts while the run
+	// before it stores its results (see the package doc). 4×BatchSize with
+	// key ordering. A larger window claims further ahead: a member that
+	// crashes leaves those claims to run out their lease before another
+	// member takes the keys. docs/PERFORMANCE.md has what the batching
+	// window buys.
 	MaxUnfinished int
 	// FetchMaxBytes caps the size of one fetch response; the broker still
 	// returns a record batch larger than it whole. A partition holds the
@@ -169,7 +172,7 @@ func defaultMaxUnfinished(batch int, ordering string) int {
 	if ordering == OrderingKey {
 		return 4 * batch
 	}
-	return 2 * batch
+	return batch
 }
 
 func (c *Config) withDefaults() {

@@ -145,20 +145,20 @@ func TestTrackerWatermark(t *testing.T) {
 	}
 }
 
-// MaxUnfinished defaults to room for two runs of a partition (one storing
-// its results while the next runs) and four of a key's; a value set is
-// kept.
+// MaxUnfinished defaults to one run of a partition, and to room for two
+// (one storing its results while the next runs) when the runner batches;
+// to four runs of a key's under key ordering; a value set is kept.
 func TestMaxUnfinishedDefault(t *testing.T) {
 	for _, tc := range []struct {
 		ordering string
 		batch    int
 		set      int
-		want     int
+		want     [2]int // not batching, batching
 	}{
-		{kafkasource.OrderingPartition, 0, 0, 200},
-		{kafkasource.OrderingPartition, 10, 0, 20},
-		{kafkasource.OrderingKey, 10, 0, 40},
-		{kafkasource.OrderingPartition, 10, 15, 15},
+		{kafkasource.OrderingPartition, 0, 0, [2]int{100, 200}},
+		{kafkasource.OrderingPartition, 10, 0, [2]int{10, 20}},
+		{kafkasource.OrderingKey, 10, 0, [2]int{40, 40}},
+		{kafkasource.OrderingPartition, 10, 15, [2]int{15, 15}},
 	} {
 		s, err := kafkasource.New(kafkasource.Config{
 			Brokers: []string{"127.0.0.1:1"}, Topic: "t", GroupID: "g",
@@ -167,8 +167,10 @@ func TestMaxUnfinishedDefault(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := kafkasource.EffectiveConfig(s).MaxUnfinished; got != tc.want {
-			t.Errorf("ordering %s, BatchSize %d, MaxUnfinished %d: effective %d, want %d", tc.ordering, tc.batch, tc.set, got, tc.want)
+		for i, batching := range []bool{false, true} {
+			if got := kafkasource.MaxUnfinished(s, batching); got != tc.want[i] {
+				t.Errorf("ordering %s, BatchSize %d, MaxUnfinished %d, batching %v: %d, want %d", tc.ordering, tc.batch, tc.set, batching, got, tc.want[i])
+			}
 		}
 	}
 }

@@ -28,5 +28,6 @@ func FetchBudget(s *Source) (used, peak int64, waiting int) { return s.budget.st
 // MessageCost is what the budget counts for m.
 func MessageCost(m *kafka.Message) int64 { return messageCost(m) }
 
-// EffectiveConfig is s's configuration with its defaults applied.
-func EffectiveConfig(s *Source) Config { return s.cfg }
+// MaxUnfinished is the MaxUnfinished a member of s keeps per partition for
+// a runner that batches or not.
+func MaxUnfinished(s *Source, batching bool) int { return s.unfinishedFor(batching) }

@@ -432,7 +432,7 @@ func (p *partition) dispatch() {
 	// The fetcher may fetch again once this many messages of its last
 	// fetch are left to dispatch: about one window of unfinished messages
 	// runs while it fetches.
-	ahead := max(s.cfg.MaxUnfinished, limit)
+	ahead := max(p.g.m.unfinished, limit)
 	for {
 		var f fetched
 		select {
@@ -452,7 +452,7 @@ func (p *partition) dispatch() {
 			n := min(len(f.msgs), limit)
 			chunk := f.msgs[:n]
 			f.msgs = f.msgs[n:]
-			if !p.waitSpace(s.cfg.MaxUnfinished) {
+			if !p.waitSpace(p.g.m.unfinished) {
 				return
 			}
 			ds := newDeliveries(p, chunk)

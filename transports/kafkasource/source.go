@@ -30,9 +30,12 @@ var ErrStopping = errors.New("kafka: source stopping: delivery not started")
 // Source consumes one topic as a member of a Kafka consumer group and
 // implements consumer.Source. Create it with New.
 type Source struct {
-	cfg    Config
-	dialer *kafka.Dialer
-	log    *slog.Logger
+	cfg Config
+	// unfinishedDefault: MaxUnfinished was left to its default
+	// (unfinishedFor).
+	unfinishedDefault bool
+	dialer            *kafka.Dialer
+	log               *slog.Logger
 	// budget bounds the fetched messages held across all partitions
 	// (Config.FetchBufferBytes); Consume calls do not overlap, so one
 	// budget serves them all.
@@ -50,6 +53,7 @@ var _ consumer.Source = (*Source)(nil)
 // New validates cfg, fills in its defaults and returns a Source. It does not
 // connect: Consume does.
 func New(cfg Config) (*Source, error) {
+	unfinishedDefault := cfg.MaxUnfinished == 0
 	cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -60,11 +64,12 @@ func New(cfg Config) (*Source, error) {
 	}
 	cfg.Brokers = append([]string(nil), cfg.Brokers...)
 	return &Source{
-		cfg:    cfg,
-		dialer: d,
-		budget: newBudget(int64(cfg.FetchBufferBytes)),
-		probe:  make(chan struct{}, 1),
-		log:    cfg.Logger.With("transport", "kafka", "topic", cfg.Topic, "group", cfg.GroupID),
+		cfg:               cfg,
+		unfinishedDefault: unfinishedDefault,
+		dialer:            d,
+		budget:            newBudget(int64(cfg.FetchBufferBytes)),
+		probe:             make(chan struct{}, 1),
+		log:               cfg.Logger.With("transport", "kafka", "topic", cfg.Topic, "group", cfg.GroupID),
 	}, nil
 }
 
@@ -124,8 +129,9 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		r:   r,
 		dlq: dlq,
 		// Member-wide cap on deliveries in Process (SPEC §8.1).
-		sem:  make(chan struct{}, max(r.Concurrency(), 1)),
-		base: context.WithoutCancel(ctx),
+		sem:        make(chan struct{}, max(r.Concurrency(), 1)),
+		base:       context.WithoutCancel(ctx),
+		unfinished: s.unfinishedFor(r.Batching()),
 	}
 	m.procs = newProcPool(r, max(r.Concurrency(), 1), m.sem)
 	// Every generation's lanes returned before Consume does: the pool's
@@ -306,6 +312,20 @@ type member struct {
 	sem   chan struct{}
 	base  context.Context // Consume's ctx without its cancellation: the root of Process contexts
 	procs *procPool       // runs Process for lanes holding a sem slot
+	// unfinished is the partitions' MaxUnfinished for this runner
+	// (unfinishedFor).
+	unfinished int
+}
+
+// unfinishedFor is the MaxUnfinished of a member whose runner batches or
+// not: the configured value, or its default, which under partition
+// ordering leaves a batching runner's lanes room for two runs, one storing
+// its results while the next runs.
+func (s *Source) unfinishedFor(batching bool) int {
+	if s.unfinishedDefault && batching && s.cfg.Ordering != OrderingKey {
+		return 2 * s.cfg.BatchSize
+	}
+	return s.cfg.MaxUnfinished
 }
 
 // generation is this member's share of one group generation: its assigned
