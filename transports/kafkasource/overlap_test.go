@@ -125,18 +125,29 @@ func (p *overlapping) ack(ctx context.Context, d consumer.Delivery) {
 }
 
 // TestLaneOverlapsStoringResults: once a run's processor reports its
-// handlers done, the partition's lane starts its next run while the first
-// call is still storing its results, and never has more than two calls at
-// once. A delivery nakked after the notice is retried in place after the
-// run that started meanwhile and before any later one; the committed offset
-// does not pass it before its retry is acked; every offset is acked once.
+// handlers done, the lane (the partition's, or under key ordering the key's)
+// starts its next run while the first call is still storing its results,
+// and never has more than two calls at once. A delivery nakked after the
+// notice is retried in place after the run that started meanwhile and
+// before any later one; the committed offset does not pass it before its
+// retry is acked; every offset is acked once.
 func TestLaneOverlapsStoringResults(t *testing.T) {
 	t.Parallel()
+	for _, ordering := range []string{kafkasource.OrderingPartition, kafkasource.OrderingKey} {
+		t.Run(ordering, func(t *testing.T) {
+			t.Parallel()
+			testLaneOverlap(t, ordering)
+		})
+	}
+}
+
+func testLaneOverlap(t *testing.T, ordering string) {
 	const n, batch = 40, 10
 	e := newRealEnv(t, 1)
 	var ms []msg
 	for i := range n {
-		ms = append(ms, msg{value: fmt.Sprint(i)})
+		// One key: under key ordering all of them are one lane.
+		ms = append(ms, msg{key: "entity", value: fmt.Sprint(i)})
 	}
 	e.produce(e.topic, ms)
 	proc := &overlapping{t: t, last: n - 1, nakOnce: map[int64]bool{3: true},
@@ -144,7 +155,7 @@ func TestLaneOverlapsStoringResults(t *testing.T) {
 		committed: func() int64 { return e.committed()[0] }}
 	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 	// Room for the next run while one stores its results.
-	src := e.source(func(c *kafkasource.Config) { c.BatchSize, c.MaxUnfinished = batch, 4*batch })
+	src := e.source(func(c *kafkasource.Config) { c.Ordering, c.BatchSize, c.MaxUnfinished = ordering, batch, 4*batch })
 	r := run(t, worker(t, "overlap", src, ignore, consumer.WithProcessor(newProc), consumer.WithConcurrency(4)))
 	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed()[0] == n })
 	if err := r.Stop(t, 30*time.Second); err != nil {
