@@ -30,17 +30,17 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 // that are not the worker (validate --online, inspect, forget, records,
 // redrive, stats), so that a Sentinel that does not answer reads as one of
 // them. go-redis has one logger per process; the last call wins.
-func RedisWarnings(w io.Writer) { redis.SetLogger(redisWarnings{w: w}) }
+func RedisWarnings(w io.Writer) { redis.SetLogger(&redisWarnings{w: w}) }
 
-type redisWarnings struct{ w io.Writer }
-
-// Printf implements go-redis's logging interface.
-func (l redisWarnings) Printf(_ context.Context, format string, v ...any) {
-	line := "warning: go-redis: " + strings.TrimSpace(fmt.Sprintf(format, v...)) + "\n"
-	warnMu.Lock()
-	defer warnMu.Unlock()
-	_, _ = io.WriteString(l.w, line)
+type redisWarnings struct {
+	mu sync.Mutex // keeps the lines of concurrent go-redis goroutines whole
+	w  io.Writer
 }
 
-// warnMu keeps the lines of concurrent go-redis goroutines whole.
-var warnMu sync.Mutex
+// Printf implements go-redis's logging interface.
+func (l *redisWarnings) Printf(_ context.Context, format string, v ...any) {
+	line := "warning: go-redis: " + strings.TrimSpace(fmt.Sprintf(format, v...)) + "\n"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, _ = io.WriteString(l.w, line)
+}
