@@ -241,15 +241,16 @@ func (l *consumeLoop) stop(err error) error {
 	if l.restart != nil {
 		l.restart.Stop()
 	}
-	l.rc.end()
 	if l.batching && len(l.ds) > 0 {
 		<-l.slots // the run's
 	}
+	unstarted := make([]jetstream.Msg, 0, len(l.ds))
 	for _, d := range l.ds {
 		if !l.batching {
 			<-l.slots
 		}
-		l.s.nakAll(d.(*delivery).msg)
+		unstarted = append(unstarted, d.(*delivery).msg)
 	}
+	l.rc.end(unstarted)
 	return err
 }

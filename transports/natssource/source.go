@@ -151,7 +151,11 @@ type receiver struct {
 	opts []jetstream.PullConsumeOpt
 	in   chan jetstream.Msg
 	errs chan error    // from the library's error handler; full means one is waiting already
-	quit chan struct{} // closed at stop: the callback naks instead of waiting for room
+	quit chan struct{} // closed at stop: the callback holds messages for end instead of waiting for room
+
+	lateMu   sync.Mutex
+	late     []jetstream.Msg // received after quit, for end to nak
+	lateDone bool            // end has nakked late: the callback naks at once
 
 	cc     jetstream.ConsumeContext // nil while no subscription is open
 	closed <-chan struct{}          // cc.Closed(); nil while no subscription is open
@@ -221,6 +225,13 @@ func (rc *receiver) handle(m jetstream.Msg) {
 	select {
 	case rc.in <- m:
 	case <-rc.quit:
+		rc.lateMu.Lock()
+		if !rc.lateDone {
+			rc.late = append(rc.late, m)
+			rc.lateMu.Unlock()
+			return
+		}
+		rc.lateMu.Unlock()
 		rc.s.nakAll(m)
 	}
 }
@@ -293,12 +304,15 @@ func defaultAckPending(concurrency, batch int, batching bool) int {
 // (Config.MaxAckPending).
 const maxDefaultAckPending = 4096
 
-// end drains the subscription: the library unsubscribes and flushes, so the
-// server sends nothing more and what it sent before is received; every
-// message received meanwhile or still waiting in in is nakked. It waits at
-// most RequestTimeout for the drain (the connection may be down); a message
-// still on its way after that is redelivered after AckWait.
-func (rc *receiver) end() {
+// end drains the subscription and naks unstarted with every message
+// received meanwhile or still waiting in in. The library unsubscribes and
+// flushes, so the server sends nothing more and what it sent before is
+// received. The naks wait for the drain and then for dropPulls: a nak sent
+// while the server still holds this subscription's pull request can be
+// lost to it (see dropPulls). end waits at most RequestTimeout for the
+// drain (the connection may be down); a message still on its way after
+// that is nakked when it comes.
+func (rc *receiver) end(unstarted []jetstream.Msg) {
 	close(rc.quit)
 	if rc.cc != nil {
 		rc.cc.Drain()
@@ -308,7 +322,7 @@ func (rc *receiver) end() {
 		for {
 			select {
 			case m := <-rc.in:
-				rc.s.nakAll(m)
+				unstarted = append(unstarted, m)
 			case <-rc.closed:
 				break wait
 			case <-t.C:
@@ -318,13 +332,37 @@ func (rc *receiver) end() {
 		}
 		rc.ended()
 	}
-	for {
-		select {
-		case m := <-rc.in:
-			rc.s.nakAll(m)
-		default:
-			return
-		}
+	// Only this goroutine receives from in.
+	for len(rc.in) > 0 {
+		unstarted = append(unstarted, <-rc.in)
+	}
+	rc.s.dropPulls(rc.cons)
+	rc.lateMu.Lock()
+	unstarted = append(unstarted, rc.late...)
+	rc.late, rc.lateDone = nil, true
+	rc.lateMu.Unlock()
+	rc.s.nakAll(unstarted...)
+}
+
+// dropPulls makes the server forget the pull requests of a subscription
+// that has ended, before its messages are nakked. A nakked message goes to
+// the consumer's redelivery queue, and a server before 2.10.16 takes it
+// off that queue for the first pull request waiting even when nobody
+// listens to that request any more; it then delivers it to no one, and the
+// message comes back only after AckWait (fixed by nats-server commit
+// 8272e74, "Fixed delivery counts on failed deliveries"; Debian 12 ships
+// 2.9.10). Such a request waits until it expires or the server next checks
+// interest, and a consumer info request is such a check. Newer servers put
+// the message back on the queue; for them the request costs one round trip
+// at stop.
+func (s *Source) dropPulls(cons jetstream.Consumer) {
+	if !s.js.Conn().IsConnected() {
+		return
+	}
+	ctx, cancel := s.withTimeout(context.Background())
+	defer cancel()
+	if _, err := cons.Info(ctx); err != nil {
+		s.log.Debug("consumer info before the naks at stop failed", "err", err)
 	}
 }
 

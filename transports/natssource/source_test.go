@@ -626,7 +626,13 @@ func TestShutdownInFlight(t *testing.T) {
 				return nil, context.Cause(ctx)
 			}
 		})
-		r := run(t, consumer.Config{ShutdownTimeout: 500 * time.Millisecond}, newSource(t, e, natssource.Config{AckWait: 30 * time.Second}), h, consumer.WithConcurrency(4))
+		// The long FetchMaxWait keeps the first worker's last pull
+		// request waiting on the server after the worker stopped, when
+		// m2 and m3 are nakked: a server before 2.10.16 loses a nak's
+		// redelivery to such a request unless the Source made the
+		// server drop it first.
+		src := newSource(t, e, natssource.Config{AckWait: 30 * time.Second, FetchMaxWait: 20 * time.Second})
+		r := run(t, consumer.Config{ShutdownTimeout: 500 * time.Millisecond}, src, h, consumer.WithConcurrency(4))
 		for range 4 {
 			select {
 			case <-started:
