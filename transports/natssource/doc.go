@@ -32,7 +32,10 @@
 // calls at once. On cancellation the subscription is drained:
 // the server is told to stop sending, whatever it sent before is still
 // received, and every message received but not started is nakked for prompt
-// redelivery.
+// redelivery. The naks wait until the server has forgotten the worker's
+// last pull request (a consumer info request makes it check): a server
+// before 2.10.16 can hand a nakked message to a pull request nobody listens
+// to any more, and the message then waits out AckWait.
 //
 // A Delivery maps the transport-neutral obligations onto JetStream:
 //
