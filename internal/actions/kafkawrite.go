@@ -154,10 +154,12 @@ const (
 // computed as the writer's partitionHash computes it, over the partition
 // count it saw last; before its first write, or for a writer NewKafkaWriter
 // did not make, every message is in one group (one call in flight at a
-// time). After the topic gains partitions, until a call has seen the new
-// count, two groups may name one partition: a key's messages still share a
-// group and keep their order, but a run's messages of different keys may
-// then land in that partition in two calls at once. kafka.Hash spreads
+// time). A run is grouped over one count (groupRun), so its messages for a
+// partition are always in one call. While the count changes (the writer's
+// first write, and after the topic gains partitions, until a call has seen
+// the new count), two groups may name one partition: a run's messages
+// still share a group and keep their order, but two callers' runs may then
+// land in that partition in two calls at once. kafka.Hash spreads
 // keyless messages round-robin over every partition, so a run with a
 // keyless message is written whole, in one call, as a group of its own.
 //
@@ -208,12 +210,18 @@ func newCoalescingWriter(w KafkaWriter) *coalescingWriter {
 // keyless is the group of the runs that hold a message without a key.
 const keyless = -1
 
-// groupOf returns the group of a message with a key.
-func (c *coalescingWriter) groupOf(key []byte) int {
+// partitions is the partition count messages are grouped over: the one
+// the writer saw last, 0 before its first write or without a
+// partitionHash (one group).
+func (c *coalescingWriter) partitions() int {
 	if c.hash == nil {
 		return 0
 	}
-	n := int(c.hash.n.Load())
+	return int(c.hash.n.Load())
+}
+
+// groupOf returns the group of a message with a key, over n partitions.
+func (c *coalescingWriter) groupOf(key []byte, n int) int {
 	if n <= 0 {
 		return 0
 	}
@@ -238,16 +246,7 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 	if len(msgs) == 0 {
 		return nil
 	}
-	groups := make([]int, len(msgs))
-	one := true
-	for i := range msgs {
-		if msgs[i].Key == nil {
-			one, groups[0] = true, keyless
-			break
-		}
-		groups[i] = c.groupOf(msgs[i].Key)
-		one = one && groups[i] == groups[0]
-	}
+	groups, one := c.groupRun(msgs)
 	var parts []*writePart
 	var byGroup map[int]*writePart
 	if one {
@@ -312,6 +311,28 @@ func (c *coalescingWriter) WriteMessages(ctx context.Context, msgs ...kafka.Mess
 		return nil
 	}
 	return werrs
+}
+
+// groupRun returns the group of each message of a run, or, when one is
+// set, the run's one group in groups[0]: keyless when a message has no
+// key. The partition count is read once for the run: read for each
+// message, a count the writer learns meanwhile (its first write, another
+// caller's) would put the run's first messages in group 0 and the rest in
+// their partitions' groups, calls that may fly at once and land one
+// partition's messages of the run, a key's among them, out of order.
+func (c *coalescingWriter) groupRun(msgs []kafka.Message) (groups []int, one bool) {
+	groups = make([]int, len(msgs))
+	n := c.partitions()
+	one = true
+	for i := range msgs {
+		if msgs[i].Key == nil {
+			groups[0] = keyless
+			return groups[:1:1], true
+		}
+		groups[i] = c.groupOf(msgs[i].Key, n)
+		one = one && groups[i] == groups[0]
+	}
+	return groups, one
 }
 
 // launch starts one call with the queued parts of every group not in a

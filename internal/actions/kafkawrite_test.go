@@ -217,7 +217,7 @@ func TestCoalescingWriterPartitionsAreIndependent(t *testing.T) {
 		switch {
 		case ka == "":
 			ka = k
-		case c.groupOf([]byte(k)) != c.groupOf([]byte(ka)):
+		case c.groupOf([]byte(k), 64) != c.groupOf([]byte(ka), 64):
 			kb = k
 		}
 	}
@@ -667,6 +667,48 @@ func TestKafkaBatchWriterCloseClosesEveryWriter(t *testing.T) {
 		}
 		if err := w.WriteMessages(ctx, msgs...); !errors.Is(err, io.ErrClosedPipe) {
 			t.Errorf("%d messages after Close: %v, want io.ErrClosedPipe", n, err)
+		}
+	}
+}
+
+// A run is grouped over one partition count: while the count the writer
+// saw changes under it (as at its first write), every run is either one
+// group (the count read was 0) or grouped by partition, never part of each,
+// which would put one partition's messages of the run in two calls.
+func TestCoalescingWriterGroupsARunOverOneCount(t *testing.T) {
+	c := newCoalescingWriter(newGatedWriter())
+	c.hash = &partitionHash{}
+	msgs := make([]kafka.Message, 20)
+	for i := range msgs {
+		msgs[i] = kafka.Message{Key: fmt.Appendf(nil, "k%d", i)}
+	}
+	want := make([]int, len(msgs))
+	for i := range msgs {
+		want[i] = c.groupOf(msgs[i].Key, 4)
+	}
+	stop := make(chan struct{})
+	var flips sync.WaitGroup
+	flips.Go(func() {
+		for n := int32(0); ; n = 4 - n {
+			select {
+			case <-stop:
+				return
+			default:
+				c.hash.n.Store(n)
+			}
+		}
+	})
+	defer func() { close(stop); flips.Wait() }()
+	for range 20_000 {
+		groups, one := c.groupRun(msgs)
+		if one {
+			if groups[0] != 0 {
+				t.Fatalf("one group %d, want 0", groups[0])
+			}
+			continue
+		}
+		if fmt.Sprint(groups) != fmt.Sprint(want) {
+			t.Fatalf("groups %v, want all 0 or %v", groups, want)
 		}
 	}
 }
