@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -21,8 +22,18 @@ const (
 // field names (kafka.Writer ignores that field without a balancer that
 // reads it), and waits up to 60s until every one is acknowledged by all
 // in-sync replicas, failing t otherwise.
+//
+// The writer has a transport of its own: kafka-go's default transport
+// answers a writer's metadata request from a cache per broker address,
+// refreshed every few seconds, so a topic just created through another
+// address (a test's proxy, another listener) is unknown to it until then.
+// A fresh cache can still miss a topic whose creation has not reached the
+// broker asked; the call then fails before it writes anything, and is
+// tried again.
 func ProduceKafka(t testing.TB, brokers []string, topic string, msgs []kafka.Message) {
 	t.Helper()
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(brokers...),
 		Topic:        topic,
@@ -30,11 +41,24 @@ func ProduceKafka(t testing.TB, brokers []string, topic string, msgs []kafka.Mes
 		BatchTimeout: time.Millisecond,
 		BatchSize:    1000,
 		RequiredAcks: kafka.RequireAll,
+		Transport:    tr,
 	}
 	defer w.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), kafkaProduceWithin)
 	defer cancel()
-	if err := w.WriteMessages(ctx, msgs...); err != nil {
+	for {
+		err := w.WriteMessages(ctx, msgs...)
+		if err == nil {
+			return
+		}
+		// The topic's metadata lookup failed: WriteMessages wrote nothing.
+		if errors.Is(err, kafka.UnknownTopicOrPartition) && ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
 		t.Fatalf("testenv: producing %d messages to %s: %v", len(msgs), topic, err)
 	}
 }
