@@ -35,8 +35,10 @@
 // the source that the run's handlers are done while their results are
 // still being stored (consumer.RunHandledNotifier; the deduplication engine
 // does when every message of the run has a result to store): the lane then
-// starts its next run, whose call takes a concurrency slot of its own, and
-// waits for the first call to return before a third. Side effects stay in
+// starts its next run, whose call takes a concurrency slot of its own, with
+// what is queued or, when nothing is, with the first messages queued before
+// the first call returned, and waits for the first call to return before a
+// third. Side effects stay in
 // offset order. A message whose result the store then could not take (its
 // claim and record were lost) is retried after the run that started
 // meanwhile.

@@ -197,3 +197,58 @@ func testLaneOverlap(t *testing.T, ordering string) {
 		}
 	}
 }
+
+// TestLaneStartsRunQueuedWhileStoring: deliveries that reach a lane after
+// its run reported its handlers done, while the run still stores its
+// results, start at once, not once the run returned. (This is the steady
+// rate's case: a message arrives while the last one is completed.)
+func TestLaneStartsRunQueuedWhileStoring(t *testing.T) {
+	t.Parallel()
+	for _, ordering := range []string{kafkasource.OrderingPartition, kafkasource.OrderingKey} {
+		t.Run(ordering, func(t *testing.T) {
+			t.Parallel()
+			const batch = 10
+			e := newRealEnv(t, 1)
+			produce := func(from int) {
+				var ms []msg
+				for i := from; i < from+batch; i++ {
+					ms = append(ms, msg{key: "entity", value: fmt.Sprint(i)})
+				}
+				e.produce(e.topic, ms)
+			}
+			produce(0)
+			proc := &overlapping{t: t, last: 2*batch - 1, nakOnce: map[int64]bool{},
+				started: map[int]chan struct{}{}, acked: map[int64]int{}, retries: map[int64]int{},
+				committed: func() int64 { return e.committed()[0] }}
+			first := proc.startedCh(0)
+			newProc := func(string, consumer.Handler) consumer.Processor { return proc }
+			src := e.source(func(c *kafkasource.Config) { c.Ordering, c.BatchSize = ordering, batch })
+			r := run(t, worker(t, "queued", src, ignore, consumer.WithProcessor(newProc), consumer.WithConcurrency(4)))
+			select {
+			case <-first:
+			case <-time.After(30 * time.Second):
+				t.Fatal("the first run did not start")
+			}
+			// Run 0 is now held in ProcessBatch after its notice, until
+			// run 1 starts: run 1's messages are not produced yet.
+			produce(batch)
+			testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed()[0] == 2*batch })
+			if err := r.Stop(t, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			proc.mu.Lock()
+			defer proc.mu.Unlock()
+			for _, p := range proc.problems {
+				t.Error(p)
+			}
+			if len(proc.runs) < 2 || proc.maxActive != 2 {
+				t.Errorf("runs %v, at most %d at once; want a run started while the one before stored its results, and no more", proc.runs, proc.maxActive)
+			}
+			for off := range int64(2 * batch) {
+				if proc.acked[off] != 1 {
+					t.Errorf("offset %d acked %d times, want once", off, proc.acked[off])
+				}
+			}
+		})
+	}
+}

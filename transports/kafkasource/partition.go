@@ -84,6 +84,10 @@ type fetched struct {
 type lane struct {
 	key   string
 	queue []*delivery
+	// more has a token when deliveries were queued while the lane's
+	// goroutine ran (nil for a lane nothing is queued to later): a lane
+	// waiting for its last call to store its results starts them at once.
+	more chan struct{}
 }
 
 func newPartition(g *generation, id int, start int64) *partition {
@@ -519,9 +523,13 @@ func (p *partition) enqueue(ds []*delivery) {
 		}
 		if l, ok := p.lanesByID[key]; ok {
 			l.queue = append(l.queue, d)
+			select {
+			case l.more <- struct{}{}:
+			default:
+			}
 			continue
 		}
-		l := &lane{key: key, queue: []*delivery{d}}
+		l := &lane{key: key, queue: []*delivery{d}, more: make(chan struct{}, 1)}
 		p.lanesByID[key] = l
 		p.lanes.Go(func() { p.runLane(l, true) })
 	}
@@ -533,9 +541,10 @@ func (p *partition) enqueue(ds []*delivery) {
 // batches, it takes the queue in runs of up to BatchSize, each in one
 // ProcessBatch call, and a run's storing of its results overlaps the next
 // run: once a call reports that its handlers are done
-// (consumer.RunHandledNotifier), the lane starts its next run, then waits for
-// the first call to return and retries that call's nakked deliveries before
-// it starts a third. A failed handler holds back the rest of the order as
+// (consumer.RunHandledNotifier), the lane starts its next run, at once or
+// as soon as deliveries are queued to it, then waits for the first call to
+// return and retries that call's nakked deliveries before it starts a
+// third. A failed handler holds back the rest of the order as
 // before, since a call whose handler failed reports nothing before it
 // returns.
 func (p *partition) runLane(l *lane, registered bool) {
@@ -548,8 +557,12 @@ func (p *partition) runLane(l *lane, registered bool) {
 		if len(l.queue) == 0 {
 			if prev != nil {
 				p.mu.Unlock()
-				p.finishRun(prev)
-				prev = nil
+				// Deliveries queued while prev stores its results start
+				// then, not once it returned.
+				if prev.returnedOr(l.more) {
+					p.retryRun(prev.run)
+					prev = nil
+				}
 				continue
 			}
 			if registered {

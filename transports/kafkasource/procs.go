@@ -125,6 +125,19 @@ func (c *procCall) wait() {
 	c.ctx, c.ds = nil, nil
 }
 
+// returnedOr waits, after handledOrReturned reported the call's handlers
+// done, until the call returned, then forgets it and reports true; or until
+// wake has a token, and reports false.
+func (c *procCall) returnedOr(wake <-chan struct{}) bool {
+	select {
+	case <-c.ev:
+		c.ctx, c.ds = nil, nil
+		return true
+	case <-wake:
+		return false
+	}
+}
+
 // close ends the goroutines and waits for them. No call may be running or
 // made after it.
 func (pp *procPool) close() { pp.pool.Close() }
