@@ -45,6 +45,30 @@ func (p *overlapping) startedCh(k int) chan struct{} {
 	return c
 }
 
+// newOverlapping returns the processor of a test on e's one partition,
+// whose last offset is last.
+func newOverlapping(t *testing.T, e *env, last int64, nakOnce map[int64]bool) *overlapping {
+	return &overlapping{t: t, last: last, nakOnce: nakOnce,
+		started: map[int]chan struct{}{}, acked: map[int64]int{}, retries: map[int64]int{},
+		committed: func() int64 { return e.committed()[0] }}
+}
+
+// settle waits until n offsets are committed, stops r, and reports p's
+// problems. It returns holding p.mu, for the test's own checks, until the
+// test ends.
+func (p *overlapping) settle(t *testing.T, e *env, r *testenv.Running, n int64) {
+	t.Helper()
+	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed()[0] == n })
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	t.Cleanup(p.mu.Unlock)
+	for _, pr := range p.problems {
+		t.Error(pr)
+	}
+}
+
 func (p *overlapping) Prepare(context.Context, []consumer.Delivery) {}
 
 func (p *overlapping) Batching() bool { return true }
@@ -150,23 +174,12 @@ func testLaneOverlap(t *testing.T, ordering string) {
 		ms = append(ms, msg{key: "entity", value: fmt.Sprint(i)})
 	}
 	e.produce(e.topic, ms)
-	proc := &overlapping{t: t, last: n - 1, nakOnce: map[int64]bool{3: true},
-		started: map[int]chan struct{}{}, acked: map[int64]int{}, retries: map[int64]int{},
-		committed: func() int64 { return e.committed()[0] }}
+	proc := newOverlapping(t, e, n-1, map[int64]bool{3: true})
 	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 	// Room for the next run while one stores its results.
 	src := e.source(func(c *kafkasource.Config) { c.Ordering, c.BatchSize, c.MaxUnfinished = ordering, batch, 4*batch })
 	r := run(t, worker(t, "overlap", src, ignore, consumer.WithProcessor(newProc), consumer.WithConcurrency(4)))
-	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed()[0] == n })
-	if err := r.Stop(t, 30*time.Second); err != nil {
-		t.Fatal(err)
-	}
-
-	proc.mu.Lock()
-	defer proc.mu.Unlock()
-	for _, p := range proc.problems {
-		t.Error(p)
-	}
+	proc.settle(t, e, r, n)
 	if proc.maxActive != 2 {
 		t.Errorf("at most %d ProcessBatch calls of the lane at once, want 2: a run overlaps the storing of the one before, and no more", proc.maxActive)
 	}
@@ -217,9 +230,7 @@ func TestLaneStartsRunQueuedWhileStoring(t *testing.T) {
 				e.produce(e.topic, ms)
 			}
 			produce(0)
-			proc := &overlapping{t: t, last: 2*batch - 1, nakOnce: map[int64]bool{},
-				started: map[int]chan struct{}{}, acked: map[int64]int{}, retries: map[int64]int{},
-				committed: func() int64 { return e.committed()[0] }}
+			proc := newOverlapping(t, e, 2*batch-1, nil)
 			first := proc.startedCh(0)
 			newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 			src := e.source(func(c *kafkasource.Config) { c.Ordering, c.BatchSize = ordering, batch })
@@ -232,15 +243,7 @@ func TestLaneStartsRunQueuedWhileStoring(t *testing.T) {
 			// Run 0 is now held in ProcessBatch after its notice, until
 			// run 1 starts: run 1's messages are not produced yet.
 			produce(batch)
-			testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return e.committed()[0] == 2*batch })
-			if err := r.Stop(t, 30*time.Second); err != nil {
-				t.Fatal(err)
-			}
-			proc.mu.Lock()
-			defer proc.mu.Unlock()
-			for _, p := range proc.problems {
-				t.Error(p)
-			}
+			proc.settle(t, e, r, 2*batch)
 			if len(proc.runs) < 2 || proc.maxActive != 2 {
 				t.Errorf("runs %v, at most %d at once; want a run started while the one before stored its results, and no more", proc.runs, proc.maxActive)
 			}
