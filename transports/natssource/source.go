@@ -326,7 +326,7 @@ func (rc *receiver) end(unstarted []jetstream.Msg) {
 			case <-rc.closed:
 				break wait
 			case <-t.C:
-				rc.s.log.Warn("the pull subscription did not drain in time; messages still on their way are redelivered after AckWait", "timeout", rc.s.cfg.RequestTimeout)
+				rc.s.log.Warn("the pull subscription did not drain in time; messages still on their way are nakked if they arrive, else redelivered after AckWait", "timeout", rc.s.cfg.RequestTimeout)
 				break wait
 			}
 		}
