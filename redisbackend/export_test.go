@@ -8,6 +8,6 @@ func LocalWaiters(s *Store, key string) bool {
 	}
 	s.cache.mu.Lock()
 	defer s.cache.mu.Unlock()
-	p := s.cache.held[s.prefix+key]
-	return p != nil && p.ended != nil
+	p := s.cache.slots[s.prefix+key]
+	return p != nil && !p.cached && p.held && p.ended != nil
 }

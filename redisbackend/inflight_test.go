@@ -271,6 +271,41 @@ func TestLocalInFlightEndsWithTheLease(t *testing.T) {
 	}
 }
 
+// A claim of a key this Store already held a claim on (its lease ran out,
+// and the key was reclaimed) replaces the old claim in the cache: the old
+// token's failed renewal and completion leave the new claim answering
+// locally, and it is the new claim's completion that is cached.
+func TestLocalCacheReclaimReplacesTheOldClaim(t *testing.T) {
+	client, ctx := cacheFixture(t)
+	s := cachedStore(t, client, "lc", time.Minute)
+	old := claimNew(t, ctx, s, "o:1", 200*time.Millisecond)
+	var re idempotency.ClaimResult
+	testenv.Eventually(t, 5*time.Second, "the expired claim is reclaimed from Redis", func() bool {
+		re = claimOutcome(t, ctx, s, "o:1", "1:a")
+		return re.Outcome == idempotency.ClaimReclaimed
+	})
+	if _, ok, err := s.Renew(ctx, "o:1", old.Token, 30*time.Second); err != nil || ok {
+		t.Fatalf("Renew under the old token: %v %v, want false", ok, err)
+	}
+	ok, err := s.Complete(ctx, []idempotency.Completion{{Key: "o:1", Token: old.Token, Outcome: idempotency.RecordOutcomeOK, Retention: time.Hour}})
+	if err != nil || ok[0] {
+		t.Fatalf("Complete under the old token: %v %v, want false", ok, err)
+	}
+	before := serverCalls(t, ctx, client)
+	if got := claimOutcome(t, ctx, s, "o:1", "1:a"); got.Outcome != idempotency.ClaimInFlight ||
+		got.Record.Token != re.Claim.Token || serverCalls(t, ctx, client) != before {
+		t.Fatalf("after the old token's renewal and completion: %s of token %s; want the new claim's local IN_FLIGHT",
+			got.Outcome, got.Record.Token)
+	}
+	complete1(t, ctx, s, re.Claim, []byte("new"))
+	before = serverCalls(t, ctx, client)
+	got := claimOutcome(t, ctx, s, "o:1", "1:a")
+	if got.Outcome != idempotency.ClaimDuplicate || got.Record.Token != re.Claim.Token ||
+		string(got.Record.Result) != "new" || serverCalls(t, ctx, client) != before {
+		t.Fatalf("after the new claim's completion: %s %+v; want its record from the cache", got.Outcome, got.Record)
+	}
+}
+
 // Without a confirmed invalidation subscription nothing is answered
 // locally: a held claim, a Wait, and a claim made while the subscription
 // was down all go to Redis, also after it is back (a claim held from

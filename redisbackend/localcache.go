@@ -96,22 +96,14 @@ type LocalCacheStats struct {
 	Subscribed bool
 }
 
-// cacheEntry is one COMPLETED record this Store wrote. The entries form a
-// list, oldest first, through prev and next: an entry is its own list
-// element, so caching a record allocates no element of its own.
-type cacheEntry struct {
-	rkey       string
-	rec        idempotency.Record
-	expires    time.Time // monotonic: min(completion + TTL, call start + retention)
-	prev, next *cacheEntry
-}
-
-// pendingClaim is what a claim this Store made knows of its record, kept
-// until its completion so that the completed record can be cached: the
-// completion itself carries no fingerprint, fence or attempts. While it is
-// the held claim of its key (localCache.held) and answerUntil has not
-// passed, it also answers the key's other claims IN_FLIGHT and its Waits.
-type pendingClaim struct {
+// cacheSlot is what the cache knows of one Redis key: first an owned claim
+// this Store made and awaits the completion of (pending), then, once that
+// claim completed, the COMPLETED record it wrote (cached). The claim's slot
+// becomes its cache entry in place, so a key costs the cache one map entry
+// from its claim to its eviction, and a completion finds its claim by the
+// key it is looked up by anyway. The cached slots form a list, oldest
+// first, through prev and next: a slot is its own list element.
+type cacheSlot struct {
 	key        string // the caller's key; rkey is the Redis key
 	rkey       string
 	token      string
@@ -126,13 +118,26 @@ type pendingClaim struct {
 	// (claim or renewal), plus the lease, less leaseMargin. The server
 	// started the lease after that call started, so its lease ends later.
 	answerUntil time.Time
-	// held reports whether the claim is localCache.held's entry for rkey,
-	// so that ending it needs no lookup to tell.
+	// held reports whether the pending claim answers the key's other
+	// claims IN_FLIGHT and its Waits (until answerUntil): it was made in
+	// the epoch it is remembered in, and no invalidation, flush or change
+	// of trust has ended that since.
 	held bool
 	// ended is made by the first local Wait on the claim and closed when
 	// the claim stops answering locally (completed, released, renewed
 	// unsuccessfully, invalidated, replaced, or trust lost).
 	ended chan struct{}
+
+	// cached reports that the claim completed (outcome ok) and the slot is
+	// its COMPLETED record: completedAt on the server's clock, the result
+	// and meta (the cache's own copies), until expires on this process's
+	// monotonic clock, min(completion + TTL, call start + retention).
+	cached      bool
+	completedAt time.Time
+	result      []byte
+	meta        map[string]string
+	expires     time.Time
+	prev, next  *cacheSlot
 }
 
 // leaseMargin is how long before its lease end, as this process reckons
@@ -142,50 +147,75 @@ func leaseMargin(lease time.Duration) time.Duration {
 	return min(lease/10, time.Second)
 }
 
-// record is the CLAIMED record the claim stands for, as Redis holds it.
-func (p *pendingClaim) record() *idempotency.Record {
+// claimRecord is the CLAIMED record a pending slot stands for, as Redis
+// holds it.
+func (s *cacheSlot) claimRecord() *idempotency.Record {
 	return &idempotency.Record{
-		Key:                p.key,
+		Key:                s.key,
 		State:              idempotency.StateClaimed,
-		Fingerprint:        p.fp,
-		FingerprintVersion: p.fpv,
-		Token:              p.token,
-		Fence:              p.fence,
-		ClaimedAt:          p.claimedAt,
-		LeaseUntil:         p.leaseUntil,
-		Attempts:           p.attempts,
+		Fingerprint:        s.fp,
+		FingerprintVersion: s.fpv,
+		Token:              s.token,
+		Fence:              s.fence,
+		ClaimedAt:          s.claimedAt,
+		LeaseUntil:         s.leaseUntil,
+		Attempts:           s.attempts,
 	}
 }
 
-// localCache is the cache of LocalCache, keyed by Redis key, and the owned
-// claims this Store holds. Trust follows the invalidation subscription:
-// entries and held claims are answered only while it is confirmed, and
-// every change of trust, every invalidation and every flush moves epoch, so
-// that a completion or a claim that raced one is not answered from.
+// completedRecord is a copy the caller may keep of the COMPLETED record a
+// cached slot holds.
+func (s *cacheSlot) completedRecord() *idempotency.Record {
+	rec := &idempotency.Record{
+		Key:                s.key,
+		State:              idempotency.StateCompleted,
+		Fingerprint:        s.fp,
+		FingerprintVersion: s.fpv,
+		Token:              s.token,
+		Fence:              s.fence,
+		ClaimedAt:          s.claimedAt,
+		LeaseUntil:         s.leaseUntil,
+		CompletedAt:        s.completedAt,
+		Outcome:            idempotency.RecordOutcomeOK,
+		Attempts:           s.attempts,
+	}
+	if s.result != nil {
+		rec.Result = append([]byte(nil), s.result...)
+	}
+	if s.meta != nil {
+		rec.Meta = make(map[string]string, len(s.meta))
+		for k, v := range s.meta {
+			rec.Meta[k] = v
+		}
+	}
+	return rec
+}
+
+// localCache is the cache of LocalCache: a slot by Redis key for each key
+// this Store holds an owned claim on or has a cached completion of. Trust
+// follows the invalidation subscription: cached records and held claims
+// are answered only while it is confirmed, and every change of trust,
+// every invalidation and every flush moves epoch, so that a completion or
+// a claim that raced one is not answered from.
 type localCache struct {
 	max int
 	ttl time.Duration
 
-	mu      sync.Mutex
-	entries map[string]*cacheEntry
-	// oldest and newest are the ends of the list of entries.
-	oldest, newest *cacheEntry
-	pending        map[string]*pendingClaim // by token: every claim awaiting its completion
-	held           map[string]*pendingClaim // by Redis key: the claims that answer locally
-	trusted        bool
-	epoch          uint64
+	mu    sync.Mutex
+	slots map[string]*cacheSlot
+	// oldest and newest are the ends of the list of cached slots.
+	oldest, newest *cacheSlot
+	// pending, held and cached count the slots of each kind: held ones
+	// are pending too.
+	pending, held, cached int
+	trusted               bool
+	epoch                 uint64
 
 	hits, inFlightHits, localWaits, flushes atomic.Int64
 }
 
 func newLocalCache(o LocalCache) *localCache {
-	return &localCache{
-		max:     o.Entries,
-		ttl:     o.TTL,
-		entries: make(map[string]*cacheEntry),
-		pending: make(map[string]*pendingClaim),
-		held:    make(map[string]*pendingClaim),
-	}
+	return &localCache{max: o.Entries, ttl: o.TTL, slots: make(map[string]*cacheSlot)}
 }
 
 // answer is the local answer to a claim of rkey with fp and fpv, when
@@ -195,56 +225,38 @@ func newLocalCache(o LocalCache) *localCache {
 // fingerprint and version. Any other claim goes to Redis, which reports a
 // MISMATCH or a fingerprint version change. The record is a copy the
 // caller may keep. rkey is bytes so that the caller can build it in place:
-// the lookups do not copy it.
+// the lookup does not copy it.
 func (c *localCache) answer(rkey []byte, fp string, fpv int, now time.Time) (idempotency.ClaimResult, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.trusted {
 		return idempotency.ClaimResult{}, false
 	}
-	if p := c.held[string(rkey)]; p != nil {
-		if !now.Before(p.answerUntil) || p.fp != fp || p.fpv != fpv {
+	s := c.slots[string(rkey)]
+	switch {
+	case s == nil:
+		return idempotency.ClaimResult{}, false
+	case !s.cached:
+		if !s.held || !now.Before(s.answerUntil) || s.fp != fp || s.fpv != fpv {
 			return idempotency.ClaimResult{}, false
 		}
 		c.inFlightHits.Add(1)
-		return idempotency.ClaimResult{Outcome: idempotency.ClaimInFlight, Record: p.record()}, true
-	}
-	rec, ok := c.liveLocked(c.entries[string(rkey)], now)
-	if !ok || rec.Fingerprint != fp || rec.FingerprintVersion != fpv {
+		return idempotency.ClaimResult{Outcome: idempotency.ClaimInFlight, Record: s.claimRecord()}, true
+	case !c.liveLocked(s, now) || s.fp != fp || s.fpv != fpv:
 		return idempotency.ClaimResult{}, false
 	}
 	c.hits.Add(1)
-	return idempotency.ClaimResult{Outcome: idempotency.ClaimDuplicate, Record: rec}, true
+	return idempotency.ClaimResult{Outcome: idempotency.ClaimDuplicate, Record: s.completedRecord()}, true
 }
 
-// entryLocked returns a copy of the unexpired entry of rkey, dropping an
-// expired one; c.mu is held and the cache trusted.
-func (c *localCache) entryLocked(rkey string, now time.Time) (*idempotency.Record, bool) {
-	return c.liveLocked(c.entries[rkey], now)
-}
-
-// liveLocked returns a copy of the record of e (nil when there is no
-// entry) when it has not expired, dropping it when it has; c.mu is held
-// and the cache trusted.
-func (c *localCache) liveLocked(e *cacheEntry, now time.Time) (*idempotency.Record, bool) {
-	if e == nil {
-		return nil, false
+// liveLocked reports whether the cached slot s has not expired, dropping
+// it when it has; c.mu is held and the cache trusted.
+func (c *localCache) liveLocked(s *cacheSlot, now time.Time) bool {
+	if !now.Before(s.expires) {
+		c.removeLocked(s)
+		return false
 	}
-	if !now.Before(e.expires) {
-		c.removeLocked(e)
-		return nil, false
-	}
-	rec := e.rec
-	if e.rec.Result != nil {
-		rec.Result = append([]byte(nil), e.rec.Result...)
-	}
-	if e.rec.Meta != nil {
-		rec.Meta = make(map[string]string, len(e.rec.Meta))
-		for k, v := range e.rec.Meta {
-			rec.Meta[k] = v
-		}
-	}
-	return &rec, true
+	return true
 }
 
 // localWait is what a Wait on a key can learn locally (see await).
@@ -264,14 +276,20 @@ func (c *localCache) await(rkey string, now time.Time) (localWait, bool) {
 	if !c.trusted {
 		return localWait{}, false
 	}
-	if p := c.held[rkey]; p != nil && now.Before(p.answerUntil) {
-		if p.ended == nil {
-			p.ended = make(chan struct{})
+	s := c.slots[rkey]
+	switch {
+	case s == nil:
+		return localWait{}, false
+	case !s.cached:
+		if !s.held || !now.Before(s.answerUntil) {
+			return localWait{}, false
 		}
-		return localWait{claim: p.record(), ended: p.ended, until: p.answerUntil}, true
-	}
-	if rec, ok := c.entryLocked(rkey, now); ok {
-		return localWait{completed: rec}, true
+		if s.ended == nil {
+			s.ended = make(chan struct{})
+		}
+		return localWait{claim: s.claimRecord(), ended: s.ended, until: s.answerUntil}, true
+	case c.liveLocked(s, now):
+		return localWait{completed: s.completedRecord()}, true
 	}
 	return localWait{}, false
 }
@@ -282,79 +300,92 @@ func (c *localCache) await(rkey string, now time.Time) (localWait, bool) {
 // locally only when the epoch is still the one the call started in: an
 // invalidation that raced the call may have deleted it. The cache keeps
 // pointers into p, which the caller gives up.
-func (c *localCache) claimed(p []pendingClaim, epoch uint64, grace time.Duration) {
+func (c *localCache) claimed(p []cacheSlot, epoch uint64, grace time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.trusted {
 		return
 	}
 	for i := range p {
-		if len(c.pending) >= c.max {
+		if c.pending >= c.max {
 			now := time.Now()
-			for _, q := range c.pending {
-				if now.After(q.leaseUntil.Add(grace)) {
-					c.dropLocked(q)
+			for _, s := range c.slots {
+				if !s.cached && now.After(s.leaseUntil.Add(grace)) {
+					c.removeLocked(s)
 				}
 			}
-			if len(c.pending) >= c.max {
+			if c.pending >= c.max {
 				return
 			}
 		}
 		q := &p[i]
-		c.pending[q.token] = q
 		// Redis gave this claim the key: a cached completion of it is no
-		// longer the stored record, and an older claim of it here is lost.
-		if e := c.entries[q.rkey]; e != nil {
-			c.removeLocked(e)
+		// longer the stored record, and an older claim of it here can no
+		// longer complete (its token has lost the key).
+		if old := c.slots[q.rkey]; old != nil {
+			c.removeLocked(old)
 		}
-		if old := c.held[q.rkey]; old != nil {
-			c.unholdLocked(old)
-		}
+		c.slots[q.rkey] = q
+		c.pending++
 		if c.epoch == epoch {
-			c.held[q.rkey] = q
 			q.held = true
+			c.held++
 		}
 	}
 }
 
-// renewed moves the lease of a pending claim: until on the server's clock,
-// answerUntil on this one's.
-func (c *localCache) renewed(token string, until, answerUntil time.Time) {
+// pendingLocked returns the pending slot of rkey when it is token's claim.
+func (c *localCache) pendingLocked(rkey, token string) *cacheSlot {
+	if s := c.slots[rkey]; s != nil && !s.cached && s.token == token {
+		return s
+	}
+	return nil
+}
+
+// renewed moves the lease of token's pending claim on rkey: until on the
+// server's clock, answerUntil on this one's.
+func (c *localCache) renewed(rkey, token string, until, answerUntil time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.pending[token]; p != nil {
-		p.leaseUntil = until
-		p.answerUntil = answerUntil
+	if s := c.pendingLocked(rkey, token); s != nil {
+		s.leaseUntil = until
+		s.answerUntil = answerUntil
 	}
 }
 
-// dropPending forgets a claim that will not be completed by this Store, or
-// whose record will have steps.
-func (c *localCache) dropPending(token string) {
+// dropPending forgets token's claim on rkey, which will not be completed
+// by this Store, or whose record will have steps.
+func (c *localCache) dropPending(rkey, token string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if p := c.pending[token]; p != nil {
-		c.dropLocked(p)
+	if s := c.pendingLocked(rkey, token); s != nil {
+		c.removeLocked(s)
 	}
 }
 
-// dropLocked forgets p, and ends its local answers.
-func (c *localCache) dropLocked(p *pendingClaim) {
-	delete(c.pending, p.token)
-	c.unholdLocked(p)
+// unholdLocked ends the local answers of the pending slot s: it no longer
+// answers claims, and its waiters wake to ask again.
+func (c *localCache) unholdLocked(s *cacheSlot) {
+	if s.held {
+		s.held = false
+		c.held--
+	}
+	if s.ended != nil {
+		close(s.ended)
+		s.ended = nil
+	}
 }
 
-// unholdLocked ends p's local answers: it no longer answers claims, and
-// its waiters wake to ask again.
-func (c *localCache) unholdLocked(p *pendingClaim) {
-	if p.held {
-		delete(c.held, p.rkey)
-		p.held = false
+// removeLocked takes s, the current slot of its key, out of the cache:
+// out of the list when cached, else ending its claim's local answers.
+func (c *localCache) removeLocked(s *cacheSlot) {
+	if s.cached {
+		c.unlinkLocked(s)
+	} else {
+		c.unholdLocked(s)
+		c.pending--
 	}
-	if p.ended != nil {
-		close(p.ended)
-		p.ended = nil
-	}
+	delete(c.slots, s.rkey)
 }
 
 // snapshot returns the epoch before a completion is sent.
@@ -364,123 +395,108 @@ func (c *localCache) snapshot() uint64 {
 	return c.epoch
 }
 
-// completedKey is what a Complete call learnt of one completion: whether
-// it was written by this call (not a retry that found it done), and its
-// completed_at on the server's clock.
+// completedKey is what a Complete call learnt of one completion: its Redis
+// key, whether it was written by this call (not a retry that found it
+// done), and its completed_at on the server's clock.
 type completedKey struct {
+	rkey    string
 	written bool
 	at      time.Time
 }
 
 // completed caches the records a Complete call wrote, done[i] telling of
-// completion i. Nothing is cached when the epoch moved since snapshot (an
-// invalidation or a change of trust raced the call) or the cache is not
-// trusted; the pending claims are dropped either way. The entries of one
-// call, and their results, are allocated together: they were made at once
-// and leave the list, oldest first, nearly together.
+// completion i: the pending slot of each claim becomes its cached record.
+// Nothing is cached when the epoch moved since snapshot (an invalidation or
+// a change of trust raced the call) or the cache is not trusted; the
+// pending claims are dropped either way. The results of one call are
+// copied into one allocation: they were made at once and leave the list,
+// oldest first, nearly together.
 func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.Completion, done []completedKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ok := c.trusted && c.epoch == epoch
 	now := time.Now()
-	var slab []cacheEntry
+	expires := now.Add(c.ttl)
 	var results []byte
 	if ok {
-		n, size := 0, 0
+		size := 0
 		for i := range cs {
 			if done[i].written && cs[i].Outcome == idempotency.RecordOutcomeOK {
-				n++
 				size += len(cs[i].Result)
 			}
 		}
-		slab, results = make([]cacheEntry, 0, n), make([]byte, 0, size)
+		results = make([]byte, 0, size)
 	}
 	for i := range cs {
 		cp := &cs[i]
-		p := c.pending[cp.Token]
-		if p != nil {
-			// Its waiters wake once the lock is let go, after the record
-			// below is cached.
-			c.dropLocked(p)
+		s := c.pendingLocked(done[i].rkey, cp.Token)
+		if s == nil {
+			continue
+		}
+		end := expires
+		if e := start.Add(cp.Retention); e.Before(end) {
+			end = e // the record expires in Redis first
 		}
 		// Only successful completions: a dead-lettered key is what an
 		// operator redrives (forget, then republish), and the republished
 		// message may reach this process before the forget's invalidation.
-		if !ok || p == nil || !done[i].written || cp.Outcome != idempotency.RecordOutcomeOK {
+		if !ok || !done[i].written || cp.Outcome != idempotency.RecordOutcomeOK || !now.Before(end) {
+			c.removeLocked(s)
 			continue
 		}
-		expires := now.Add(c.ttl)
-		if end := start.Add(cp.Retention); end.Before(expires) {
-			expires = end // the record expires in Redis first
-		}
-		if !now.Before(expires) {
-			continue
-		}
-		rec := idempotency.Record{
-			Key:                cp.Key,
-			State:              idempotency.StateCompleted,
-			Fingerprint:        p.fp,
-			FingerprintVersion: p.fpv,
-			Token:              cp.Token,
-			Fence:              p.fence,
-			ClaimedAt:          p.claimedAt,
-			LeaseUntil:         p.leaseUntil,
-			CompletedAt:        done[i].at,
-			Outcome:            cp.Outcome,
-			Attempts:           p.attempts,
-		}
+		// Its waiters wake once the lock is let go, after the record is
+		// cached.
+		c.unholdLocked(s)
+		c.pending--
+		s.cached, s.completedAt, s.expires = true, done[i].at, end
 		if len(cp.Result) > 0 {
 			off := len(results)
 			results = append(results, cp.Result...)
-			rec.Result = results[off:len(results):len(results)]
+			s.result = results[off:len(results):len(results)]
 		}
 		if len(cp.Meta) > 0 {
-			rec.Meta = make(map[string]string, len(cp.Meta))
+			s.meta = make(map[string]string, len(cp.Meta))
 			for k, v := range cp.Meta {
-				rec.Meta[k] = v
+				s.meta[k] = v
 			}
 		}
-		if old := c.entries[p.rkey]; old != nil {
-			c.removeLocked(old)
-		}
-		slab = append(slab, cacheEntry{rkey: p.rkey, rec: rec, expires: expires})
-		e := &slab[len(slab)-1]
-		c.pushLocked(e)
-		c.entries[p.rkey] = e
-		for len(c.entries) > c.max {
+		c.pushLocked(s)
+		for c.cached > c.max {
 			c.removeLocked(c.oldest)
 		}
 	}
 }
 
-// pushLocked puts e at the newest end of the list.
-func (c *localCache) pushLocked(e *cacheEntry) {
-	e.prev, e.next = c.newest, nil
+// pushLocked puts the cached slot s at the newest end of the list.
+func (c *localCache) pushLocked(s *cacheSlot) {
+	s.prev, s.next = c.newest, nil
 	if c.newest != nil {
-		c.newest.next = e
+		c.newest.next = s
 	} else {
-		c.oldest = e
+		c.oldest = s
 	}
-	c.newest = e
+	c.newest = s
+	c.cached++
 }
 
-// removeLocked takes e out of the list and the map.
-func (c *localCache) removeLocked(e *cacheEntry) {
-	if e.prev != nil {
-		e.prev.next = e.next
+// unlinkLocked takes the cached slot s out of the list.
+func (c *localCache) unlinkLocked(s *cacheSlot) {
+	if s.prev != nil {
+		s.prev.next = s.next
 	} else {
-		c.oldest = e.next
+		c.oldest = s.next
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
+	if s.next != nil {
+		s.next.prev = s.prev
 	} else {
-		c.newest = e.prev
+		c.newest = s.prev
 	}
-	e.prev, e.next = nil, nil
-	delete(c.entries, e.rkey)
+	s.prev, s.next = nil, nil
+	c.cached--
 }
 
-// invalidate drops the entry of rkey, or every entry when rkey is "" (a bulk
+// invalidate drops the cached record of rkey and ends the local answers of
+// the claim held on it, or does so for every key when rkey is "" (a bulk
 // forget of the namespace).
 func (c *localCache) invalidate(rkey string) {
 	c.mu.Lock()
@@ -490,11 +506,12 @@ func (c *localCache) invalidate(rkey string) {
 		c.flushLocked()
 		return
 	}
-	if e := c.entries[rkey]; e != nil {
-		c.removeLocked(e)
-	}
-	if p := c.held[rkey]; p != nil {
-		c.unholdLocked(p)
+	switch s := c.slots[rkey]; {
+	case s == nil:
+	case s.cached:
+		c.removeLocked(s)
+	default:
+		c.unholdLocked(s)
 	}
 }
 
@@ -507,8 +524,8 @@ func (c *localCache) setTrusted(trusted bool) {
 	c.epoch++
 	c.trusted = trusted
 	c.flushLocked()
-	for _, p := range c.pending {
-		c.dropLocked(p)
+	for _, s := range c.slots {
+		c.removeLocked(s) // every slot left is a pending claim
 	}
 }
 
@@ -516,16 +533,18 @@ func (c *localCache) setTrusted(trusted bool) {
 // (their completions may still be cached).
 func (c *localCache) flushLocked() {
 	c.flushes.Add(1)
-	clear(c.entries)
-	c.oldest, c.newest = nil, nil
-	for _, p := range c.held {
-		c.unholdLocked(p)
+	for _, s := range c.slots {
+		if s.cached {
+			c.removeLocked(s)
+		} else {
+			c.unholdLocked(s)
+		}
 	}
 }
 
 func (c *localCache) stats() LocalCacheStats {
 	c.mu.Lock()
-	n, held, trusted := len(c.entries), len(c.held), c.trusted
+	n, held, trusted := c.cached, c.held, c.trusted
 	c.mu.Unlock()
 	return LocalCacheStats{
 		Hits: c.hits.Load(), InFlightHits: c.inFlightHits.Load(), LocalWaits: c.localWaits.Load(),

@@ -26,9 +26,6 @@ func BenchmarkLocalCache(b *testing.B) {
 	start := time.Now()
 	cs := make([]idempotency.Completion, batch)
 	done := make([]completedKey, batch)
-	for i := range done {
-		done[i] = completedKey{written: true, at: start}
-	}
 	result := []byte("ok")
 	n := 0
 	b.ReportAllocs()
@@ -36,7 +33,7 @@ func BenchmarkLocalCache(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		now := time.Now()
 		epoch := c.snapshot()
-		p := make([]pendingClaim, batch)
+		p := make([]cacheSlot, batch)
 		for j := range p {
 			rkey := keys[n%len(keys)]
 			n++
@@ -44,8 +41,9 @@ func BenchmarkLocalCache(b *testing.B) {
 				b.Fatal("a fresh key was answered")
 			}
 			token := strconv.Itoa(n)
-			p[j] = pendingClaim{key: rkey, rkey: rkey, token: token, fp: "fp", fpv: 1, fence: 1, attempts: 1,
+			p[j] = cacheSlot{key: rkey, rkey: rkey, token: token, fp: "fp", fpv: 1, fence: 1, attempts: 1,
 				claimedAt: now, leaseUntil: now.Add(30 * time.Second), answerUntil: now.Add(27 * time.Second)}
+			done[j] = completedKey{rkey: rkey, written: true, at: start}
 			cs[j] = idempotency.Completion{Key: rkey, Token: token, Outcome: idempotency.RecordOutcomeOK, Result: result, Retention: time.Hour}
 		}
 		c.claimed(p, epoch, time.Minute)

@@ -305,9 +305,9 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	results := make([]idempotency.ClaimResult, len(reqs))
 	// The owned claims' Claims, one allocation for the batch.
 	claims := make([]idempotency.Claim, len(reqs))
-	var pending []pendingClaim // the owned claims, for the local cache
+	var pending []cacheSlot // the owned claims, for the local cache
 	if s.cache != nil {
-		pending = make([]pendingClaim, 0, len(reqs))
+		pending = make([]cacheSlot, 0, len(reqs))
 	}
 	for gi, g := range groups {
 		vals, err := claimReply(calls[gi].strs, len(g.idx))
@@ -326,7 +326,7 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 			// the cache does not copy: such a key is answered by Redis.
 			if s.cache != nil && res.Claim != nil && len(res.Claim.Steps) == 0 {
 				r := &reqs[i]
-				pending = append(pending, pendingClaim{
+				pending = append(pending, cacheSlot{
 					key: r.Key, rkey: g.keys[j], token: tokens[i], fp: r.Fingerprint, fpv: r.FingerprintVersion,
 					fence: res.Claim.Fence, attempts: res.Claim.Attempts, claimedAt: claimedAt, leaseUntil: res.Claim.LeaseUntil,
 					answerUntil: start.Add(r.Lease - leaseMargin(r.Lease)),
@@ -586,7 +586,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		for j, i := range g.idx {
 			ok[i] = codes[j] == '1' || codes[j] == '2'
 			if done != nil {
-				done[i] = completedKey{written: codes[j] == '1', at: at}
+				done[i] = completedKey{rkey: g.keys[j], written: codes[j] == '1', at: at}
 			}
 		}
 	}
@@ -691,12 +691,12 @@ func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duratio
 	}
 	if until == 0 {
 		if s.cache != nil {
-			s.cache.dropPending(token) // the claim is not this Store's any more
+			s.cache.dropPending(c.keys[0], token) // the claim is not this Store's any more
 		}
 		return time.Time{}, false, nil
 	}
 	if s.cache != nil {
-		s.cache.renewed(token, time.UnixMilli(until), start.Add(lease-leaseMargin(lease)))
+		s.cache.renewed(c.keys[0], token, time.UnixMilli(until), start.Add(lease-leaseMargin(lease)))
 	}
 	return time.UnixMilli(until), true, nil
 }
@@ -713,11 +713,12 @@ func (s *Store) Release(ctx context.Context, key, token string, keep time.Durati
 	if key == "" {
 		return false, invalid(op, "empty key")
 	}
+	rkey := s.prefix + key
 	if s.cache != nil {
-		s.cache.dropPending(token)
+		s.cache.dropPending(rkey, token)
 	}
 	keepMs := max(durMs(keep), s.graceMs)
-	c := &call{script: s.release, keys: []string{s.prefix + key}, args: []any{token, keepMs, s.channel}}
+	c := &call{script: s.release, keys: []string{rkey}, args: []any{token, keepMs, s.channel}}
 	if err := s.write(ctx, op, []*call{c}); err != nil {
 		return false, err
 	}
@@ -738,10 +739,11 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 	if key == "" || step == "" {
 		return false, invalid(op, "empty key or step name (key hash %s, step %q)", keyHash(key), step)
 	}
+	rkey := s.prefix + key
 	if s.cache != nil {
-		s.cache.dropPending(token) // its record will have steps: not cached
+		s.cache.dropPending(rkey, token) // its record will have steps: not cached
 	}
-	c := &call{script: s.step, keys: []string{s.prefix + key}, args: []any{token, step, base64.StdEncoding.EncodeToString(result)}}
+	c := &call{script: s.step, keys: []string{rkey}, args: []any{token, step, base64.StdEncoding.EncodeToString(result)}}
 	if err := s.write(ctx, op, []*call{c}); err != nil {
 		return false, err
 	}
