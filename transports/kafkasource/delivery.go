@@ -33,8 +33,7 @@ type delivery struct {
 	attempt int
 	cost    int64 // what the message's fetch acquired for it (budget)
 
-	first    consumer.Message // the message, in the first attempt's allocation
-	firstRaw kafka.Message    // the fetched message, copied out of its fetch
+	first consumer.Message // the message, in the first attempt's allocation
 
 	mu    sync.Mutex
 	state settlement
@@ -50,28 +49,26 @@ var (
 
 // newDeliveries returns the first attempts of a dispatched chunk's
 // messages, allocated together: one slab of deliveries and the chunk's
-// headers (headerSpace). Each delivery holds a copy of its kafka.Message,
-// so the caller may clear chunk: the rest of the fetch then no longer
-// keeps what a dispatched message references. A delivery's message stays
-// in the slab for its retries, so the slab lives until the chunk's last
-// delivery is done.
+// headers (headerSpace). Each delivery references its kafka.Message in
+// chunk, a block of its fetch that holds no other chunk's messages
+// (blocks), for its retries too: the chunk, like the slab, lives until
+// its last delivery is done, and nothing else of the fetch does.
 func newDeliveries(p *partition, chunk []kafka.Message) []*delivery {
 	slab := make([]delivery, len(chunk))
 	ds := make([]*delivery, len(chunk))
 	hs := newHeaderSpace(chunk)
 	for i := range chunk {
 		d := &slab[i]
-		d.init(p, chunk[i], hs.header(chunk[i].Headers))
+		d.init(p, &chunk[i], hs.header(chunk[i].Headers))
 		ds[i] = d
 	}
 	return ds
 }
 
 // init makes d the first attempt at m, whose headers are h.
-func (d *delivery) init(p *partition, m kafka.Message, h consumer.Header) {
-	d.firstRaw = m
-	d.p, d.raw, d.attempt = p, &d.firstRaw, 1
-	d.cost = messageCost(&m)
+func (d *delivery) init(p *partition, m *kafka.Message, h consumer.Header) {
+	d.p, d.raw, d.attempt = p, m, 1
+	d.cost = messageCost(m)
 	d.first = consumer.Message{
 		Key:     m.Key,
 		Payload: m.Value,

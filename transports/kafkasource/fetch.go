@@ -99,7 +99,7 @@ func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64,
 // both). Control batches (transaction markers) are never returned; under
 // read_committed neither are the batches of aborted transactions. The
 // offsets they occupy still count: next moves past them.
-func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset int64, wait time.Duration) ([]kafka.Message, int64, error) {
+func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset int64, wait time.Duration) (blocks, int64, error) {
 	s := p.g.m.s
 	ctx, cancel := context.WithTimeout(ctx, wait+s.cfg.NetworkTimeout)
 	defer cancel()
@@ -147,10 +147,29 @@ func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset i
 	} else {
 		batches = []protocol.RecordReader{part.RecordSet.Records}
 	}
-	f := filter{readCommitted: s.cfg.Isolation == IsolationReadCommitted, aborted: part.AbortedTransactions, expect: p.lastFetched}
+	f := filter{
+		readCommitted: s.cfg.Isolation == IsolationReadCommitted, aborted: part.AbortedTransactions,
+		block: s.cfg.BatchSize, expect: p.lastFetched,
+	}
 	msgs, next, err := f.read(s.cfg.Topic, p.id, part.HighWatermark, offset, batches)
-	p.lastFetched = len(msgs)
+	p.lastFetched = msgs.len()
 	return msgs, next, err
+}
+
+// blocks is a fetch's messages in offset order, in blocks of at most the
+// dispatcher's chunk (Config.BatchSize) each: a block is one chunk, and its
+// deliveries reference their messages in it (newDeliveries), so a block
+// lives exactly as long as its chunk runs, and a fetch's messages are never
+// copied to grow one slice.
+type blocks [][]kafka.Message
+
+// len is how many messages b holds.
+func (b blocks) len() int {
+	n := 0
+	for _, m := range b {
+		n += len(m)
+	}
+	return n
 }
 
 // filter walks the record batches of one fetch response.
@@ -159,25 +178,31 @@ type filter struct {
 	aborted       []fetchapi.ResponseTransaction // not yet reached, by first offset
 	abortedPIDs   map[int64]bool                 // producers inside an aborted transaction
 	bytes         arena                          // the returned records' keys and values
+	// block is the most messages a returned block holds (0: no bound).
+	block int
 	// expect is how many records the fetch is likely to return (the last
-	// fetch's count): read allocates room for them at once, not by
-	// doubling, which at the start of a backlog left as much garbage as
-	// the fetch itself.
+	// fetch's count): the first block starts with room for that many, at
+	// most block, so a small fetch does not take a whole block's room.
 	expect int
 }
 
-// read returns the records at or after offset that a handler may see and the
-// offset after the last batch. Batches are contiguous in offset space, so a
+// read returns the records at or after offset that a handler may see, in
+// blocks of at most f.block (see blocks), and the offset after the last
+// batch. Batches are contiguous in offset space, so a
 // batch ends where the next one begins; the last batch ends after its last
 // record. A response whose records all lie before offset (the tail of a
 // batch removed by compaction, or an empty batch a compacted transactional
 // producer left) advances by one offset: nothing is stored there. kafka-go
 // keeps no batch's last offset, which would let it jump the whole gap.
-func (f *filter) read(topic string, partition int, hwm, offset int64, batches []protocol.RecordReader) ([]kafka.Message, int64, error) {
+func (f *filter) read(topic string, partition int, hwm, offset int64, batches []protocol.RecordReader) (blocks, int64, error) {
 	sort.Slice(f.aborted, func(i, j int) bool { return f.aborted[i].FirstOffset < f.aborted[j].FirstOffset })
-	var msgs []kafka.Message
-	if f.expect > 0 {
-		msgs = make([]kafka.Message, 0, f.expect)
+	var msgs blocks
+	var cur []kafka.Message // the block being filled
+	done := func() blocks {
+		if len(cur) > 0 {
+			msgs = append(msgs, cur)
+		}
+		return msgs
 	}
 	next := offset
 	for i, b := range batches {
@@ -210,7 +235,7 @@ func (f *filter) read(topic string, partition int, hwm, offset int64, batches []
 				break
 			}
 			if err != nil {
-				return msgs, next, err
+				return done(), next, err
 			}
 			if r.Offset+1 > next {
 				next = r.Offset + 1
@@ -221,15 +246,32 @@ func (f *filter) read(topic string, partition int, hwm, offset int64, batches []
 			}
 			m, err := message(&f.bytes, topic, partition, hwm, r)
 			if err != nil {
-				return msgs, next, err
+				return done(), next, err
 			}
-			msgs = append(msgs, m)
+			switch {
+			case cur == nil:
+				room := max(f.expect, 1)
+				if f.block > 0 {
+					room = min(room, f.block)
+				}
+				cur = make([]kafka.Message, 0, room)
+			case len(cur) == f.block:
+				// Full: a fetch that filled one block is likely to fill
+				// the next.
+				msgs = append(msgs, cur)
+				cur = make([]kafka.Message, 0, f.block)
+			case len(cur) == cap(cur) && f.block > 0:
+				// The first block grows as append would, but never past
+				// a chunk.
+				cur = append(make([]kafka.Message, 0, min(2*cap(cur), f.block)), cur...)
+			}
+			cur = append(cur, m)
 		}
 	}
 	if next == offset && len(batches) > 0 {
 		next = offset + 1
 	}
-	return msgs, next, nil
+	return done(), next, nil
 }
 
 // control handles a transaction marker: an abort marker ends the producer's

@@ -45,8 +45,10 @@ func TestFilterPositions(t *testing.T) {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		var offs []int64
-		for _, m := range msgs {
-			offs = append(offs, m.Offset)
+		for _, b := range msgs {
+			for _, m := range b {
+				offs = append(offs, m.Offset)
+			}
 		}
 		if !slices.Equal(offs, tc.offs) || next != tc.next {
 			t.Errorf("%s: offsets %v next %d, want %v next %d", tc.name, offs, next, tc.offs, tc.next)
@@ -94,11 +96,56 @@ func TestFilterAborted(t *testing.T) {
 			t.Fatal(err)
 		}
 		var offs []int64
-		for _, m := range msgs {
-			offs = append(offs, m.Offset)
+		for _, b := range msgs {
+			for _, m := range b {
+				offs = append(offs, m.Offset)
+			}
 		}
 		if !slices.Equal(offs, tc.want) || next != 9 {
 			t.Errorf("readCommitted=%v: offsets %v next %d, want %v next 9", tc.readCommitted, offs, next, tc.want)
+		}
+	}
+}
+
+// TestFilterBlocks: a fetch's messages come in blocks of at most the
+// dispatcher's chunk, in offset order, each with no room beyond it (a
+// chunk's deliveries keep their block, and nothing of another chunk may
+// share it); the first block starts with the room the last fetch's count
+// asks for.
+func TestFilterBlocks(t *testing.T) {
+	t.Parallel()
+	var rs []protocol.Record
+	for o := range int64(8) {
+		rs = append(rs, protocol.Record{Offset: o, Key: protocol.NewBytes([]byte("k")), Value: protocol.NewBytes([]byte("v"))})
+	}
+	for _, tc := range []struct {
+		expect int
+		lens   []int
+	}{
+		{expect: 0, lens: []int{3, 3, 2}},
+		{expect: 8, lens: []int{3, 3, 2}},
+	} {
+		f := filter{block: 3, expect: tc.expect}
+		msgs, next, err := f.read("t", 0, 8, 0, []protocol.RecordReader{&protocol.RecordBatch{Records: protocol.NewRecordReader(rs...)}})
+		if err != nil || next != 8 {
+			t.Fatalf("expect %d: next %d, %v", tc.expect, next, err)
+		}
+		var lens []int
+		var offs []int64
+		for _, b := range msgs {
+			lens = append(lens, len(b))
+			if cap(b) > f.block {
+				t.Errorf("expect %d: a block has room for %d messages, more than a chunk (%d)", tc.expect, cap(b), f.block)
+			}
+			for _, m := range b {
+				offs = append(offs, m.Offset)
+			}
+		}
+		if !slices.Equal(lens, tc.lens) || !slices.Equal(offs, []int64{0, 1, 2, 3, 4, 5, 6, 7}) {
+			t.Errorf("expect %d: blocks of %v holding offsets %v, want blocks of %v holding 0..7", tc.expect, lens, offs, tc.lens)
+		}
+		if msgs.len() != 8 {
+			t.Errorf("expect %d: len %d, want 8", tc.expect, msgs.len())
 		}
 	}
 }

@@ -77,7 +77,7 @@ type partition struct {
 // fetched is what the fetcher hands the dispatcher: messages in offset order
 // and the offset it will read next.
 type fetched struct {
-	msgs []kafka.Message
+	msgs blocks
 	next int64
 }
 
@@ -335,12 +335,12 @@ func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset in
 		if errors.Is(err, errBudgetWait) {
 			return offset, ctx.Err()
 		}
-		if len(msgs) > 0 || next > offset {
+		if n := msgs.len(); n > 0 || next > offset {
 			if !p.send(fetched{msgs: msgs, next: next}) {
 				return next, ctx.Err()
 			}
 			offset = next
-			if len(msgs) > 0 {
+			if n > 0 {
 				p.mayFetch = false
 			}
 		}
@@ -366,7 +366,7 @@ var errBudgetWait = errors.New("kafka: stopped while waiting for the fetch budge
 // (its first fetch) fetches only while no other such fetch runs: a
 // backlog's start decodes one unknown batch at a time, and each later one
 // acquires against what the earlier ones turned out to hold.
-func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offset int64) ([]kafka.Message, int64, error) {
+func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offset int64) (blocks, int64, error) {
 	s := p.g.m.s
 	b := s.budget
 	wait := s.cfg.MaxWait
@@ -390,8 +390,10 @@ func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offs
 	// once when ctx ends.
 	msgs, next, err := p.fetchOnce(ctx, tr, offset, wait)
 	var cost int64
-	for i := range msgs {
-		cost += messageCost(&msgs[i])
+	for _, b := range msgs {
+		for i := range b {
+			cost += messageCost(&b[i])
+		}
 	}
 	switch {
 	case cost > want:
@@ -447,29 +449,34 @@ func (p *partition) dispatch() {
 		if p.stopped() {
 			return
 		}
-		asked := len(f.msgs) == 0 // the fetcher needs no permission after no messages
-		for len(f.msgs) > 0 {
-			if !asked && len(f.msgs) <= ahead {
-				p.fetchMore()
-				asked = true
+		left := f.msgs.len()
+		asked := left == 0 // the fetcher needs no permission after no messages
+		for _, block := range f.msgs {
+			// A block holds at most limit messages (filter.block): it is
+			// one chunk.
+			for len(block) > 0 {
+				if !asked && left <= ahead {
+					p.fetchMore()
+					asked = true
+				}
+				n := min(len(block), limit)
+				chunk := block[:n:n]
+				block = block[n:]
+				left -= n
+				if !p.waitSpace(p.g.m.unfinished) {
+					return
+				}
+				ds := newDeliveries(p, chunk)
+				batch := make([]consumer.Delivery, len(chunk))
+				p.mu.Lock()
+				for i := range chunk {
+					batch[i] = ds[i]
+					p.track.add(chunk[i].Offset)
+				}
+				p.mu.Unlock()
+				p.g.m.r.Prepare(p.workCtx, batch)
+				p.enqueue(ds)
 			}
-			n := min(len(f.msgs), limit)
-			chunk := f.msgs[:n]
-			f.msgs = f.msgs[n:]
-			if !p.waitSpace(p.g.m.unfinished) {
-				return
-			}
-			ds := newDeliveries(p, chunk)
-			batch := make([]consumer.Delivery, len(chunk))
-			p.mu.Lock()
-			for i := range chunk {
-				batch[i] = ds[i]
-				p.track.add(chunk[i].Offset)
-			}
-			p.mu.Unlock()
-			clear(chunk) // the deliveries hold copies
-			p.g.m.r.Prepare(p.workCtx, batch)
-			p.enqueue(ds)
 		}
 		if !asked {
 			p.fetchMore()
