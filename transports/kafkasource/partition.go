@@ -451,9 +451,12 @@ func (p *partition) dispatch() {
 		}
 		left := f.msgs.len()
 		asked := left == 0 // the fetcher needs no permission after no messages
-		for _, block := range f.msgs {
+		for bi, block := range f.msgs {
 			// A block holds at most limit messages (filter.block): it is
-			// one chunk.
+			// one chunk. From here on its deliveries alone keep it: one
+			// whose chunk is done is not kept while the rest of a large
+			// fetch is dispatched.
+			f.msgs[bi] = nil
 			for len(block) > 0 {
 				if !asked && left <= ahead {
 					p.fetchMore()
