@@ -134,8 +134,8 @@ func (b *budget) state() (used, peak int64, waiting int) {
 const kafkaGoRecord = 128
 
 // recordOverhead is what a fetched message costs beside its bytes: its
-// kafka.Message in the fetch, its delivery (which holds a copy of it) and
-// kafka-go's decoded record.
+// kafka.Message in its fetch's block, its delivery (which references it
+// there) and kafka-go's decoded record.
 const recordOverhead = int64(unsafe.Sizeof(kafka.Message{})+unsafe.Sizeof(delivery{})) + kafkaGoRecord
 
 // messageCost is what the budget counts for m: its key, value and header
