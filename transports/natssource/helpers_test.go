@@ -98,6 +98,19 @@ func (e *env) drained(t *testing.T, name string, timeout time.Duration) {
 		if info.NumPending != 0 || info.NumAckPending != 0 || info.NumRedelivered != 0 {
 			return fmt.Errorf("pending %d, ack pending %d, redelivered %d", info.NumPending, info.NumAckPending, info.NumRedelivered)
 		}
+		if info.Delivered.Stream == 0 {
+			// nats-server registers a new consumer before it counts what
+			// is pending for it, and reports 0 pending meanwhile: a
+			// consumer that has delivered nothing is drained only when
+			// its stream holds nothing.
+			st, err := e.js.Stream(ctx, e.stream)
+			if err != nil {
+				return err
+			}
+			if n := st.CachedInfo().State.Msgs; n > 0 {
+				return fmt.Errorf("nothing delivered yet of the stream's %d messages", n)
+			}
+		}
 		return nil
 	})
 }
