@@ -166,19 +166,8 @@ func (s *cacheSlot) claimRecord() *idempotency.Record {
 // completedRecord is a copy the caller may keep of the COMPLETED record a
 // cached slot holds.
 func (s *cacheSlot) completedRecord() *idempotency.Record {
-	rec := &idempotency.Record{
-		Key:                s.key,
-		State:              idempotency.StateCompleted,
-		Fingerprint:        s.fp,
-		FingerprintVersion: s.fpv,
-		Token:              s.token,
-		Fence:              s.fence,
-		ClaimedAt:          s.claimedAt,
-		LeaseUntil:         s.leaseUntil,
-		CompletedAt:        s.completedAt,
-		Outcome:            idempotency.RecordOutcomeOK,
-		Attempts:           s.attempts,
-	}
+	rec := s.claimRecord() // the claim's fields, as its completion kept them
+	rec.State, rec.CompletedAt, rec.Outcome = idempotency.StateCompleted, s.completedAt, idempotency.RecordOutcomeOK
 	if s.result != nil {
 		rec.Result = append([]byte(nil), s.result...)
 	}
