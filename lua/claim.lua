@@ -8,11 +8,13 @@
 --          Or, when every key of the call shares fingerprint version, lease
 --          and retention (nearly always), and every token and fingerprint
 --          is a JSON string's text as it stands (printable ASCII other
---          than '"' and backslash: the caller checks): ARGV[2] '=', ARGV[3] the
---          fingerprint version, ARGV[4] the lease, ARGV[5] the retention,
---          ARGV[6] '1' (durable) or '0', then 2 per key from ARGV[7]: token,
---          fingerprint. Each argument costs the server a string: fewer per
---          key is less work per key.
+--          than '"' and backslash: the caller checks): ARGV[1] '=', ARGV[2]
+--          the fingerprint version, ARGV[3] the lease, ARGV[4] the claims'
+--          key TTL in ms (lease + max(grace, retention), worked out by the
+--          caller), ARGV[5] '1' (durable) or '0', then 2 per key from
+--          ARGV[6]: token, fingerprint. Each argument costs the server a
+--          string, and each conversion between text and number costs the
+--          script: fewer per key and per call is less work.
 -- A claim's key lives lease + max(grace, retention): an expired claim
 -- nobody completed or released (its worker died) is found and RECLAIMED,
 -- its attempt counted, for as long as the key's completion would be
@@ -33,12 +35,12 @@
 
 -- CODE is each outcome's code in the reply (see above).
 local CODE = { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
-local grace = tonumber(ARGV[1])
-local uniform = ARGV[2] == '=' -- no token is '=' (tokens are hex)
+local uniform = ARGV[1] == '=' -- no grace is '='
+local grace -- the long form's; the short form's TTL has it already
 local first, stride = 2, 5
-if uniform then first, stride = 7, 2 end
+if uniform then first, stride = 6, 2 else grace = tonumber(ARGV[1]) end
 local durable
-if uniform then durable = ARGV[6] == '1' else durable = ARGV[2 + 5 * #KEYS] == '1' end
+if uniform then durable = ARGV[5] == '1' else durable = ARGV[2 + 5 * #KEYS] == '1' end
 local now, now_us = clock()
 local now_s = string.format('%d', now)
 -- The fence of a key without a record: new_fence(nil, now_us), the server
@@ -65,7 +67,7 @@ local lease_arg, keep_arg, lease, until_s, px_s
 local mid, tail
 -- The loop reads these as locals: a global is a table lookup each time.
 local ARGV, KEYS, type, rpcall = ARGV, KEYS, type, redis.pcall
-local u_fpv, u_lease, u_keep = ARGV[3], ARGV[4], ARGV[5] -- the short form's
+local u_fpv, u_lease, u_keep = ARGV[2], ARGV[3], ARGV[4] -- the short form's (u_keep: the TTL)
 
 for i = 1, #KEYS do
   local key = KEYS[i]
@@ -88,7 +90,11 @@ for i = 1, #KEYS do
     lease_arg, keep_arg = lease_a, keep_a
     lease = tonumber(lease_arg)
     until_s = string.format('%d', now + lease)
-    px_s = string.format('%d', lease + math.max(grace, tonumber(keep_arg) or 0))
+    if uniform then
+      px_s = keep_arg
+    else
+      px_s = string.format('%d', lease + math.max(grace, tonumber(keep_arg) or 0))
+    end
     changed = true
   end
   -- The claim a new key gets (fence now_us, attempts 1, no steps), written

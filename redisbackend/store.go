@@ -266,14 +266,15 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	calls := make([]*call, len(groups))
 	for gi, g := range groups {
 		if uniformClaims(reqs, g.idx) {
-			// The short form of claim.lua: version, lease and retention once.
+			// The short form of claim.lua: version, lease and the claims'
+			// key TTL once (the script then converts no retention or grace).
 			r0 := &reqs[g.idx[0]]
 			durable := 0
 			if s.replicas > 0 {
 				durable = 1 // duplicates are written back for the WAIT
 			}
-			c := newCall(s.claim, g.keys, replyStrings, 6+2*len(g.idx))
-			c.argv = append(c.argv, s.graceArg, "=", r0.FingerprintVersion, durMs(r0.Lease), durMs(r0.Retention), durable)
+			c := newCall(s.claim, g.keys, replyStrings, 5+2*len(g.idx))
+			c.argv = append(c.argv, "=", r0.FingerprintVersion, durMs(r0.Lease), claimTTLMs(r0.Lease, r0.Retention, s.graceMs), durable)
 			for _, i := range g.idx {
 				c.argv = append(c.argv, &tokens[i], &reqs[i].Fingerprint)
 			}
@@ -338,6 +339,14 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 		s.cache.claimed(pending, epoch, time.Duration(s.graceMs)*time.Millisecond)
 	}
 	return results, nil
+}
+
+// claimTTLMs is the TTL in ms of a claim's key, as claim.lua's long form
+// works it out: lease + max(grace, retention), so that an expired claim
+// nobody completed is found and reclaimed for as long as its completion
+// would be remembered (SPEC §11.3).
+func claimTTLMs(lease, retention time.Duration, graceMs int64) int64 {
+	return durMs(lease) + max(graceMs, durMs(retention))
 }
 
 // uniformClaims reports whether the requests idx of reqs share fingerprint

@@ -111,11 +111,12 @@ func TestScriptArgumentsOnTheWire(t *testing.T) {
 		return idempotency.ClaimRequest{Key: key, Fingerprint: fp, FingerprintVersion: 3, Lease: lease, Retention: time.Hour}
 	}
 
-	// claim.lua's short form: version, lease, retention and durable once,
-	// then token and fingerprint a key.
+	// claim.lua's short form: version, lease, the claims' key TTL and
+	// durable once, then token and fingerprint a key.
 	uniform := []idempotency.ClaimRequest{req("u:1", "3:aa", time.Minute), req("u:2", "3:bb", time.Minute)}
 	res := claim(uniform)
-	if !log.sent("evalsha", claimSHA, "2", s.RedisKey("u:1"), s.RedisKey("u:2"), grace, "=", "3", "60000", "3600000", "0",
+	ttl := strconv.FormatInt(60000+max(s.graceMs, 3600000), 10) // lease + max(grace, retention)
+	if !log.sent("evalsha", claimSHA, "2", s.RedisKey("u:1"), s.RedisKey("u:2"), "=", "3", "60000", ttl, "0",
 		res[0].Claim.Token, "3:aa", res[1].Claim.Token, "3:bb") {
 		t.Errorf("the short form of a claim is not on the wire as claim.lua reads it:\n%q", log.buf.String())
 	}
@@ -194,10 +195,10 @@ func TestScriptRepliesOnTheWire(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The short form: grace, '=', version, lease, retention, durable, then
-	// token and fingerprint a key.
+	// The short form: '=', version, lease, the claims' key TTL, durable,
+	// then token and fingerprint a key.
 	claimArgs := []any{"evalsha", redis.NewScript(lua.Claim).Hash(), 4, kNew, kDone, kLive, kOther,
-		s.graceMs, "=", 1, 60000, 3600000, 0, "nnnn", fp, "nnnn", fp, "nnnn", fp, "nnnn", fp}
+		"=", 1, 60000, 60000 + max(s.graceMs, 3600000), 0, "nnnn", fp, "nnnn", fp, "nnnn", fp, "nnnn", fp}
 	cmd := redis.NewStringSliceCmd(ctx, claimArgs...)
 	_ = client.Process(ctx, cmd)
 	if isNoScript(cmd.Err()) {
