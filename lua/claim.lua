@@ -33,8 +33,10 @@
 -- converts and writes, and a string the client reads: a new key costs the
 -- reply one byte of the codes, not two entries.
 
--- CODE is each outcome's code in the reply (see above).
-local CODE = { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
+-- CODE is each outcome's code in the reply (see above), made at the first
+-- key that had a value: a call whose keys are all new (coded n) makes no
+-- table of them.
+local CODE
 local uniform = ARGV[1] == '=' -- no grace is '='
 local grace -- the long form's; the short form's TTL has it already
 local first, stride = 2, 5
@@ -133,6 +135,7 @@ for i = 1, #KEYS do
     codes[i] = 'n'
   else
     local outcome, rec, mine = 'NEW', nil, false
+    CODE = CODE or { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
     local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
     if state ~= nil then
       -- Written by this package's templates: decided on the parsed text. The
