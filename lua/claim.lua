@@ -83,9 +83,16 @@ for i = 1, #KEYS do
   local changed = false
   if fpv_a ~= fpv_arg then
     fpv_arg = fpv_a
-    fpv = tonumber(fpv_arg)
-    if fpv == nil then error('claim: fingerprint version ' .. fpv_arg .. ' is not a number') end
-    fpv_s = tostring(fpv)
+    if uniform then
+      -- The short form's version is integer text of under 15 digits (the
+      -- caller checks), which tostring would give back as it is: it is
+      -- made a number only for a key that has a record to compare.
+      fpv, fpv_s = nil, fpv_arg
+    else
+      fpv = tonumber(fpv_arg)
+      if fpv == nil then error('claim: fingerprint version ' .. fpv_arg .. ' is not a number') end
+      fpv_s = tostring(fpv)
+    end
     changed = true
   end
   if lease_a ~= lease_arg or keep_a ~= keep_arg then
@@ -136,6 +143,7 @@ for i = 1, #KEYS do
   else
     local outcome, rec, mine = 'NEW', nil, false
     CODE = CODE or { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
+    fpv = fpv or tonumber(fpv_arg)
     local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
     if state ~= nil then
       -- Written by this package's templates: decided on the parsed text. The

@@ -351,9 +351,14 @@ func claimTTLMs(lease, retention time.Duration, graceMs int64) int64 {
 
 // uniformClaims reports whether the requests idx of reqs share fingerprint
 // version, lease and retention, and have fingerprints that stand in a JSON
-// string as they are, so that claim.lua takes them in its short form.
+// string as they are, so that claim.lua takes them in its short form. The
+// version has fewer than 15 digits: claim.lua's short form writes its
+// text as sent, which is then what Lua's tostring of it would write.
 func uniformClaims(reqs []idempotency.ClaimRequest, idx []int) bool {
 	r0 := &reqs[idx[0]]
+	if v := r0.FingerprintVersion; v <= -1e14 || v >= 1e14 {
+		return false
+	}
 	lease, retention := durMs(r0.Lease), durMs(r0.Retention)
 	for _, i := range idx {
 		r := &reqs[i]

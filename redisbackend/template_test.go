@@ -138,3 +138,48 @@ func TestClaimFormsWriteOneTemplate(t *testing.T) {
 		t.Fatalf("record of the escaped fingerprint: %+v, %v", rec, err)
 	}
 }
+
+// The short form of claim.lua writes its version's text as sent, so it
+// takes only versions whose text Lua's tostring gives back unchanged
+// (fewer than 15 digits), and makes the version a number only for a key
+// with a record: a record outside the templates (read by decoding) of the
+// same version and another fingerprint is still a MISMATCH.
+func TestClaimShortFormVersion(t *testing.T) {
+	client := testenv.RedisClient(t)
+	ns := fmt.Sprintf("version%d", time.Now().UnixNano())
+	s, err := New(client, Options{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := func(key string, fpv int) []idempotency.ClaimRequest {
+		return []idempotency.ClaimRequest{{Key: key, Fingerprint: "1:aa", FingerprintVersion: fpv, Lease: time.Minute, Retention: time.Hour}}
+	}
+	for _, tc := range []struct {
+		fpv   int
+		short bool
+	}{{1, true}, {99999999999999, true}, {-99999999999999, true}, {100000000000000, false}, {-100000000000000, false}} {
+		if got := uniformClaims(req("k", tc.fpv), []int{0}); got != tc.short {
+			t.Errorf("version %d: short form %v, want %v", tc.fpv, got, tc.short)
+		}
+	}
+
+	key := "v:1"
+	defer client.Del(context.Background(), s.RedisKey(key))
+	// A COMPLETED record with its fields in another order than the
+	// templates': only decoding reads it.
+	other := `{"state":"COMPLETED","v":1,"fpv":1,"fp":"1:zz","token":"tttt","fence":3,"claimed_at_ms":1000,"lease_until_ms":31000,"attempts":1,"completed_at_ms":2000,"outcome":"ok"}`
+	if err := client.Set(ctx, s.RedisKey(key), other, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Claim(ctx, req(key, 1))
+	if err != nil || res[0].Outcome != idempotency.ClaimMismatch {
+		t.Fatalf("short-form claim of version 1 against a decoded record of version 1 and another fingerprint: %v %+v, want MISMATCH", err, res)
+	}
+	res, err = s.Claim(ctx, req(key, 2))
+	if err != nil || res[0].Outcome != idempotency.ClaimDuplicate {
+		t.Fatalf("short-form claim of version 2 against the same record: %v %+v, want DUPLICATE (another version is never a mismatch)", err, res)
+	}
+}
