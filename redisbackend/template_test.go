@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -19,14 +21,7 @@ import (
 // apart, this fails.
 func TestScriptsWriteTemplates(t *testing.T) {
 	client := testenv.RedisClient(t)
-	ns := fmt.Sprintf("tmpl%d", time.Now().UnixNano())
-	s, err := New(client, Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	s, ctx := scriptStore(t, client, "tmpl")
 	defer client.Del(context.Background(), s.RedisKey("s:k"))
 
 	raw := func(stage string, state idempotency.State) *idempotency.Record {
@@ -84,14 +79,7 @@ func TestScriptsWriteTemplates(t *testing.T) {
 // escape takes the long form too, and reads back unchanged.
 func TestClaimFormsWriteOneTemplate(t *testing.T) {
 	client := testenv.RedisClient(t)
-	ns := fmt.Sprintf("forms%d", time.Now().UnixNano())
-	s, err := New(client, Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	s, ctx := scriptStore(t, client, "forms")
 	req := func(key, fp string, lease time.Duration) idempotency.ClaimRequest {
 		return idempotency.ClaimRequest{Key: key, Fingerprint: fp, FingerprintVersion: 1, Lease: lease, Retention: time.Hour}
 	}
@@ -146,14 +134,7 @@ func TestClaimFormsWriteOneTemplate(t *testing.T) {
 // same version and another fingerprint is still a MISMATCH.
 func TestClaimShortFormVersion(t *testing.T) {
 	client := testenv.RedisClient(t)
-	ns := fmt.Sprintf("version%d", time.Now().UnixNano())
-	s, err := New(client, Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	s, ctx := scriptStore(t, client, "version")
 	req := func(key string, fpv int) []idempotency.ClaimRequest {
 		return []idempotency.ClaimRequest{{Key: key, Fingerprint: "1:aa", FingerprintVersion: fpv, Lease: time.Minute, Retention: time.Hour}}
 	}
@@ -182,4 +163,18 @@ func TestClaimShortFormVersion(t *testing.T) {
 	if err != nil || res[0].Outcome != idempotency.ClaimDuplicate {
 		t.Fatalf("short-form claim of version 2 against the same record: %v %+v, want DUPLICATE (another version is never a mismatch)", err, res)
 	}
+}
+
+// scriptStore is a Store on client in a namespace of its own, named after
+// prefix, closed when the test ends, and a context for the test's calls.
+func scriptStore(t *testing.T, client redis.UniversalClient, prefix string) (*Store, context.Context) {
+	t.Helper()
+	s, err := New(client, Options{Namespace: prefix + testenv.RandID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return s, ctx
 }

@@ -75,14 +75,7 @@ func TestScriptArgumentsOnTheWire(t *testing.T) {
 	}
 	client := redis.NewClient(opt)
 	defer client.Close()
-	ns := "wire" + testenv.RandID()
-	s, err := New(client, Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	s, ctx := scriptStore(t, client, "wire")
 	claimSHA := redis.NewScript(lua.Claim).Hash()
 	completeSHA := redis.NewScript(lua.Complete).Hash()
 	grace := strconv.FormatInt(s.graceMs, 10)
@@ -176,14 +169,7 @@ func TestScriptArgumentsOnTheWire(t *testing.T) {
 // costs the reply one code and no record.
 func TestScriptRepliesOnTheWire(t *testing.T) {
 	client := testenv.RedisClient(t)
-	ns := "reply" + testenv.RandID()
-	s, err := New(client, Options{Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	s, ctx := scriptStore(t, client, "reply")
 	kNew, kDone, kLive, kOther := s.RedisKey("r:new"), s.RedisKey("r:done"), s.RedisKey("r:live"), s.RedisKey("r:other")
 	defer client.Del(context.Background(), kNew, kDone, kLive, kOther)
 	const fp = "1:abc"
