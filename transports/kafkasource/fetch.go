@@ -188,9 +188,8 @@ type filter struct {
 
 // read returns the records at or after offset that a handler may see, in
 // blocks of at most f.block (see blocks), and the offset after the last
-// batch. Batches are contiguous in offset space, so a
-// batch ends where the next one begins; the last batch ends after its last
-// record. A response whose records all lie before offset (the tail of a
+// batch. Batches are contiguous in offset space, so a batch ends where the
+// next one begins; the last batch ends after its last record. A response whose records all lie before offset (the tail of a
 // batch removed by compaction, or an empty batch a compacted transactional
 // producer left) advances by one offset: nothing is stored there. kafka-go
 // keeps no batch's last offset, which would let it jump the whole gap.

@@ -451,35 +451,30 @@ func (p *partition) dispatch() {
 		}
 		left := f.msgs.len()
 		asked := left == 0 // the fetcher needs no permission after no messages
-		for bi, block := range f.msgs {
-			// A block holds at most limit messages (filter.block): it is
-			// one chunk. From here on its deliveries alone keep it: one
-			// whose chunk is done is not kept while the rest of a large
-			// fetch is dispatched.
+		for bi, chunk := range f.msgs {
+			// A block holds at most limit messages (filter.block, from the
+			// same BatchSize): it is one chunk. From here on its
+			// deliveries alone keep it: one whose chunk is done is not
+			// kept while the rest of a large fetch is dispatched.
 			f.msgs[bi] = nil
-			for len(block) > 0 {
-				if !asked && left <= ahead {
-					p.fetchMore()
-					asked = true
-				}
-				n := min(len(block), limit)
-				chunk := block[:n:n]
-				block = block[n:]
-				left -= n
-				if !p.waitSpace(p.g.m.unfinished) {
-					return
-				}
-				ds := newDeliveries(p, chunk)
-				batch := make([]consumer.Delivery, len(chunk))
-				p.mu.Lock()
-				for i := range chunk {
-					batch[i] = ds[i]
-					p.track.add(chunk[i].Offset)
-				}
-				p.mu.Unlock()
-				p.g.m.r.Prepare(p.workCtx, batch)
-				p.enqueue(ds)
+			if !asked && left <= ahead {
+				p.fetchMore()
+				asked = true
 			}
+			left -= len(chunk)
+			if !p.waitSpace(p.g.m.unfinished) {
+				return
+			}
+			ds := newDeliveries(p, chunk)
+			batch := make([]consumer.Delivery, len(chunk))
+			p.mu.Lock()
+			for i := range chunk {
+				batch[i] = ds[i]
+				p.track.add(chunk[i].Offset)
+			}
+			p.mu.Unlock()
+			p.g.m.r.Prepare(p.workCtx, batch)
+			p.enqueue(ds)
 		}
 		if !asked {
 			p.fetchMore()
