@@ -195,7 +195,15 @@ type KafkaSource struct {
 	// Isolation is read_committed (default: records of aborted
 	// transactions are never handled) or read_uncommitted (SPEC §11.3).
 	Isolation string `yaml:"isolation"`
+	// FetchBufferBytes caps the heap the source holds in fetched messages
+	// not yet done, across its partitions (kafkasource.Config's field of
+	// the name). 0: the library's default, 32 MiB.
+	FetchBufferBytes int `yaml:"fetch_buffer_bytes"`
 }
+
+// minFetchBufferBytes is the smallest fetch_buffer_bytes: one fetch of the
+// size the source asks for (kafkasource.Config.FetchMaxBytes's default).
+const minFetchBufferBytes = 1 << 20
 
 // SASL configures Kafka authentication.
 type SASL struct {
@@ -562,6 +570,11 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 		// SASL goes to the dialer, not to the source's Config.
 		if err := validateSASL(p+".source.kafka.sasl", k.SASL, fail); err != nil {
 			return err
+		}
+		// The library's own check names FetchMaxBytes, which a file does
+		// not set.
+		if k.FetchBufferBytes != 0 && k.FetchBufferBytes < minFetchBufferBytes {
+			return fail(p+".source.kafka.fetch_buffer_bytes", "%d: must be at least %d (1 MiB, one fetch); leave it out for the default, 32 MiB", k.FetchBufferBytes, minFetchBufferBytes)
 		}
 	}
 	if n := h.Source.NATS; n != nil {

@@ -58,7 +58,7 @@ func (h *Handler) KafkaConfig() kafkasource.Config {
 	kc := kafkasource.Config{
 		Brokers: k.Brokers, Topic: k.Topic, GroupID: k.Group, Start: k.Start,
 		SessionTimeout: k.SessionTimeout.D(), CommitInterval: k.CommitInterval.D(),
-		Ordering: h.Ordering, Isolation: k.Isolation,
+		Ordering: h.Ordering, Isolation: k.Isolation, FetchBufferBytes: k.FetchBufferBytes,
 	}
 	if dl := h.DeadLetter; dl != nil && dl.Kafka != nil {
 		kc.DeadLetterTopic = dl.Kafka.Topic
@@ -128,15 +128,16 @@ var handlerOptionFields = fieldTable{
 
 // kafkaFields is KafkaConfig's table, under handlers[i].
 var kafkaFields = fieldTable{
-	"Brokers":         {path: "source.kafka.brokers"},
-	"Topic":           {path: "source.kafka.topic"},
-	"GroupID":         {path: "source.kafka.group", dflt: `the handler's name and "-dedup"`},
-	"Start":           {path: "source.kafka.start"},
-	"SessionTimeout":  {path: "source.kafka.session_timeout"},
-	"CommitInterval":  {path: "source.kafka.commit_interval"},
-	"Isolation":       {path: "source.kafka.isolation"},
-	"Ordering":        {path: "ordering"},
-	"DeadLetterTopic": {path: "dead_letter.kafka.topic"},
+	"Brokers":          {path: "source.kafka.brokers"},
+	"Topic":            {path: "source.kafka.topic"},
+	"GroupID":          {path: "source.kafka.group", dflt: `the handler's name and "-dedup"`},
+	"Start":            {path: "source.kafka.start"},
+	"SessionTimeout":   {path: "source.kafka.session_timeout"},
+	"CommitInterval":   {path: "source.kafka.commit_interval"},
+	"Isolation":        {path: "source.kafka.isolation"},
+	"FetchBufferBytes": {path: "source.kafka.fetch_buffer_bytes"},
+	"Ordering":         {path: "ordering"},
+	"DeadLetterTopic":  {path: "dead_letter.kafka.topic"},
 }
 
 // natsFields is NATSConfig's table, under handlers[i].

@@ -72,7 +72,7 @@ func TestFieldTablesCoverTheBuiltValues(t *testing.T) {
   local_cache: {entries: 5, ttl: 2s}
 handlers:
   - name: k
-    source: {kafka: {brokers: [b:1], topic: t, group: g, start: latest, session_timeout: 20s, commit_interval: 2s, isolation: read_uncommitted}}
+    source: {kafka: {brokers: [b:1], topic: t, group: g, start: latest, session_timeout: 20s, commit_interval: 2s, isolation: read_uncommitted, fetch_buffer_bytes: 2097152}}
     ordering: key
     action: {exec: {command: [x]}}
     dead_letter: {kafka: {topic: t.dlq}}

@@ -3,6 +3,7 @@ package kafkasource_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -280,5 +281,93 @@ func TestFirstFetchesDoNotLongPoll(t *testing.T) {
 	}
 	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)
+	}
+}
+
+// liveHeap returns the bytes of live heap objects, after a collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC() // the first collection's finalizers may free more
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// TestFetchBudgetCountsHeapHeld: what the budget counts for a fetched
+// message is what the source holds on the heap for it, within a fifth,
+// whatever its headers: with every handler stuck and every message of the
+// topic fetched (the budget then holds their count and, for each fetcher
+// long-polling its partition's end, FetchMaxBytes), the live heap falls by
+// about the budget's count a message once they are all acked. It runs alone (no t.Parallel): the heap is the
+// whole process's.
+func TestFetchBudgetCountsHeapHeld(t *testing.T) {
+	cases := []struct {
+		name             string
+		headers          int
+		valueBytes, hdrB int
+	}{
+		{"no headers", 0, 100, 0},
+		{"one header", 1, 100, 36},
+		{"four headers", 4, 100, 36},
+		{"sixteen headers", 16, 100, 36},
+		{"large values", 2, 4000, 400},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			const partitions, per, fetchMax = 2, 4000, 1 << 20
+			e := newRealEnv(t, partitions)
+			value := strings.Repeat("v", c.valueBytes)
+			hdrs := func() []kafka.Header {
+				var hs []kafka.Header
+				for i := range c.headers {
+					hs = append(hs, kafka.Header{Key: fmt.Sprintf("Header-%02d", i), Value: []byte(strings.Repeat("h", c.hdrB))})
+				}
+				return hs
+			}
+			var ms []msg
+			for p := range partitions {
+				for i := range per {
+					ms = append(ms, msg{partition: p, key: fmt.Sprintf("k%07d", i), value: value, headers: hdrs()})
+				}
+			}
+			e.produce(e.topic, ms)
+			cost := kafkasource.MessageCost(&kafka.Message{Key: []byte("k0000000"), Value: []byte(value), Headers: hdrs()})
+			all := int64(partitions*per) * cost
+
+			release := make(chan struct{})
+			h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return nil, nil
+			})
+			src := e.source(func(c *kafkasource.Config) {
+				c.FetchMaxBytes = fetchMax
+				c.FetchBufferBytes = int(2 * all)
+				c.MaxUnfinished = per // a partition fetches all of its messages, then no more
+				c.BatchSize = 100
+			})
+			r := run(t, worker(t, "budget-heap", src, h))
+			testenv.Eventually(t, 60*time.Second, "every message fetched, and each fetcher long-polling the partition's end", func() bool {
+				used, _, _ := kafkasource.FetchBudget(src)
+				return used == all+partitions*fetchMax
+			})
+			held := liveHeap()
+			close(release)
+			ends := e.ends(e.topic, partitions)
+			testenv.Eventually(t, 60*time.Second, "every partition committed to its end", func() bool {
+				return reachedEnds(e.committed(), ends)
+			})
+			done := liveHeap()
+			if err := r.Stop(t, 30*time.Second); err != nil {
+				t.Fatalf("Run returned %v, want nil", err)
+			}
+			perMsg := (float64(held) - float64(done)) / float64(partitions*per)
+			t.Logf("the budget counts %d B a message; the heap held %.0f B a message", cost, perMsg)
+			if ratio := perMsg / float64(cost); ratio < 0.8 || ratio > 1.2 {
+				t.Errorf("the source held %.0f B of heap a message, the budget counts %d (ratio %.2f): FetchBufferBytes does not bound what it says", perMsg, cost, ratio)
+			}
+		})
 	}
 }

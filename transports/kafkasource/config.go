@@ -137,9 +137,12 @@ type Config struct {
 	// under. A partition's first fetch, whose size is unknown, waits while
 	// another's runs. Fetchers wait in the order they asked, so every
 	// partition fetches in turn; a fetch never waits for more than this
-	// whole budget. A message counts its key, value and headers and about
-	// 700 bytes for its decoding and delivery. Default 16 MiB (or FetchMaxBytes
-	// if larger); at least FetchMaxBytes.
+	// whole budget. A message counts what it holds on the heap: its key,
+	// value and headers, about 700 bytes for its decoding and delivery, and,
+	// when it has headers, about 460 bytes for their map and 70 a header
+	// beside the header's key and twice its value (kafka-go's and the
+	// delivery's copy). Default 32 MiB (or FetchMaxBytes if larger); at
+	// least FetchMaxBytes.
 	FetchBufferBytes int
 	// DeadLetterTopic receives dead-lettered messages; empty means none
 	// (Delivery.DeadLetter returns consumer.ErrNoDeadLetter).
@@ -213,7 +216,7 @@ func (c *Config) withDefaults() {
 		c.FetchMaxBytes = 1 << 20
 	}
 	if c.FetchBufferBytes == 0 {
-		c.FetchBufferBytes = max(16<<20, c.FetchMaxBytes)
+		c.FetchBufferBytes = max(32<<20, c.FetchMaxBytes)
 	}
 	if c.NetworkTimeout == 0 {
 		c.NetworkTimeout = 10 * time.Second
