@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/dedupworker/consumer/tracing"
 	"github.com/idemkit/dedupworker/internal/app"
 	"github.com/idemkit/dedupworker/internal/config"
+	"github.com/idemkit/dedupworker/internal/memlimit"
 )
 
 func cmdRun(args []string, _, stderr io.Writer) error {
@@ -33,6 +34,7 @@ func cmdRun(args []string, _, stderr io.Writer) error {
 	}
 	log := newLogger(stderr, cfg.Log)
 	app.RedisLogs(log) // go-redis's own lines, in the worker's format
+	memlimit.Apply(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tracer, stopTracing, err := tracing.FromEnv(ctx, versionString())
