@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 // Config is the whole file.
@@ -197,7 +198,7 @@ type KafkaSource struct {
 	Isolation string `yaml:"isolation"`
 	// FetchBufferBytes caps the heap the source holds in fetched messages
 	// not yet done, across its partitions (kafkasource.Config's field of
-	// the name). 0: the library's default, 32 MiB.
+	// the name). Default 32 MiB.
 	FetchBufferBytes int `yaml:"fetch_buffer_bytes"`
 }
 
@@ -371,6 +372,9 @@ func (c *Config) fillDefaults() {
 			setDefault(&k.Isolation, "read_committed")
 			setDur(&k.SessionTimeout, 10*time.Second)
 			setDur(&k.CommitInterval, time.Second)
+			if k.FetchBufferBytes == 0 {
+				k.FetchBufferBytes = kafkasource.DefaultFetchBufferBytes
+			}
 			if k.Group == "" && h.Name != "" {
 				k.Group = h.Name + "-dedup"
 			}
@@ -573,8 +577,8 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 		}
 		// The library's own check names FetchMaxBytes, which a file does
 		// not set.
-		if k.FetchBufferBytes != 0 && k.FetchBufferBytes < minFetchBufferBytes {
-			return fail(p+".source.kafka.fetch_buffer_bytes", "%d: must be at least %d (1 MiB, one fetch); leave it out for the default, 32 MiB", k.FetchBufferBytes, minFetchBufferBytes)
+		if k.FetchBufferBytes < minFetchBufferBytes {
+			return fail(p+".source.kafka.fetch_buffer_bytes", "%d: must be at least %d (1 MiB, one fetch); leave it out for the default, %d (32 MiB)", k.FetchBufferBytes, minFetchBufferBytes, kafkasource.DefaultFetchBufferBytes)
 		}
 	}
 	if n := h.Source.NATS; n != nil {

@@ -216,7 +216,7 @@ func (c *Config) withDefaults() {
 		c.FetchMaxBytes = 1 << 20
 	}
 	if c.FetchBufferBytes == 0 {
-		c.FetchBufferBytes = max(32<<20, c.FetchMaxBytes)
+		c.FetchBufferBytes = max(DefaultFetchBufferBytes, c.FetchMaxBytes)
 	}
 	if c.NetworkTimeout == 0 {
 		c.NetworkTimeout = 10 * time.Second
@@ -225,6 +225,10 @@ func (c *Config) withDefaults() {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 }
+
+// DefaultFetchBufferBytes is Config.FetchBufferBytes's default, unless
+// FetchMaxBytes is larger.
+const DefaultFetchBufferBytes = 32 << 20
 
 // ErrInvalidConfig is wrapped by every error New returns for a bad Config.
 // New reports every bad field at once: its error joins one
