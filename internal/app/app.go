@@ -235,6 +235,9 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 			return nil, "", err
 		}
 		a.checks = append(a.checks, metrics.Check{Name: "kafka " + h.Name, Fn: dialAny(k.Brokers)})
+		if err := registerFetchBuffer(a.reg, h.Name, src.FetchBufferStats); err != nil {
+			return nil, "", err
+		}
 		return src, "kafka", nil
 	}
 	n := h.Source.NATS
@@ -403,6 +406,36 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 	}
 	c.conns[id] = js
 	return js, nil
+}
+
+// registerFetchBuffer exports a Kafka source's bound on fetched messages
+// (source.kafka.fetch_buffer_bytes) under the handler's name: what it
+// holds, and how long its fetchers waited for room, which tells an
+// operator whether the bound sets the pace.
+func registerFetchBuffer(reg prometheus.Registerer, handler string, stats func() kafkasource.FetchBufferStats) error {
+	labels := prometheus.Labels{"handler": handler}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "dedup_kafka_fetch_buffer_bytes",
+			Help:        "What the Kafka source's fetched messages not yet done count against source.kafka.fetch_buffer_bytes, with what fetches in progress set aside.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(stats().Held) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "dedup_kafka_fetch_buffer_limit_bytes",
+			Help:        "source.kafka.fetch_buffer_bytes: the bound on the Kafka source's fetched messages not yet done.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(stats().Size) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "dedup_kafka_fetch_wait_seconds_total",
+			Help:        "Time the Kafka source's partition fetchers waited for room under source.kafka.fetch_buffer_bytes, summed over partitions: a rate near the partition count means the bound sets the pace.",
+			ConstLabels: labels,
+		}, func() float64 { return stats().Waited.Seconds() }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // registerLocalCache exports the store's local cache (redis.local_cache):

@@ -3,6 +3,7 @@ package kafkasource
 import (
 	"context"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/segmentio/kafka-go"
@@ -27,6 +28,7 @@ type budget struct {
 	mu      sync.Mutex
 	used    int64
 	peak    int64
+	waited  time.Duration // summed over the acquisitions that waited
 	waiters []*budgetWaiter
 }
 
@@ -54,11 +56,16 @@ func (b *budget) acquire(ctx context.Context, n int64) error {
 	w := &budgetWaiter{n: n, ready: make(chan struct{})}
 	b.waiters = append(b.waiters, w)
 	b.mu.Unlock()
+	start := time.Now()
 	select {
 	case <-w.ready:
+		b.mu.Lock()
+		b.waited += time.Since(start)
+		b.mu.Unlock()
 		return nil
 	case <-ctx.Done():
 		b.mu.Lock()
+		b.waited += time.Since(start)
 		select {
 		case <-w.ready:
 			// Granted meanwhile: give it back.
@@ -118,6 +125,14 @@ func (b *budget) wake() {
 		b.waiters[0] = nil
 		b.waiters = b.waiters[1:]
 	}
+}
+
+// stats returns the budget's size, the bytes in use and how long
+// acquisitions have waited in all.
+func (b *budget) stats() FetchBufferStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return FetchBufferStats{Size: b.size, Held: b.used, Waited: b.waited}
 }
 
 // state returns the bytes in use, the most ever in use and how many

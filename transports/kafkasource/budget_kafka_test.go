@@ -167,6 +167,9 @@ func TestFetchBudgetBoundsHeldMessages(t *testing.T) {
 	if used, _, waiting := kafkasource.FetchBudget(src); used != 0 || waiting != 0 {
 		t.Errorf("after Run returned the budget has %d bytes held and %d waiters, want 0 and 0", used, waiting)
 	}
+	if st := src.FetchBufferStats(); st.Size != bufBytes || st.Held != 0 || st.Waited <= 0 {
+		t.Errorf("FetchBufferStats = %+v, want size %d, nothing held and some time waited: a fetcher waited for room", st, bufBytes)
+	}
 }
 
 // TestFetchBudgetEveryPartitionProgresses: a budget smaller than any one

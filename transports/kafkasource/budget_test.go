@@ -149,3 +149,36 @@ func TestMessageCostCountsBytesAndOverhead(t *testing.T) {
 		t.Errorf("a header map of %d keys costs %d, of %d keys %d: want it to grow past one group", mapGroupSlots, small, mapGroupSlots+1, large)
 	}
 }
+
+// TestBudgetStatsCountWaiting: stats reports the size and what is held,
+// and sums the time of the acquisitions that waited, granted or given up,
+// and none for one granted at once.
+func TestBudgetStatsCountWaiting(t *testing.T) {
+	b := newBudget(100)
+	if err := b.acquire(context.Background(), 60); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.stats(); st.Size != 100 || st.Held != 60 || st.Waited != 0 {
+		t.Fatalf("stats = %+v after an acquisition granted at once, want size 100, held 60, no wait", st)
+	}
+	w := acquireAsync(context.Background(), b, 60)
+	waitWaiting(t, b, 1)
+	time.Sleep(20 * time.Millisecond) // the wait to be measured, not a synchronisation
+	b.release(60)
+	granted(t, w, "60 once 60 came back")
+	first := b.stats().Waited
+	if first < 20*time.Millisecond {
+		t.Fatalf("Waited = %v after an acquisition waited at least 20ms, want at least that", first)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w = acquireAsync(ctx, b, 60)
+	waitWaiting(t, b, 1)
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	if err := <-w; !errors.Is(err, context.Canceled) {
+		t.Fatalf("acquire = %v, want context.Canceled", err)
+	}
+	if st := b.stats(); st.Waited < first+20*time.Millisecond || st.Held != 60 {
+		t.Fatalf("stats = %+v after a second wait of at least 20ms was given up, want Waited at least %v and held 60", st, first+20*time.Millisecond)
+	}
+}

@@ -73,6 +73,26 @@ func New(cfg Config) (*Source, error) {
 	}, nil
 }
 
+// FetchBufferStats is a snapshot of a Source's bound on fetched messages
+// (Config.FetchBufferBytes).
+type FetchBufferStats struct {
+	// Size is Config.FetchBufferBytes.
+	Size int64
+	// Held is what the fetched messages not yet done count, with what the
+	// fetches in progress set aside; a decoded fetch larger than it set
+	// aside can take Held past Size.
+	Held int64
+	// Waited is the time the partitions' fetchers have spent waiting for
+	// room since New, summed over the fetchers: when it grows about as
+	// fast as the wall clock times the partitions, the bound, not the
+	// broker or the handlers, sets the pace.
+	Waited time.Duration
+}
+
+// FetchBufferStats returns the state of s's bound on fetched messages. It
+// may be called at any time, from any goroutine.
+func (s *Source) FetchBufferStats() FetchBufferStats { return s.budget.stats() }
+
 // Consume joins the group and processes the partitions assigned to this
 // member until ctx is cancelled or the source cannot go on (see
 // consumer.Source). On cancellation it stops fetching, waits for the
