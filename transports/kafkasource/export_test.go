@@ -23,7 +23,7 @@ func DisableKeeper(s *Source) { s.noKeeper.Store(true) }
 
 // FetchBudget returns how many bytes of s's FetchBufferBytes are held now,
 // the most ever held, and how many fetchers wait for room.
-func FetchBudget(s *Source) (used, peak int64, waiting int) { return s.budget.state() }
+func FetchBudget(s *Source) (used, peak int64, waiting int) { return s.budget.State() }
 
 // MessageCost is what the budget counts for m.
 func MessageCost(m *kafka.Message) int64 { return messageCost(m) }

@@ -138,7 +138,7 @@ func (p *partition) wait() {
 	// What was fetched and never acked (not dispatched, abandoned, or in
 	// a fetch the dispatcher did not take) is no longer referenced.
 	p.mu.Lock()
-	p.g.m.s.budget.release(p.held)
+	p.g.m.s.budget.Release(p.held)
 	p.held, p.released = 0, true
 	p.mu.Unlock()
 }
@@ -187,7 +187,7 @@ func (p *partition) hold(n int64) {
 	p.mu.Lock()
 	if p.released {
 		// wait released everything already; nothing is held for this.
-		p.g.m.s.budget.release(n)
+		p.g.m.s.budget.Release(n)
 	} else {
 		p.held += n
 	}
@@ -199,7 +199,7 @@ func (p *partition) hold(n int64) {
 func (p *partition) unhold(n int64) {
 	n = min(n, p.held)
 	p.held -= n
-	p.g.m.s.budget.release(n)
+	p.g.m.s.budget.Release(n)
 }
 
 // ---- fetcher ----
@@ -381,8 +381,8 @@ func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offs
 		// does not keep the others' first fetches waiting for MaxWait.
 		wait = 0
 	}
-	want := b.capped(max(p.estimate, int64(s.cfg.FetchMaxBytes)))
-	if err := b.acquire(ctx, want); err != nil {
+	want := b.Capped(max(p.estimate, int64(s.cfg.FetchMaxBytes)))
+	if err := b.Acquire(ctx, want); err != nil {
 		return nil, offset, errBudgetWait
 	}
 	p.hold(want)
@@ -397,7 +397,7 @@ func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offs
 	}
 	switch {
 	case cost > want:
-		b.take(cost - want)
+		b.Take(cost - want)
 		p.hold(cost - want)
 	case cost < want:
 		p.mu.Lock()

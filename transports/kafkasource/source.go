@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/bytebudget"
 	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
@@ -39,7 +40,7 @@ type Source struct {
 	// budget bounds the fetched messages held across all partitions
 	// (Config.FetchBufferBytes); Consume calls do not overlap, so one
 	// budget serves them all.
-	budget *budget
+	budget *bytebudget.Budget
 	// probe is held by a fetch whose size is not known yet
 	// (partition.fetchBudgeted): one at a time.
 	probe chan struct{}
@@ -67,7 +68,7 @@ func New(cfg Config) (*Source, error) {
 		cfg:               cfg,
 		unfinishedDefault: unfinishedDefault,
 		dialer:            d,
-		budget:            newBudget(int64(cfg.FetchBufferBytes)),
+		budget:            bytebudget.New(int64(cfg.FetchBufferBytes)),
 		probe:             make(chan struct{}, 1),
 		log:               cfg.Logger.With("transport", "kafka", "topic", cfg.Topic, "group", cfg.GroupID),
 	}, nil
@@ -91,7 +92,10 @@ type FetchBufferStats struct {
 
 // FetchBufferStats returns the state of s's bound on fetched messages. It
 // may be called at any time, from any goroutine.
-func (s *Source) FetchBufferStats() FetchBufferStats { return s.budget.stats() }
+func (s *Source) FetchBufferStats() FetchBufferStats {
+	st := s.budget.Stats()
+	return FetchBufferStats{Size: st.Size, Held: st.Held, Waited: st.Waited}
+}
 
 // Consume joins the group and processes the partitions assigned to this
 // member until ctx is cancelled or the source cannot go on (see
