@@ -150,3 +150,26 @@ type Stats struct {
 	// them, granted or given up.
 	Waited time.Duration
 }
+
+// A header map (consumer.Header, nats.Header: map[string][]string) costs
+// beside its entries what these constants say; kafkasource's
+// TestFetchBudgetCountsHeapHeld checks them against the heap.
+const (
+	// headerMapSmall is a map of up to mapGroupSlots keys: the map and
+	// the one group of slots it has then.
+	headerMapSmall = 464
+	// headerMapKey is a larger map's cost a key: its table keeps at least
+	// one free slot in every group and grows by doubling.
+	headerMapKey = 115
+	// mapGroupSlots is how many keys a Go map's group holds.
+	mapGroupSlots = 8
+)
+
+// HeaderMapCost is what a map[string][]string of n > 0 keys costs beside
+// its keys and values.
+func HeaderMapCost(n int) int64 {
+	if n <= mapGroupSlots {
+		return headerMapSmall
+	}
+	return int64(n) * headerMapKey
+}

@@ -151,3 +151,14 @@ func TestBudgetStatsCountWaiting(t *testing.T) {
 		t.Fatalf("stats = %+v after a second wait of at least 20ms was given up, want Waited at least %v and held 60", st, first+20*time.Millisecond)
 	}
 }
+
+// TestHeaderMapCostGrowsPastOneGroup: a header map of one group of slots
+// costs the same whatever its keys, and a larger one more.
+func TestHeaderMapCostGrowsPastOneGroup(t *testing.T) {
+	if one, full := HeaderMapCost(1), HeaderMapCost(mapGroupSlots); one != full || one != headerMapSmall {
+		t.Errorf("HeaderMapCost(1) = %d, HeaderMapCost(%d) = %d, want both %d", one, mapGroupSlots, full, headerMapSmall)
+	}
+	if small, large := HeaderMapCost(mapGroupSlots), HeaderMapCost(mapGroupSlots+1); large <= small {
+		t.Errorf("a header map of %d keys costs %d, of %d keys %d: want it to grow past one group", mapGroupSlots, small, mapGroupSlots+1, large)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"unsafe"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/idemkit/dedupworker/internal/bytebudget"
 )
 
 // kafkaGoRecord approximates what kafka-go's decoding of a record holds
@@ -19,22 +21,13 @@ const recordOverhead = int64(unsafe.Sizeof(kafka.Message{})+unsafe.Sizeof(delive
 // A message's headers are held twice: kafka-go decodes each into its own
 // key and value allocations, which the kafka.Message keeps, and the
 // delivery's consumer.Header is a map whose values are copies
-// (headerSpace). TestFetchBudgetCountsHeapHeld checks these figures
-// against the heap a source holds.
-const (
-	// headerEntry is one header beside its key and value bytes: its
-	// kafka.Header in kafka-go's slice, the string of the copied value,
-	// and the size-class rounding of kafka-go's two allocations.
-	headerEntry = int64(unsafe.Sizeof(kafka.Header{})+unsafe.Sizeof("")) + 16
-	// headerMapSmall is a consumer.Header of up to mapGroupSlots keys: the
-	// map and the one group of slots it has then.
-	headerMapSmall = 464
-	// headerMapKey is a larger map's cost a key: its table keeps at least
-	// one free slot in every group and grows by doubling.
-	headerMapKey = 115
-	// mapGroupSlots is how many keys a Go map's group holds.
-	mapGroupSlots = 8
-)
+// (headerSpace), which costs bytebudget.HeaderMapCost beside its entries.
+// headerEntry is one header beside its key and value bytes: its
+// kafka.Header in kafka-go's slice, the string of the copied value, and the
+// size-class rounding of kafka-go's two allocations.
+// TestFetchBudgetCountsHeapHeld checks these figures against the heap a
+// source holds.
+const headerEntry = int64(unsafe.Sizeof(kafka.Header{})+unsafe.Sizeof("")) + 16
 
 // messageCost is what the budget counts for m: its key, value and header
 // bytes (each held by kafka-go's decoding and copied by the source) and
@@ -47,14 +40,5 @@ func messageCost(m *kafka.Message) int64 {
 	for _, h := range m.Headers {
 		n += int64(len(h.Key)+2*len(h.Value)) + headerEntry
 	}
-	return n + headerMapCost(len(m.Headers))
-}
-
-// headerMapCost is what the consumer.Header map of a message with n > 0
-// headers costs beside its entries.
-func headerMapCost(n int) int64 {
-	if n <= mapGroupSlots {
-		return headerMapSmall
-	}
-	return int64(n) * headerMapKey
+	return n + bytebudget.HeaderMapCost(len(m.Headers))
 }
