@@ -23,12 +23,13 @@ type Budget struct {
 	mu      sync.Mutex
 	used    int64
 	peak    int64
-	waited  time.Duration // summed over the acquisitions that waited
+	waited  time.Duration // summed over the finished waits (granted or given up)
 	waiters []*budgetWaiter
 }
 
 type budgetWaiter struct {
 	n     int64
+	start time.Time
 	ready chan struct{} // closed when the bytes are granted
 }
 
@@ -49,24 +50,20 @@ func (b *Budget) Acquire(ctx context.Context, n int64) error {
 		b.mu.Unlock()
 		return nil
 	}
-	w := &budgetWaiter{n: n, ready: make(chan struct{})}
+	w := &budgetWaiter{n: n, start: time.Now(), ready: make(chan struct{})}
 	b.waiters = append(b.waiters, w)
 	b.mu.Unlock()
-	start := time.Now()
 	select {
 	case <-w.ready:
-		b.mu.Lock()
-		b.waited += time.Since(start)
-		b.mu.Unlock()
 		return nil
 	case <-ctx.Done():
 		b.mu.Lock()
-		b.waited += time.Since(start)
 		select {
 		case <-w.ready:
 			// Granted meanwhile: give it back.
 			b.used -= n
 		default:
+			b.waited += time.Since(w.start)
 			for i, o := range b.waiters {
 				if o == w {
 					b.waiters = append(b.waiters[:i], b.waiters[i+1:]...)
@@ -109,13 +106,20 @@ func (b *Budget) grant(n int64) {
 	b.peak = max(b.peak, b.used)
 }
 
-// wake grants the waiters at the head that fit; b.mu is held.
+// wake grants the waiters at the head that fit; b.mu is held. A waiter's
+// time counts in waited from its grant, under b.mu, so that Stats, which
+// counts the waits in progress too, never goes back.
 func (b *Budget) wake() {
+	var now time.Time
 	for len(b.waiters) > 0 {
 		w := b.waiters[0]
 		if b.used+w.n > b.size {
 			return
 		}
+		if now.IsZero() {
+			now = time.Now()
+		}
+		b.waited += now.Sub(w.start)
 		b.grant(w.n)
 		close(w.ready)
 		b.waiters[0] = nil
@@ -124,11 +128,18 @@ func (b *Budget) wake() {
 }
 
 // Stats returns the budget's size, the bytes in use and how long
-// acquisitions have waited in all.
+// acquisitions have waited in all, the waits still in progress included.
 func (b *Budget) Stats() Stats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return Stats{Size: b.size, Held: b.used, Waited: b.waited}
+	waited := b.waited
+	if len(b.waiters) > 0 {
+		now := time.Now()
+		for _, w := range b.waiters {
+			waited += now.Sub(w.start)
+		}
+	}
+	return Stats{Size: b.size, Held: b.used, Waited: waited}
 }
 
 // State returns the bytes in use, the most ever in use and how many
@@ -147,7 +158,7 @@ type Stats struct {
 	// take it past Size.
 	Held int64
 	// Waited is the time acquisitions have spent waiting, summed over
-	// them, granted or given up.
+	// them: granted, given up, or still waiting.
 	Waited time.Duration
 }
 

@@ -120,8 +120,8 @@ func TestBudgetTakeExceedsAndBlocks(t *testing.T) {
 }
 
 // TestBudgetStatsCountWaiting: Stats reports the size and what is held,
-// and sums the time of the acquisitions that waited, granted or given up,
-// and none for one granted at once.
+// and sums the time of the acquisitions that waited, granted, given up or
+// still waiting, and none for one granted at once.
 func TestBudgetStatsCountWaiting(t *testing.T) {
 	b := New(100)
 	if err := b.Acquire(context.Background(), 60); err != nil {
@@ -133,6 +133,9 @@ func TestBudgetStatsCountWaiting(t *testing.T) {
 	w := acquireAsync(context.Background(), b, 60)
 	waitWaiting(t, b, 1)
 	time.Sleep(20 * time.Millisecond) // the wait to be measured, not a synchronisation
+	if st := b.Stats(); st.Waited < 20*time.Millisecond {
+		t.Fatalf("Waited = %v while an acquisition has waited at least 20ms and still waits, want at least that", st.Waited)
+	}
 	b.Release(60)
 	granted(t, w, "60 once 60 came back")
 	first := b.Stats().Waited

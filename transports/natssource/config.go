@@ -59,6 +59,21 @@ type Config struct {
 	// work of its own, and the client holds at most that plus Batch
 	// messages not yet started.
 	Batch int
+	// FetchBufferBytes bounds the bytes of the messages the Source holds
+	// received and not yet settled (acked or nakked): those waiting to be
+	// claimed and those in handler calls, across the whole Consume. A
+	// message counts its payload, its headers (as received and decoded),
+	// its subject and reply subject, and msgOverhead. While the bound is
+	// full the subscription's callback waits, and the library asks the
+	// server for no more messages. The pull subscription's requests each
+	// ask for at most a quarter of it in bytes, and never less than the
+	// largest message the server can send (its max_payload and 8 KiB for
+	// the subjects), so the client's pull buffer adds at most about two
+	// requests' bytes. A message larger than the whole bound is taken
+	// alone, once everything taken before it is settled. Default (0):
+	// DefaultFetchBufferBytes. MaxAckPending bounds the same messages in
+	// number, across every worker on the consumer.
+	FetchBufferBytes int
 	// FetchMaxWait is how long one pull request waits on the server for
 	// messages before the client renews it (its expiry); values under 1s,
 	// the jetstream library's minimum, count as 1s. The server sends an
@@ -88,6 +103,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultFetchBufferBytes is Config.FetchBufferBytes when it is 0: 32 MiB,
+// the Kafka source's default too.
+const DefaultFetchBufferBytes = 32 << 20
+
 const (
 	defaultAckWait        = 30 * time.Second
 	defaultFetchMaxWait   = time.Second
@@ -103,6 +122,9 @@ func (c *Config) withDefaults() {
 	}
 	if c.RequestTimeout == 0 {
 		c.RequestTimeout = defaultRequestTimeout
+	}
+	if c.FetchBufferBytes == 0 {
+		c.FetchBufferBytes = DefaultFetchBufferBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -141,6 +163,8 @@ func (c *Config) validate() error {
 		return bad("MaxAckPending", "%d: must not be negative (0 means the default: the handler's concurrency, times Batch when it batches)", c.MaxAckPending)
 	case c.Batch < 0:
 		return bad("Batch", "%d: must not be negative", c.Batch)
+	case c.FetchBufferBytes < 0:
+		return bad("FetchBufferBytes", "%d: must not be negative (0 means the default, %d: 32 MiB)", c.FetchBufferBytes, DefaultFetchBufferBytes)
 	case c.FetchMaxWait < 10*time.Millisecond:
 		return bad("FetchMaxWait", "%s: must be at least 10ms", c.FetchMaxWait)
 	case c.RequestTimeout < 0:

@@ -7,6 +7,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/bytebudget"
 	"github.com/idemkit/dedupworker/internal/gopool"
 )
 
@@ -17,10 +18,11 @@ type consumeLoop struct {
 	s        *Source
 	r        consumer.Runner
 	cons     jetstream.Consumer
-	n        int  // the runner's concurrency: slots
-	batch    int  // the most messages a batch takes
-	batching bool // a slot is a run (ProcessBatch), not a delivery
-	pullMax  int  // the subscription's PullMaxMessages (pullMax)
+	n        int                // the runner's concurrency: slots
+	batch    int                // the most messages a batch takes
+	batching bool               // a slot is a run (ProcessBatch), not a delivery
+	pullMax  int                // the subscription's PullMaxMessages (pullMax)
+	buf      *bytebudget.Budget // Config.FetchBufferBytes
 
 	// slots has a token per call being processed: a delivery, or a run when
 	// the runner batches.
@@ -88,7 +90,7 @@ func (l *consumeLoop) startWork(workCtx context.Context) (chan<- []consumer.Deli
 // run receives messages into batches and hands them to prepared until ctx
 // is cancelled or the consumer fails for good (Consume's contract).
 func (l *consumeLoop) run(ctx context.Context) error {
-	l.rc = newReceiver(l.s, l.cons, l.batch, l.pullMax)
+	l.rc = newReceiver(l.s, l.cons, l.buf, l.batch, l.pullMax)
 	// Without batching each message takes a slot; when the runner batches
 	// a run's first message takes one and the rest of the run is covered
 	// by it (takeBuffered with no slots).
@@ -124,7 +126,7 @@ func (l *consumeLoop) run(ctx context.Context) error {
 			return l.stop(nil)
 		case slotC <- struct{}{}:
 			l.held = true
-		case m := <-inC:
+		case r := <-inC:
 			l.held = false
 			l.idle = false
 			l.failures = 0
@@ -134,7 +136,7 @@ func (l *consumeLoop) run(ctx context.Context) error {
 				// not each take a slice of Config.Batch.
 				l.ds = make([]consumer.Delivery, 0, min(l.batch, len(l.rc.in)+1))
 			}
-			l.ds = append(l.ds, l.rc.delivery(m, l.batch-len(l.ds)))
+			l.ds = append(l.ds, l.rc.delivery(r, l.batch-len(l.ds)))
 			l.ds = l.rc.takeBuffered(l.ds, perMsg, l.batch)
 		case sendC <- l.ds:
 			l.ds = nil
@@ -177,7 +179,7 @@ func (l *consumeLoop) run(ctx context.Context) error {
 // received messages, and prepared when the batch should go now (nil
 // channels for what must not happen now). It starts the linger when a
 // small batch should wait.
-func (l *consumeLoop) ready() (slotC chan<- struct{}, inC <-chan jetstream.Msg, sendC chan<- []consumer.Delivery) {
+func (l *consumeLoop) ready() (slotC chan<- struct{}, inC <-chan received, sendC chan<- []consumer.Delivery) {
 	switch {
 	case l.held, l.batching && len(l.ds) > 0 && len(l.ds) < l.batch:
 		inC = l.rc.in

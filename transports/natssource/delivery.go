@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/bytebudget"
 )
 
 // delivery implements consumer.Delivery for one fetched JetStream message.
@@ -20,6 +22,8 @@ type delivery struct {
 	m       *consumer.Message // &message
 	attempt int
 	message consumer.Message
+	buf     *bytebudget.Budget
+	cost    atomic.Int64 // what the message holds of buf until it is settled
 }
 
 var _ consumer.Delivery = (*delivery)(nil)
@@ -106,6 +110,7 @@ func (d *delivery) Attempt() int { return d.attempt }
 // Ack acknowledges the message; with Config.AckSync it waits for the
 // server's confirmation (DoubleAck) within ctx or Config.RequestTimeout.
 func (d *delivery) Ack(ctx context.Context) error {
+	defer d.settled()
 	if !d.src.cfg.AckSync {
 		return d.wrap("ack", d.msg.Ack())
 	}
@@ -117,10 +122,20 @@ func (d *delivery) Ack(ctx context.Context) error {
 // Nak asks for redelivery after delay (NakWithDelay), at once when delay is
 // not positive.
 func (d *delivery) Nak(_ context.Context, delay time.Duration) error {
+	defer d.settled()
 	if delay <= 0 {
 		return d.wrap("nak", d.msg.Nak())
 	}
 	return d.wrap("nak", d.msg.NakWithDelay(delay))
+}
+
+// settled gives the message's cost back to the bound, once: the message is
+// acked or nakked, whether or not that reached the server, and the Source
+// does not need it any more.
+func (d *delivery) settled() {
+	if c := d.cost.Swap(0); c > 0 {
+		d.buf.Release(c)
+	}
 }
 
 // Heartbeat sends InProgress, which restarts the consumer's AckWait.

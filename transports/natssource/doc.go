@@ -16,7 +16,12 @@
 // runner batches, and pulls more only as the Source takes them, so the
 // client holds at most that plus Config.Batch not yet started (what the
 // library buffered and what it handed on), however large the consumer's
-// MaxAckPending.
+// MaxAckPending. Config.FetchBufferBytes (default 32 MiB) bounds the same
+// messages in bytes: the messages received and not yet acked or nakked
+// count their payload, headers and subjects against it, the subscription's
+// callback waits while it is full, and each pull request asks for at most
+// a quarter of it (never less than the server's max_payload), so a stream
+// of large messages does not fill the worker's memory.
 // Whenever a processing slot is free the Source waits for a message, then
 // takes every message already received, up to the free slots and Config.Batch,
 // without waiting for more: a quiet stream's message is not held back to fill

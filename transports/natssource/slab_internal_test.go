@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/dedupworker/internal/bytebudget"
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
@@ -43,12 +44,22 @@ func TestReceiverDeliverySlab(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := newReceiver(s, cons, 8, 8)
-	for _, m := range msgs[1:] {
-		rc.in <- m
+	buf := bytebudget.New(1 << 20)
+	rcv := make([]received, n)
+	var total int64
+	for i, m := range msgs {
+		rcv[i] = received{msg: m, cost: messageCost(m)}
+		total += rcv[i].cost
+		if err := buf.Acquire(ctx, rcv[i].cost); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc := newReceiver(s, cons, buf, 8, 8)
+	for _, r := range rcv[1:] {
+		rc.in <- r
 	}
 	// Four waiting, room for three in the batch: a slab of three.
-	first := rc.delivery(msgs[0], 3)
+	first := rc.delivery(rcv[0], 3)
 	if len(rc.spare) != 2 {
 		t.Fatalf("%d spare deliveries after the first of a slab for 3, want 2", len(rc.spare))
 	}
@@ -73,5 +84,14 @@ func TestReceiverDeliverySlab(t *testing.T) {
 		if err := d.Ack(ctx); err != nil {
 			t.Errorf("delivery %d: ack: %v", i, err)
 		}
+		total -= rcv[i].cost
+		if held := buf.Stats().Held; held != total {
+			t.Errorf("after the ack of delivery %d the bound holds %d, want %d: the ack gives back exactly its message's cost", i, held, total)
+		}
+	}
+	// A settled delivery gives nothing back twice.
+	_ = all[0].Nak(ctx, 0)
+	if held := buf.Stats().Held; held != 0 {
+		t.Errorf("the bound holds %d after every delivery was settled and one nakked again, want 0", held)
 	}
 }

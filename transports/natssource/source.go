@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/bytebudget"
 )
 
 // Source consumes a JetStream durable pull consumer for one handler. It
@@ -25,6 +26,13 @@ type Source struct {
 	log *slog.Logger
 
 	consuming atomic.Bool
+
+	// buf bounds the current Consume's messages (Config.FetchBufferBytes);
+	// nil between Consume calls. bufWaited is what the earlier calls'
+	// bounds waited.
+	bufMu     sync.Mutex
+	buf       *bytebudget.Budget
+	bufWaited time.Duration
 
 	dlMu   sync.Mutex
 	dlMode dlMode
@@ -63,6 +71,51 @@ func New(js jetstream.JetStream, cfg Config) (*Source, error) {
 // Config returns the Source's configuration with defaults filled in.
 func (s *Source) Config() Config { return s.cfg }
 
+// FetchBufferStats is a snapshot of a Source's bound on received messages
+// (Config.FetchBufferBytes).
+type FetchBufferStats struct {
+	// Size is Config.FetchBufferBytes.
+	Size int64
+	// Held is what the messages received and not yet settled count; 0
+	// while no Consume runs.
+	Held int64
+	// Waited is the time the subscription's callback has spent waiting
+	// for room since New: when it grows about as fast as the wall clock,
+	// the bound, not the server or the handlers, sets the pace.
+	Waited time.Duration
+}
+
+// FetchBufferStats returns the state of s's bound on received messages. It
+// may be called at any time, from any goroutine.
+func (s *Source) FetchBufferStats() FetchBufferStats {
+	s.bufMu.Lock()
+	defer s.bufMu.Unlock()
+	st := FetchBufferStats{Size: int64(s.cfg.FetchBufferBytes), Waited: s.bufWaited}
+	if s.buf != nil {
+		cur := s.buf.Stats()
+		st.Held, st.Waited = cur.Held, st.Waited+cur.Waited
+	}
+	return st
+}
+
+// startBuffer makes the bound of a Consume call's messages and returns it.
+func (s *Source) startBuffer() *bytebudget.Budget {
+	b := bytebudget.New(int64(s.cfg.FetchBufferBytes))
+	s.bufMu.Lock()
+	s.buf = b
+	s.bufMu.Unlock()
+	return b
+}
+
+// endBuffer forgets the bound of a Consume call that has returned; what
+// its unsettled messages held goes with it.
+func (s *Source) endBuffer() {
+	s.bufMu.Lock()
+	s.bufWaited += s.buf.Stats().Waited
+	s.buf = nil
+	s.bufMu.Unlock()
+}
+
 // Reply answers m's requester (see the package-level Reply) on the Source's
 // connection.
 func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) error {
@@ -96,7 +149,7 @@ func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) er
 // Either way it calls r.Prepare once per batch and runs the calls with
 // context.WithoutCancel(ctx) on a pool of at most r.Concurrency()
 // goroutines. Messages received while every slot is busy wait in the
-// client's buffer.
+// client's buffer, within Config.FetchBufferBytes.
 //
 // It notices cancellation at once: it then ends the subscription (a drain:
 // the server is told to stop sending, and what it sent before that is still
@@ -132,7 +185,9 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	// buffered in the connection out to the server, so that work done
 	// before the stop is not redelivered (SPEC §8.3).
 	defer s.flush()
-	l := &consumeLoop{s: s, r: r, cons: cons, n: n, batch: batch, batching: batching, idle: true,
+	buf := s.startBuffer()
+	defer s.endBuffer() // after every Process returned
+	l := &consumeLoop{s: s, r: r, cons: cons, n: n, batch: batch, batching: batching, idle: true, buf: buf,
 		pullMax: pullMax(batch, cmp.Or(s.cfg.MaxAckPending, ackPending), batching)}
 	prepared, closeWork := l.startWork(context.WithoutCancel(ctx))
 	defer closeWork() // every Process returned before the flush
@@ -141,17 +196,23 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 }
 
 // receiver is Consume's pull subscription: jetstream's Consume with a
-// callback that only hands each message on to in, waiting for room there.
-// While the callback waits the library counts the message as not yet
-// delivered and asks the server for no more, so the client holds at most
-// the subscription's PullMaxMessages plus cap(in) messages not started.
+// callback that only takes each message's cost from the bound (waiting for
+// room there) and hands it on to in (waiting for room there too). While the
+// callback waits the library counts the message as not yet delivered and
+// asks the server for no more, so the client holds at most the
+// subscription's PullMaxMessages, and about two pull requests' bytes
+// (pullBytes), beyond what the bound and in hold.
 type receiver struct {
-	s    *Source
-	cons jetstream.Consumer
-	opts []jetstream.PullConsumeOpt
-	in   chan jetstream.Msg
-	errs chan error    // from the library's error handler; full means one is waiting already
-	quit chan struct{} // closed at stop: the callback holds messages for end instead of waiting for room
+	s       *Source
+	cons    jetstream.Consumer
+	buf     *bytebudget.Budget
+	pullMax int
+	opts    []jetstream.PullConsumeOpt
+	in      chan received
+	errs    chan error      // from the library's error handler; full means one is waiting already
+	quit    <-chan struct{} // closed at stop: the callback holds messages for end instead of waiting for room
+	stopped context.Context // quit's
+	stop    context.CancelFunc
 
 	lateMu   sync.Mutex
 	late     []jetstream.Msg // received after quit, for end to nak
@@ -168,16 +229,25 @@ type receiver struct {
 	spare []delivery
 }
 
-func newReceiver(s *Source, cons jetstream.Consumer, batch, pullMax int) *receiver {
+// received is a message taken from the subscription and what it holds of
+// the bound.
+type received struct {
+	msg  jetstream.Msg
+	cost int64
+}
+
+func newReceiver(s *Source, cons jetstream.Consumer, buf *bytebudget.Budget, batch, pullMax int) *receiver {
 	rc := &receiver{
-		s:    s,
-		cons: cons,
-		in:   make(chan jetstream.Msg, batch),
-		errs: make(chan error, 1),
-		quit: make(chan struct{}),
+		s:       s,
+		cons:    cons,
+		buf:     buf,
+		pullMax: pullMax,
+		in:      make(chan received, batch),
+		errs:    make(chan error, 1),
 	}
+	rc.stopped, rc.stop = context.WithCancel(context.Background())
+	rc.quit = rc.stopped.Done()
 	rc.opts = []jetstream.PullConsumeOpt{
-		jetstream.PullMaxMessages(pullMax),
 		jetstream.PullExpiry(s.pullExpiry()),
 		jetstream.ConsumeErrHandler(rc.onError),
 	}
@@ -211,7 +281,9 @@ func (s *Source) pullExpiry() time.Duration {
 }
 
 func (rc *receiver) subscribe() error {
-	cc, err := rc.cons.Consume(rc.handle, rc.opts...)
+	opts := append(rc.opts[:len(rc.opts):len(rc.opts)],
+		jetstream.PullMaxMessagesWithBytesLimit(rc.pullMax, rc.s.pullBytes(rc.cons)))
+	cc, err := rc.cons.Consume(rc.handle, opts...)
 	if err != nil {
 		return err
 	}
@@ -222,18 +294,23 @@ func (rc *receiver) subscribe() error {
 // handle is the subscription's callback. It runs on the subscription's own
 // goroutine, one message at a time.
 func (rc *receiver) handle(m jetstream.Msg) {
-	select {
-	case rc.in <- m:
-	case <-rc.quit:
-		rc.lateMu.Lock()
-		if !rc.lateDone {
-			rc.late = append(rc.late, m)
-			rc.lateMu.Unlock()
+	cost := rc.buf.Capped(messageCost(m))
+	if rc.buf.Acquire(rc.stopped, cost) == nil {
+		select {
+		case rc.in <- received{m, cost}:
 			return
+		case <-rc.quit:
+			// What it holds goes with the bound at Consume's end.
 		}
-		rc.lateMu.Unlock()
-		rc.s.nakAll(m)
 	}
+	rc.lateMu.Lock()
+	if !rc.lateDone {
+		rc.late = append(rc.late, m)
+		rc.lateMu.Unlock()
+		return
+	}
+	rc.lateMu.Unlock()
+	rc.s.nakAll(m)
 }
 
 func (rc *receiver) onError(_ jetstream.ConsumeContext, err error) {
@@ -261,8 +338,8 @@ func (rc *receiver) takeBuffered(ds []consumer.Delivery, slots chan struct{}, ma
 			}
 		}
 		select {
-		case m := <-rc.in:
-			ds = append(ds, rc.delivery(m, max-len(ds)))
+		case r := <-rc.in:
+			ds = append(ds, rc.delivery(r, max-len(ds)))
 		default:
 			if slots != nil {
 				<-slots
@@ -273,16 +350,21 @@ func (rc *receiver) takeBuffered(ds []consumer.Delivery, slots chan struct{}, ma
 	return ds
 }
 
-// delivery returns m's delivery, taken from spare; room is how many more
-// messages the batch being built can take, m included, which bounds a new
-// slab along with the messages waiting in in.
-func (rc *receiver) delivery(m jetstream.Msg, room int) *delivery {
+// delivery returns r's delivery, taken from spare; room is how many more
+// messages the batch being built can take, r included, which bounds a new
+// slab along with the messages waiting in in. The delivery gives r's cost
+// back to the bound when it is settled. A slab stays reachable while any of
+// its deliveries is, so a settled message's memory can outlast its cost by
+// as long as the other messages of its burst are in calls.
+func (rc *receiver) delivery(r received, room int) *delivery {
 	if len(rc.spare) == 0 {
 		rc.spare = make([]delivery, max(1, min(len(rc.in)+1, room)))
 	}
 	d := &rc.spare[0]
 	rc.spare = rc.spare[1:]
-	rc.s.initDelivery(d, m)
+	rc.s.initDelivery(d, r.msg)
+	d.buf = rc.buf
+	d.cost.Store(r.cost)
 	return d
 }
 
@@ -313,7 +395,7 @@ const maxDefaultAckPending = 4096
 // drain (the connection may be down); a message still on its way after
 // that is nakked when it comes.
 func (rc *receiver) end(unstarted []jetstream.Msg) {
-	close(rc.quit)
+	rc.stop()
 	if rc.cc != nil {
 		rc.cc.Drain()
 		t := time.NewTimer(rc.s.cfg.RequestTimeout)
@@ -321,8 +403,8 @@ func (rc *receiver) end(unstarted []jetstream.Msg) {
 	wait:
 		for {
 			select {
-			case m := <-rc.in:
-				unstarted = append(unstarted, m)
+			case r := <-rc.in:
+				unstarted = append(unstarted, r.msg)
 			case <-rc.closed:
 				break wait
 			case <-t.C:
@@ -334,7 +416,7 @@ func (rc *receiver) end(unstarted []jetstream.Msg) {
 	}
 	// Only this goroutine receives from in.
 	for len(rc.in) > 0 {
-		unstarted = append(unstarted, <-rc.in)
+		unstarted = append(unstarted, (<-rc.in).msg)
 	}
 	rc.s.dropPulls(rc.cons)
 	rc.lateMu.Lock()
