@@ -235,7 +235,11 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 			return nil, "", err
 		}
 		a.checks = append(a.checks, metrics.Check{Name: "kafka " + h.Name, Fn: dialAny(k.Brokers)})
-		if err := registerFetchBuffer(a.reg, h.Name, src.FetchBufferStats); err != nil {
+		err = registerFetchBuffer(a.reg, h.Name, func() fetchBufferStats {
+			st := src.FetchBufferStats()
+			return fetchBufferStats{st.Size, st.Held, st.Waited}
+		})
+		if err != nil {
 			return nil, "", err
 		}
 		return src, "kafka", nil
@@ -248,6 +252,13 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	nc := h.NATSConfig()
 	nc.Logger = log
 	src, err := natssource.New(js, nc)
+	if err != nil {
+		return nil, "", err
+	}
+	err = registerFetchBuffer(a.reg, h.Name, func() fetchBufferStats {
+		st := src.FetchBufferStats()
+		return fetchBufferStats{st.Size, st.Held, st.Waited}
+	})
 	if err != nil {
 		return nil, "", err
 	}
@@ -408,28 +419,36 @@ func (c *natsConns) get(field, url string, auth config.NATSAuth) (jetstream.JetS
 	return js, nil
 }
 
-// registerFetchBuffer exports a Kafka source's bound on fetched messages
-// (source.kafka.fetch_buffer_bytes) under the handler's name: what it
-// holds, and how long its fetchers waited for room, which tells an
-// operator whether the bound sets the pace.
-func registerFetchBuffer(reg prometheus.Registerer, handler string, stats func() kafkasource.FetchBufferStats) error {
+// fetchBufferStats is a source's bound on the messages it holds
+// (source.kafka.fetch_buffer_bytes, source.nats.fetch_buffer_bytes): its
+// size, what it holds, and how long the source's receivers (Kafka's
+// partition fetchers, the NATS subscription's callback) waited for room.
+type fetchBufferStats struct {
+	size, held int64
+	waited     time.Duration
+}
+
+// registerFetchBuffer exports a source's bound on the messages it holds
+// under the handler's name: what it holds, and how long its receivers
+// waited for room, which tells an operator whether the bound sets the pace.
+func registerFetchBuffer(reg prometheus.Registerer, handler string, stats func() fetchBufferStats) error {
 	labels := prometheus.Labels{"handler": handler}
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name:        "dedup_kafka_fetch_buffer_bytes",
-			Help:        "What the Kafka source's fetched messages not yet done count against source.kafka.fetch_buffer_bytes, with what fetches in progress set aside.",
+			Name:        "dedup_fetch_buffer_bytes",
+			Help:        "What the source's received messages not yet done count against its fetch_buffer_bytes (Kafka: with what fetches in progress set aside).",
 			ConstLabels: labels,
-		}, func() float64 { return float64(stats().Held) }),
+		}, func() float64 { return float64(stats().held) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name:        "dedup_kafka_fetch_buffer_limit_bytes",
-			Help:        "source.kafka.fetch_buffer_bytes: the bound on the Kafka source's fetched messages not yet done.",
+			Name:        "dedup_fetch_buffer_limit_bytes",
+			Help:        "The source's fetch_buffer_bytes: the bound on its received messages not yet done.",
 			ConstLabels: labels,
-		}, func() float64 { return float64(stats().Size) }),
+		}, func() float64 { return float64(stats().size) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "dedup_kafka_fetch_wait_seconds_total",
-			Help:        "Time the Kafka source's partition fetchers waited for room under source.kafka.fetch_buffer_bytes, summed over partitions: a rate near the partition count means the bound sets the pace.",
+			Name:        "dedup_fetch_wait_seconds_total",
+			Help:        "Time the source waited for room under its fetch_buffer_bytes, summed over its receivers (Kafka: one a partition; NATS: one): a rate near their number means the bound sets the pace.",
 			ConstLabels: labels,
-		}, func() float64 { return stats().Waited.Seconds() }),
+		}, func() float64 { return stats().waited.Seconds() }),
 	} {
 		if err := reg.Register(c); err != nil {
 			return err

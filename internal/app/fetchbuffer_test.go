@@ -6,23 +6,21 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
-// TestFetchBufferMetrics: each Kafka handler's fetch buffer is exported
+// TestFetchBufferMetrics: each handler's fetch buffer is exported
 // under its name, read from its source when scraped.
 func TestFetchBufferMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	orders := kafkasource.FetchBufferStats{Size: 32 << 20, Held: 1234, Waited: 1500 * time.Millisecond}
-	payments := kafkasource.FetchBufferStats{Size: 8 << 20}
-	if err := registerFetchBuffer(reg, "orders", func() kafkasource.FetchBufferStats { return orders }); err != nil {
+	orders := fetchBufferStats{size: 32 << 20, held: 1234, waited: 1500 * time.Millisecond}
+	payments := fetchBufferStats{size: 8 << 20}
+	if err := registerFetchBuffer(reg, "orders", func() fetchBufferStats { return orders }); err != nil {
 		t.Fatal(err)
 	}
-	if err := registerFetchBuffer(reg, "payments", func() kafkasource.FetchBufferStats { return payments }); err != nil {
+	if err := registerFetchBuffer(reg, "payments", func() fetchBufferStats { return payments }); err != nil {
 		t.Fatal(err)
 	}
-	orders.Held = 5678 // read at the scrape, not at registration
+	orders.held = 5678 // read at the scrape, not at registration
 	got := map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -44,17 +42,17 @@ func TestFetchBufferMetrics(t *testing.T) {
 		}
 	}
 	want := map[string]float64{
-		"dedup_kafka_fetch_buffer_bytes{handler=orders}":         5678,
-		"dedup_kafka_fetch_buffer_bytes{handler=payments}":       0,
-		"dedup_kafka_fetch_buffer_limit_bytes{handler=orders}":   32 << 20,
-		"dedup_kafka_fetch_buffer_limit_bytes{handler=payments}": 8 << 20,
-		"dedup_kafka_fetch_wait_seconds_total{handler=orders}":   1.5,
-		"dedup_kafka_fetch_wait_seconds_total{handler=payments}": 0,
+		"dedup_fetch_buffer_bytes{handler=orders}":         5678,
+		"dedup_fetch_buffer_bytes{handler=payments}":       0,
+		"dedup_fetch_buffer_limit_bytes{handler=orders}":   32 << 20,
+		"dedup_fetch_buffer_limit_bytes{handler=payments}": 8 << 20,
+		"dedup_fetch_wait_seconds_total{handler=orders}":   1.5,
+		"dedup_fetch_wait_seconds_total{handler=payments}": 0,
 	}
 	if !maps.Equal(got, want) {
 		t.Fatalf("gathered %v, want %v", got, want)
 	}
-	if err := registerFetchBuffer(reg, "orders", func() kafkasource.FetchBufferStats { return orders }); err == nil {
+	if err := registerFetchBuffer(reg, "orders", func() fetchBufferStats { return orders }); err == nil {
 		t.Fatal("a second handler named orders registered its fetch buffer, want the registry's duplicate error")
 	}
 }

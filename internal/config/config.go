@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
+	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
 // Config is the whole file.
@@ -202,8 +203,11 @@ type KafkaSource struct {
 	FetchBufferBytes int `yaml:"fetch_buffer_bytes"`
 }
 
-// minFetchBufferBytes is the smallest fetch_buffer_bytes: one fetch of the
-// size the source asks for (kafkasource.Config.FetchMaxBytes's default).
+// minFetchBufferBytes is the smallest fetch_buffer_bytes: one Kafka fetch
+// of the size the source asks for (kafkasource.Config.FetchMaxBytes's
+// default), one message of a NATS server's default max_payload. The
+// libraries take less (a message larger than the bound is taken alone); a
+// file's smaller value is more likely a unit mistaken than a choice.
 const minFetchBufferBytes = 1 << 20
 
 // SASL configures Kafka authentication.
@@ -227,7 +231,11 @@ type NATSSource struct {
 	// concurrency × concurrency, at most 4096. Workers sharing one durable
 	// consumer share this window: set it to replicas times that.
 	MaxAckPending int `yaml:"max_ack_pending"`
-	NATSAuth      `yaml:",inline"`
+	// FetchBufferBytes caps the bytes of the messages the source holds
+	// received and not yet acked or nakked (natssource.Config's field of
+	// the name). Default 32 MiB.
+	FetchBufferBytes int `yaml:"fetch_buffer_bytes"`
+	NATSAuth         `yaml:",inline"`
 }
 
 // NATSAuth holds NATS credentials; at most one kind is used.
@@ -381,6 +389,9 @@ func (c *Config) fillDefaults() {
 		}
 		if n := h.Source.NATS; n != nil {
 			setDur(&n.AckWait, h.Lease.D())
+			if n.FetchBufferBytes == 0 {
+				n.FetchBufferBytes = natssource.DefaultFetchBufferBytes
+			}
 			if n.Consumer == "" && h.Name != "" {
 				n.Consumer = h.Name + "-dedup"
 			}
@@ -588,6 +599,9 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 		}
 		if h.Ordering == "key" {
 			return fail(p+".ordering", "ordering: key is for Kafka sources; NATS runs up to concurrency messages in any order")
+		}
+		if n.FetchBufferBytes < minFetchBufferBytes {
+			return fail(p+".source.nats.fetch_buffer_bytes", "%d: must be at least %d (1 MiB, the servers' default max_payload); leave it out for the default, %d (32 MiB)", n.FetchBufferBytes, minFetchBufferBytes, natssource.DefaultFetchBufferBytes)
 		}
 	}
 	for i, k := range h.Key {

@@ -77,6 +77,7 @@ func (h *Handler) NATSConfig() natssource.Config {
 	nc := natssource.Config{
 		Stream: n.Stream, Consumer: n.Consumer, Subject: n.Subject,
 		AckWait: n.AckWait.D(), MaxAckPending: n.MaxAckPending,
+		FetchBufferBytes: n.FetchBufferBytes,
 	}
 	if dl := h.DeadLetter; dl != nil && dl.NATS != nil {
 		nc.DeadLetterSubject = dl.NATS.Subject
@@ -147,6 +148,7 @@ var natsFields = fieldTable{
 	"Subject":           {path: "source.nats.subject"},
 	"AckWait":           {path: "source.nats.ack_wait", dflt: "the handler's lease"},
 	"MaxAckPending":     {path: "source.nats.max_ack_pending"},
+	"FetchBufferBytes":  {path: "source.nats.fetch_buffer_bytes"},
 	"DeadLetterSubject": {path: "dead_letter.nats.subject"},
 }
 

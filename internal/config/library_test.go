@@ -77,7 +77,7 @@ handlers:
     action: {exec: {command: [x]}}
     dead_letter: {kafka: {topic: t.dlq}}
   - name: n
-    source: {nats: {url: nats://x, stream: S, consumer: c, subject: s.>, ack_wait: 40s, max_ack_pending: 7}}
+    source: {nats: {url: nats://x, stream: S, consumer: c, subject: s.>, ack_wait: 40s, max_ack_pending: 7, fetch_buffer_bytes: 3145728}}
     action: {exec: {command: [x]}}
     dead_letter: {nats: {subject: dlq}}
 `

@@ -197,6 +197,8 @@ func TestDashboardShape(t *testing.T) {
 		`dedup_lease_renewals_total{result="lost"}`,                 // losses
 		`outcome="lease_lost"`,
 		`dedup_inflight{`,
+		`dedup_fetch_buffer_bytes{`,       // the source's bound, filled
+		`dedup_fetch_wait_seconds_total{`, // and waited for
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no query contains %s", want)
