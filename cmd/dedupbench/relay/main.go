@@ -57,6 +57,7 @@ type options struct {
 	brokers                []string
 	natsURL, redisURL      string
 	msgs, partitions       int
+	pad                    int // bytes of padding in each backlog message's payload
 	dups, scale            []int
 	transports, contenders []string
 	latency                time.Duration
@@ -108,6 +109,7 @@ func parseOptions(args []string) (options, error) {
 	fs.StringVar(&o.kafkaIsolation, "kafka-isolation", "", "dedupworker's source.kafka.isolation (read_committed, read_uncommitted); empty: its default")
 	fs.IntVar(&o.msgs, "msgs", 50000, "backlog messages per measurement")
 	fs.IntVar(&o.partitions, "partitions", 8, "partitions of each Kafka topic")
+	fs.IntVar(&o.pad, "pad", 0, "bytes of padding in each backlog message's payload (about 100 bytes without), for the relays' memory with large messages; the latency phase's messages stay small")
 	fs.StringVar(&dups, "dups", "0,30", "duplicate percentages")
 	fs.StringVar(&scale, "scale", "1,2,4", "dedupworker process counts of the scale-out (0 % duplicates, no latency phase); empty: none")
 	fs.StringVar(&transports, "transports", "kafka,nats", "transports")
@@ -161,6 +163,9 @@ func parseOptions(args []string) (options, error) {
 	}
 	if o.partitions < 1 {
 		return o, errors.New("-partitions: at least 1")
+	}
+	if o.pad < 0 {
+		return o, errors.New("-pad: 0 or more bytes")
 	}
 	if o.rate <= 0 {
 		return o, errors.New("-rate: a positive rate")

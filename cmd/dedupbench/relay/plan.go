@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 )
 
 // input is one message of a scenario's input.
@@ -16,6 +17,8 @@ type input struct {
 	// same.
 	Seq int
 	Dup bool
+	// Pad is how many bytes of padding its payload carries (-pad).
+	Pad int
 }
 
 // minDupDistance is how many messages a duplicate comes after its original
@@ -79,11 +82,19 @@ type body struct {
 	Seq      int    `json:"s"`
 	Amount   int    `json:"amount"`
 	Currency string `json:"currency"`
+	Pad      string `json:"pad,omitempty"`
 }
 
 func payload(in input) []byte {
-	b, _ := json.Marshal(body{ID: in.Key, Part: in.Part, Seq: in.Seq, Amount: 1234, Currency: "EUR"})
+	b, _ := json.Marshal(body{ID: in.Key, Part: in.Part, Seq: in.Seq, Amount: 1234, Currency: "EUR", Pad: strings.Repeat("x", in.Pad)})
 	return b
+}
+
+// padPlan gives every message of plan a payload padded by n bytes.
+func padPlan(plan []input, n int) {
+	for i := range plan {
+		plan[i].Pad = n
+	}
 }
 
 func parsePayload(p []byte) (body, error) {

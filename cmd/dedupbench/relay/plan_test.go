@@ -61,6 +61,10 @@ func TestPayloadRoundTrips(t *testing.T) {
 	if err != nil || b.ID != in.Key || b.Part != in.Part || b.Seq != in.Seq {
 		t.Fatalf("parsePayload(payload(%+v)) = %+v, %v", in, b, err)
 	}
+	padded := payload(input{Key: "k-7", Part: 3, Seq: 41, Pad: 4096})
+	if b, err := parsePayload(padded); err != nil || b.Seq != 41 || len(padded) < 4096 || len(padded) > 4096+len(payload(in))+16 {
+		t.Fatalf("a payload padded by 4096 bytes: %d bytes, parsed %+v, %v", len(padded), b, err)
+	}
 	if _, err := parsePayload([]byte("not json")); err == nil {
 		t.Fatal("a payload that is not JSON parsed")
 	}

@@ -176,6 +176,7 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 		parts = 1
 	}
 	plan := makePlan(b.o.msgs, sc.DupPct, parts, "k"+id)
+	padPlan(plan, b.o.pad)
 	var latPlan []input
 	if sc.Latency && b.o.latency > 0 {
 		latPlan = makePlan(max(1, int(b.o.rate*b.o.latency.Seconds())), 0, parts, "L"+id)
