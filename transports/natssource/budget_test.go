@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
@@ -19,28 +18,13 @@ import (
 // an Idempotency-Key header, and waits for their stream acks.
 func (e *env) publishSized(t *testing.T, n, size int) {
 	t.Helper()
-	ctx := ctxT(t, 60*time.Second)
-	futs := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
+	e.publishEach(t, 60*time.Second, n, func(i int) *nats.Msg {
 		m := nats.NewMsg(e.subj + ".big")
 		m.Data = make([]byte, size)
 		copy(m.Data, fmt.Sprintf("%d ", i))
 		m.Header.Set("Idempotency-Key", fmt.Sprintf("k%d", i))
-		f, err := e.js.PublishMsgAsync(m)
-		if err != nil {
-			t.Fatalf("publish: %v", err)
-		}
-		futs = append(futs, f)
-	}
-	for _, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatalf("publish: %v", err)
-		case <-ctx.Done():
-			t.Fatal("publish: no stream ack")
-		}
-	}
+		return m
+	})
 }
 
 // inCalls counts the messages in handler calls, the most at once, and

@@ -45,13 +45,22 @@ func (e *env) createStream(t *testing.T, name string, subjects ...string) {
 // Idempotency-Key k<i>, and waits for their stream acks.
 func (e *env) publish(t *testing.T, n int) {
 	t.Helper()
-	ctx := ctxT(t, 30*time.Second)
-	futs := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
+	e.publishEach(t, 30*time.Second, n, func(i int) *nats.Msg {
 		m := nats.NewMsg(fmt.Sprintf("%s.%d", e.subj, i%3))
 		m.Data = fmt.Appendf(nil, "m%d", i)
 		m.Header.Set("Idempotency-Key", fmt.Sprintf("k%d", i))
-		f, err := e.js.PublishMsgAsync(m)
+		return m
+	})
+}
+
+// publishEach publishes the n messages msg builds, asynchronously, and
+// waits up to timeout for all their stream acks.
+func (e *env) publishEach(t *testing.T, timeout time.Duration, n int, msg func(i int) *nats.Msg) {
+	t.Helper()
+	ctx := ctxT(t, timeout)
+	futs := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := e.js.PublishMsgAsync(msg(i))
 		if err != nil {
 			t.Fatalf("publish: %v", err)
 		}
