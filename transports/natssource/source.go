@@ -295,14 +295,38 @@ func (rc *receiver) subscribe() error {
 // goroutine, one message at a time.
 func (rc *receiver) handle(m jetstream.Msg) {
 	cost := rc.buf.Capped(messageCost(m))
-	if rc.buf.Acquire(rc.stopped, cost) == nil {
-		select {
-		case rc.in <- received{m, cost}:
-			return
-		case <-rc.quit:
-			// What it holds goes with the bound at Consume's end.
-		}
+	if rc.buf.Acquire(rc.stopped, cost) != nil {
+		rc.lateMsg(m)
+		return
 	}
+	rc.send(received{m, cost})
+}
+
+// send hands r to Consume's loop, or to end once quit is closed. When both
+// are ready select may still choose in, after end took what was there, so
+// a send after quit checks whether end is done and, if it is, naks what in
+// holds: nothing else receives from in any more.
+func (rc *receiver) send(r received) {
+	select {
+	case rc.in <- r:
+		select {
+		case <-rc.quit:
+			rc.lateMu.Lock()
+			if rc.lateDone {
+				rc.s.nakAll(rc.drainIn(nil)...)
+			}
+			rc.lateMu.Unlock()
+		default:
+		}
+	case <-rc.quit:
+		// What it holds goes with the bound at Consume's end.
+		rc.lateMsg(r.msg)
+	}
+}
+
+// lateMsg keeps m, received after quit, for end to nak, or naks it at once
+// when end is done.
+func (rc *receiver) lateMsg(m jetstream.Msg) {
 	rc.lateMu.Lock()
 	if !rc.lateDone {
 		rc.late = append(rc.late, m)
@@ -311,6 +335,18 @@ func (rc *receiver) handle(m jetstream.Msg) {
 	}
 	rc.lateMu.Unlock()
 	rc.s.nakAll(m)
+}
+
+// drainIn appends to msgs the messages waiting in in, without waiting.
+func (rc *receiver) drainIn(msgs []jetstream.Msg) []jetstream.Msg {
+	for {
+		select {
+		case r := <-rc.in:
+			msgs = append(msgs, r.msg)
+		default:
+			return msgs
+		}
+	}
 }
 
 func (rc *receiver) onError(_ jetstream.ConsumeContext, err error) {
@@ -414,13 +450,12 @@ func (rc *receiver) end(unstarted []jetstream.Msg) {
 		}
 		rc.ended()
 	}
-	// Only this goroutine receives from in.
-	for len(rc.in) > 0 {
-		unstarted = append(unstarted, (<-rc.in).msg)
-	}
+	unstarted = rc.drainIn(unstarted)
 	rc.s.dropPulls(rc.cons)
+	// A callback still running (the drain timed out) may have sent to in
+	// since; from lateDone on it naks such messages itself (see send).
 	rc.lateMu.Lock()
-	unstarted = append(unstarted, rc.late...)
+	unstarted = append(rc.drainIn(unstarted), rc.late...)
 	rc.late, rc.lateDone = nil, true
 	rc.lateMu.Unlock()
 	rc.s.nakAll(unstarted...)
