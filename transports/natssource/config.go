@@ -63,10 +63,11 @@ type Config struct {
 	// received and not yet settled (acked or nakked): those waiting to be
 	// claimed and those in handler calls, across the whole Consume. A
 	// message counts its payload, its headers (as received and decoded),
-	// its subject and reply subject, and msgOverhead. While the bound is
-	// full the subscription's callback waits, and the library asks the
-	// server for no more messages. The pull subscription's requests each
-	// ask for at most a quarter of it in bytes, and never less than the
+	// its subject and reply subject, and about 400 bytes for the
+	// structures that hold it. While the bound is full the subscription's
+	// callback waits, and the library asks the server for no more
+	// messages. The pull subscription's requests each ask for at most a
+	// quarter of it in bytes, and never less than the
 	// largest message the server can send (its max_payload and 8 KiB for
 	// the subjects), so the client's pull buffer adds at most about two
 	// requests' bytes. A message larger than the whole bound is taken
