@@ -46,8 +46,10 @@ const pullSlack = 8 << 10
 // not told it: the most a server allows.
 const unknownMaxPayload = 64 << 20
 
-// pullBytes is the most bytes one pull request asks for: a quarter of
-// Config.FetchBufferBytes, and never less than the largest message the
+// pullBytes is the most bytes one pull request asks for: an eighth of
+// Config.FetchBufferBytes, so that the client's pull buffer (about two
+// requests) adds at most a quarter of the bound to what the bound holds,
+// and never less than the largest message the
 // server can send, since a request whose bytes cannot take the next
 // message is ended by the server (409 Message Size Exceeds MaxBytes) and
 // the library asks again, for ever, without a word. A consumer's
@@ -57,7 +59,7 @@ func (s *Source) pullBytes(cons jetstream.Consumer) int {
 	if largest <= 0 {
 		largest = unknownMaxPayload
 	}
-	n := max(s.cfg.FetchBufferBytes/4, int(largest)+pullSlack)
+	n := max(s.cfg.FetchBufferBytes/8, int(largest)+pullSlack)
 	if info := cons.CachedInfo(); info != nil && info.Config.MaxRequestMaxBytes > 0 && info.Config.MaxRequestMaxBytes < n {
 		if info.Config.MaxRequestMaxBytes < int(largest)+pullSlack {
 			s.log.Warn("the consumer's MaxRequestMaxBytes is below the server's max_payload: a message larger than it stops this consumer's deliveries; raise it (nats consumer edit) or unset it",

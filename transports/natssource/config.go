@@ -66,11 +66,11 @@ type Config struct {
 	// its subject and reply subject, and about 400 bytes for the
 	// structures that hold it. While the bound is full the subscription's
 	// callback waits, and the library asks the server for no more
-	// messages. The pull subscription's requests each ask for at most a
-	// quarter of it in bytes, and never less than the
-	// largest message the server can send (its max_payload and 8 KiB for
-	// the subjects), so the client's pull buffer adds at most about two
-	// requests' bytes. A message larger than the whole bound is taken
+	// messages. The pull subscription's requests each ask for at most an
+	// eighth of it in bytes, and never less than the largest message the
+	// server can send (its max_payload and 8 KiB for the subjects), so the
+	// client's pull buffer adds at most about two requests' bytes, a
+	// quarter of the bound. A message larger than the whole bound is taken
 	// alone, once everything taken before it is settled. Default (0):
 	// DefaultFetchBufferBytes. MaxAckPending bounds the same messages in
 	// number, across every worker on the consumer.

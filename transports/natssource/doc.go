@@ -20,7 +20,7 @@
 // messages in bytes: the messages received and not yet acked or nakked
 // count their payload, headers and subjects against it, the subscription's
 // callback waits while it is full, and each pull request asks for at most
-// a quarter of it (never less than the server's max_payload), so a stream
+// an eighth of it (never less than the server's max_payload), so a stream
 // of large messages does not fill the worker's memory.
 // Whenever a processing slot is free the Source waits for a message, then
 // takes every message already received, up to the free slots and Config.Batch,
