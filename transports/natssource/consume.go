@@ -37,6 +37,7 @@ type consumeLoop struct {
 	failures int                 // subscriptions that ended by themselves in a row
 	restart  *time.Timer         // set while no subscription is open
 	idle     bool                // no message since the last tick
+	starved  int                 // idle ticks in a row that found messages the server should have sent (checkStarved)
 
 	linger              *time.Timer
 	lingering, lingered bool // a small batch waits for slots; it waited long enough
@@ -129,6 +130,7 @@ func (l *consumeLoop) run(ctx context.Context) error {
 		case r := <-inC:
 			l.held = false
 			l.idle = false
+			l.starved = 0
 			l.failures = 0
 			if l.ds == nil {
 				// Sized to what is waiting: a batch seldom grows
@@ -166,9 +168,13 @@ func (l *consumeLoop) run(ctx context.Context) error {
 			}
 		case <-tick.C:
 			if l.idle && l.s.js.Conn().IsConnected() {
-				if fatal := l.s.checkGone(ctx, l.cons); fatal != nil {
+				info, fatal := l.s.lookUp(ctx, l.cons)
+				if fatal != nil {
 					return l.stop(fatal)
 				}
+				l.checkStarved(info)
+			} else {
+				l.starved = 0
 			}
 			l.idle = true
 		}
@@ -255,4 +261,38 @@ func (l *consumeLoop) stop(err error) error {
 	}
 	l.rc.end(unstarted)
 	return err
+}
+
+// starvedTicks is how many idle ticks in a row (idleCheckEvery apart) find
+// the consumer with messages to deliver and nothing holding them back
+// before checkStarved warns.
+const starvedTicks = 2
+
+// checkStarved warns, once per episode, when an idle subscription gets
+// nothing while the consumer has messages to deliver and nothing on either
+// side holds them back: a slot held for the next message (none is free
+// otherwise), nobody waiting for the byte bound, the
+// consumer neither paused nor at its MaxAckPending, no priority policy
+// that may send them to others. The likely cause is a message larger than
+// the pull requests' byte limit (the server's max_payload lowered after it
+// was stored, or the consumer's MaxRequestMaxBytes): the server then ends
+// each request with 409 Message Size Exceeds MaxBytes, and jetstream asks
+// again without reporting it, so nothing else tells the operator. info is
+// the lookup's, nil when it failed.
+func (l *consumeLoop) checkStarved(info *jetstream.ConsumerInfo) {
+	_, _, waiting := l.buf.State()
+	if info == nil || l.rc.cc == nil || info.NumPending == 0 || info.Paused ||
+		info.Config.PriorityPolicy != jetstream.PriorityPolicyNone ||
+		info.Config.MaxAckPending > 0 && info.NumAckPending >= info.Config.MaxAckPending ||
+		!l.held || waiting > 0 {
+		l.starved = 0
+		return
+	}
+	l.starved++
+	if l.starved != starvedTicks {
+		return
+	}
+	l.s.log.Warn("the consumer has messages to deliver but sent none to this worker: the next one is probably larger than a pull request may take, and the server refuses such requests (409 Message Size Exceeds MaxBytes) without the client reporting it; raise the consumer's MaxRequestMaxBytes (nats consumer edit) or the server's max_payload above that message's size, or remove the message",
+		"handler", l.r.Name(), "idle_for", time.Duration(starvedTicks)*idleCheckEvery, "num_pending", info.NumPending,
+		"pull_max_bytes", l.rc.pullBytes, "max_payload", l.s.js.Conn().MaxPayload(), "max_request_max_bytes", info.Config.MaxRequestMaxBytes)
 }

@@ -21,7 +21,13 @@
 // count their payload, headers and subjects against it, the subscription's
 // callback waits while it is full, and each pull request asks for at most
 // an eighth of it (never less than the server's max_payload), so a stream
-// of large messages does not fill the worker's memory.
+// of large messages does not fill the worker's memory. A stored message
+// larger than a pull request may take (the consumer's MaxRequestMaxBytes,
+// or a max_payload lowered after it was stored) is refused by the server
+// on every request, and the jetstream client does not report that; when
+// the consumer has messages pending and sends this worker none for two
+// idle checks (10s) while it has a slot free and room in the bound, the
+// Source logs a warning that names the limits.
 // Whenever a processing slot is free the Source waits for a message, then
 // takes every message already received, up to the free slots and Config.Batch,
 // without waiting for more: a quiet stream's message is not held back to fill

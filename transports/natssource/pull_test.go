@@ -3,14 +3,17 @@ package natssource_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
@@ -105,6 +108,47 @@ func TestPullAsksForRunsAhead(t *testing.T) {
 				if k != 1 {
 					t.Errorf("%s: %s handled %d times", c.durable, p, k)
 				}
+			}
+		}
+	})
+}
+
+// TestStarvedSubscriptionWarns: a message larger than the consumer lets a
+// pull request take is refused by the server (409 Message Size Exceeds
+// MaxBytes), which jetstream does not report; the Source sees the consumer
+// idle with that message pending and says so, naming the limits. The
+// message before it is delivered; the large one is not.
+func TestStarvedSubscriptionWarns(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		ctx := ctxT(t, 5*time.Second)
+		if _, err := e.js.CreateConsumer(ctx, e.stream, jetstream.ConsumerConfig{
+			Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, MaxRequestMaxBytes: 2048,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		e.publishEach(t, 10*time.Second, 2, func(i int) *nats.Msg {
+			m := nats.NewMsg(e.subj + ".0")
+			m.Data = []byte("small")
+			if i == 1 {
+				m.Data = make([]byte, 16<<10)
+			}
+			return m
+		})
+		logs := &testenv.SyncBuffer{}
+		s := newSeen()
+		src := newSource(t, e, natssource.Config{BindOnly: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		run(t, consumer.Config{}, src, consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
+			s.add(string(m.Payload[:min(len(m.Payload), 5)]), len(m.Payload))
+			return nil, nil
+		}), consumer.WithConcurrency(2))
+		const warning = "sent none to this worker"
+		testenv.Eventually(t, 30*time.Second, "the starvation warning", func() bool { return strings.Contains(logs.String(), warning) })
+		if got := s.get("small"); s.count() != 1 || len(got) != 1 || got[0] != 5 {
+			t.Errorf("handled %v, want only the small message, once", s.runs)
+		}
+		for _, f := range []string{"num_pending=1", "pull_max_bytes=2048", "max_request_max_bytes=2048"} {
+			if !strings.Contains(logs.String(), f) {
+				t.Errorf("the warning lacks %s:\n%s", f, logs)
 			}
 		}
 	})

@@ -203,16 +203,17 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 // subscription's PullMaxMessages, and about two pull requests' bytes
 // (pullBytes), beyond what the bound and in hold.
 type receiver struct {
-	s       *Source
-	cons    jetstream.Consumer
-	buf     *bytebudget.Budget
-	pullMax int
-	opts    []jetstream.PullConsumeOpt
-	in      chan received
-	errs    chan error      // from the library's error handler; full means one is waiting already
-	quit    <-chan struct{} // closed at stop: the callback holds messages for end instead of waiting for room
-	stopped context.Context // quit's
-	stop    context.CancelFunc
+	s         *Source
+	cons      jetstream.Consumer
+	buf       *bytebudget.Budget
+	pullMax   int
+	pullBytes int // the open subscription's (pullBytes)
+	opts      []jetstream.PullConsumeOpt
+	in        chan received
+	errs      chan error      // from the library's error handler; full means one is waiting already
+	quit      <-chan struct{} // closed at stop: the callback holds messages for end instead of waiting for room
+	stopped   context.Context // quit's
+	stop      context.CancelFunc
 
 	lateMu   sync.Mutex
 	late     []jetstream.Msg // received after quit, for end to nak
@@ -281,8 +282,9 @@ func (s *Source) pullExpiry() time.Duration {
 }
 
 func (rc *receiver) subscribe() error {
+	rc.pullBytes = rc.s.pullBytes(rc.cons)
 	opts := append(rc.opts[:len(rc.opts):len(rc.opts)],
-		jetstream.PullMaxMessagesWithBytesLimit(rc.pullMax, rc.s.pullBytes(rc.cons)))
+		jetstream.PullMaxMessagesWithBytesLimit(rc.pullMax, rc.pullBytes))
 	cc, err := rc.cons.Consume(rc.handle, opts...)
 	if err != nil {
 		return err
@@ -559,22 +561,29 @@ func (s *Source) nakAll(msgs ...jetstream.Msg) {
 // consumer when it or its stream no longer exists; nil otherwise (also when
 // the lookup itself fails: that is retried).
 func (s *Source) checkGone(ctx context.Context, cons jetstream.Consumer) error {
+	_, err := s.lookUp(ctx, cons)
+	return err
+}
+
+// lookUp is checkGone that also returns the consumer's info, nil when the
+// lookup failed.
+func (s *Source) lookUp(ctx context.Context, cons jetstream.Consumer) (*jetstream.ConsumerInfo, error) {
 	c, cancel := s.withTimeout(ctx)
 	defer cancel()
-	_, err := cons.Info(c)
+	info, err := cons.Info(c)
 	if err == nil {
-		return nil
+		return info, nil
 	}
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
-		return s.goneErr(err)
+		return nil, s.goneErr(err)
 	}
 	if s.js.Conn().IsClosed() {
-		return s.closedErr(err)
+		return nil, s.closedErr(err)
 	}
 	if ctx.Err() == nil {
 		s.log.Warn("consumer lookup failed; retrying", "err", err)
 	}
-	return nil
+	return nil, nil
 }
 
 func (s *Source) goneErr(err error) error {
