@@ -294,5 +294,6 @@ func (l *consumeLoop) checkStarved(info *jetstream.ConsumerInfo) {
 	}
 	l.s.log.Warn("the consumer has messages to deliver but sent none to this worker: the next one is probably larger than a pull request may take, and the server refuses such requests (409 Message Size Exceeds MaxBytes) without the client reporting it; raise the consumer's MaxRequestMaxBytes (nats consumer edit) or the server's max_payload above that message's size, or remove the message",
 		"handler", l.r.Name(), "idle_for", time.Duration(starvedTicks)*idleCheckEvery, "num_pending", info.NumPending,
-		"pull_max_bytes", l.rc.pullBytes, "max_payload", l.s.js.Conn().MaxPayload(), "max_request_max_bytes", info.Config.MaxRequestMaxBytes)
+		"pull_max_bytes", l.rc.pullBytes, "max_payload", l.s.js.Conn().MaxPayload(), "max_request_max_bytes", info.Config.MaxRequestMaxBytes,
+		"delivered_stream_seq", info.Delivered.Stream)
 }

@@ -146,7 +146,7 @@ func TestStarvedSubscriptionWarns(t *testing.T) {
 		if got := s.get("small"); s.count() != 1 || len(got) != 1 || got[0] != 5 {
 			t.Errorf("handled %v, want only the small message, once", s.runs)
 		}
-		for _, f := range []string{"num_pending=1", "pull_max_bytes=2048", "max_request_max_bytes=2048"} {
+		for _, f := range []string{"num_pending=1", "pull_max_bytes=2048", "max_request_max_bytes=2048", "delivered_stream_seq=1"} {
 			if !strings.Contains(logs.String(), f) {
 				t.Errorf("the warning lacks %s:\n%s", f, logs)
 			}

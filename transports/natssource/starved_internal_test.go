@@ -32,7 +32,7 @@ func TestCheckStarved(t *testing.T) {
 	st := testenv.NewNATSStream(t, testenv.NATS(t), "STARVED")
 	const warning = "sent none to this worker"
 	starving := func() *jetstream.ConsumerInfo {
-		return &jetstream.ConsumerInfo{NumPending: 3, NumAckPending: 1, Config: jetstream.ConsumerConfig{MaxAckPending: 4, MaxRequestMaxBytes: 2048}}
+		return &jetstream.ConsumerInfo{NumPending: 3, NumAckPending: 1, Delivered: jetstream.SequenceInfo{Stream: 7}, Config: jetstream.ConsumerConfig{MaxAckPending: 4, MaxRequestMaxBytes: 2048}}
 	}
 	cases := []struct {
 		name  string
@@ -85,7 +85,7 @@ func TestCheckStarved(t *testing.T) {
 				}
 			}
 			if c.warn {
-				for _, f := range []string{"num_pending=3", "pull_max_bytes=2048", "max_request_max_bytes=2048", "max_payload="} {
+				for _, f := range []string{"num_pending=3", "pull_max_bytes=2048", "max_request_max_bytes=2048", "max_payload=", "delivered_stream_seq=7"} {
 					if !strings.Contains(logs.String(), f) {
 						t.Errorf("the warning lacks %s:\n%s", f, logs)
 					}
