@@ -271,9 +271,9 @@ const starvedTicks = 2
 // checkStarved warns, once per episode, when an idle subscription gets
 // nothing while the consumer has messages to deliver and nothing on either
 // side holds them back: a slot held for the next message (none is free
-// otherwise), nobody waiting for the byte bound, the
-// consumer neither paused nor at its MaxAckPending, no priority policy
-// that may send them to others. The likely cause is a message larger than
+// otherwise), nobody waiting for the byte bound, the consumer neither
+// paused nor at its MaxAckPending, and no priority policy that may send
+// them to others. The likely cause is a message larger than
 // the pull requests' byte limit (the server's max_payload lowered after it
 // was stored, or the consumer's MaxRequestMaxBytes): the server then ends
 // each request with 409 Message Size Exceeds MaxBytes, and jetstream asks
