@@ -1,6 +1,7 @@
 package kafkasource
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,23 +71,50 @@ func (s *Source) transport() *kafka.Transport {
 // lastStable returns the partition's last stable offset: the first offset of
 // its oldest open transaction, or its end when none is open.
 func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64, error) {
-	s := p.g.m.s
-	cl := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: tr, Timeout: s.cfg.NetworkTimeout}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
-	defer cancel()
-	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{
-		Topics:         map[string][]kafka.OffsetRequest{s.cfg.Topic: {kafka.LastOffsetOf(p.id)}},
-		IsolationLevel: kafka.ReadCommitted,
-	})
+	ends, err := p.g.m.s.listEnds(ctx, tr, []int{p.id}, kafka.ReadCommitted)
 	if err != nil {
 		return 0, err
 	}
-	for _, po := range res.Topics[s.cfg.Topic] {
-		if po.Partition == p.id {
-			return po.LastOffset, po.Error
-		}
+	end, ok := ends[p.id]
+	if !ok {
+		return 0, fmt.Errorf("kafka: list offsets response without partition %d", p.id)
 	}
-	return 0, fmt.Errorf("kafka: list offsets response without partition %d", p.id)
+	return end, nil
+}
+
+// listEnds asks the partitions' leaders, through tr, for the partitions'
+// ends: the offset the next record will have, or under read_committed the
+// last stable offset. A partition the answer leaves out or reports an error
+// for is missing from the map; the call fails only when no partition was
+// answered.
+func (s *Source) listEnds(ctx context.Context, tr *kafka.Transport, ids []int, level kafka.IsolationLevel) (map[int]int64, error) {
+	cl := &kafka.Client{Addr: kafka.TCP(s.cfg.Brokers...), Transport: tr, Timeout: s.cfg.NetworkTimeout}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.NetworkTimeout)
+	defer cancel()
+	reqs := make([]kafka.OffsetRequest, len(ids))
+	for i, id := range ids {
+		reqs[i] = kafka.LastOffsetOf(id)
+	}
+	res, err := cl.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics:         map[string][]kafka.OffsetRequest{s.cfg.Topic: reqs},
+		IsolationLevel: level,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ends := make(map[int]int64, len(ids))
+	var first error
+	for _, po := range res.Topics[s.cfg.Topic] {
+		if po.Error != nil {
+			first = cmp.Or(first, po.Error)
+			continue
+		}
+		ends[po.Partition] = po.LastOffset
+	}
+	if len(ends) == 0 && first != nil {
+		return nil, first
+	}
+	return ends, nil
 }
 
 // fetchOnce sends one Fetch request for the partition at offset, which the
@@ -138,6 +166,11 @@ func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset i
 	if part.ErrorCode != 0 {
 		return nil, offset, kafka.Error(part.ErrorCode)
 	}
+	end := part.HighWatermark
+	if s.cfg.Isolation == IsolationReadCommitted && part.LastStableOffset >= 0 {
+		end = part.LastStableOffset
+	}
+	p.seeEnd(end)
 	if part.RecordSet.Records == nil {
 		return nil, offset, nil
 	}

@@ -72,6 +72,11 @@ type partition struct {
 	// by wait once nothing of the partition runs (released).
 	held     int64
 	released bool
+	// end is the partition's end as a fetch or a listing last reported
+	// it (the high watermark; under read_committed the last stable
+	// offset), -1 before the first; endAt is when (Source.Lag).
+	end   int64
+	endAt time.Time
 }
 
 // fetched is what the fetcher hands the dispatcher: messages in offset order
@@ -103,6 +108,7 @@ func newPartition(g *generation, id int, start int64) *partition {
 		more:       make(chan struct{}, 1),
 		lanesByID:  make(map[string]*lane),
 		lastCommit: -1,
+		end:        -1,
 	}
 	if start >= 0 {
 		p.lastCommit = start
@@ -167,6 +173,25 @@ func (p *partition) committed(w int64) {
 	p.mu.Lock()
 	p.lastCommit = w
 	p.mu.Unlock()
+}
+
+// seeEnd records end as the partition's end, read now.
+func (p *partition) seeEnd(end int64) {
+	p.mu.Lock()
+	p.end, p.endAt = end, time.Now()
+	p.mu.Unlock()
+}
+
+// lag is the partition's PartitionLag; ok is false until both its position
+// and its end are known.
+func (p *partition) lag() (l PartitionLag, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.track.watermark()
+	if w < 0 || p.end < 0 {
+		return PartitionLag{}, false
+	}
+	return PartitionLag{Partition: p.id, Offset: w, End: p.end, Lag: max(p.end-w, 0), Seen: p.endAt}, true
 }
 
 // finish marks offset as done; the watermark may move past it. cost, what

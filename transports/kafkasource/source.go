@@ -1,12 +1,14 @@
 package kafkasource
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,6 +46,10 @@ type Source struct {
 	// probe is held by a fetch whose size is not known yet
 	// (partition.fetchBudgeted): one at a time.
 	probe chan struct{}
+
+	// gen is the generation Consume runs now, nil between generations
+	// (Lag).
+	gen atomic.Pointer[generation]
 
 	noCommit atomic.Bool // tests: simulate a crash before any commit
 	noKeeper atomic.Bool // tests: run without the group keeper (group.go)
@@ -95,6 +101,51 @@ type FetchBufferStats struct {
 func (s *Source) FetchBufferStats() FetchBufferStats {
 	st := s.budget.Stats()
 	return FetchBufferStats{Size: st.Size, Held: st.Held, Waited: st.Waited}
+}
+
+// PartitionLag is how far a Source's handling of one partition is behind
+// the partition's end.
+type PartitionLag struct {
+	// Partition is the partition's ID.
+	Partition int
+	// Offset is where the group would resume the partition now: its
+	// lowest offset not yet finished, or the next one to fetch when every
+	// fetched offset is finished. The next commit stores it.
+	Offset int64
+	// End is the partition's end when last read: the offset its next
+	// record gets (the high watermark), or under read_committed its last
+	// stable offset.
+	End int64
+	// Lag is End − Offset, at least 0: the offsets not finished yet.
+	// Transaction markers and the records of aborted transactions take
+	// offsets too, so on a transactional topic Lag also counts records no
+	// handler will see.
+	Lag int64
+	// Seen is when End was read. Every fetch reads it; while the
+	// partition's fetcher waits for room (FetchBufferBytes,
+	// MaxUnfinished), a listing of the partition's offsets reads it every
+	// few seconds instead, so a stuck handler's lag keeps growing.
+	Seen time.Time
+}
+
+// Lag returns the lag of each partition the source holds in the current
+// group generation, in partition order; nil when it holds none (Consume is
+// not running, or the group is rebalancing). A partition whose position or
+// end is not known yet (its first fetch has not returned) is left out. It
+// may be called at any time, from any goroutine.
+func (s *Source) Lag() []PartitionLag {
+	g := s.gen.Load()
+	if g == nil {
+		return nil
+	}
+	out := make([]PartitionLag, 0, len(g.parts))
+	for _, p := range g.parts {
+		if l, ok := p.lag(); ok {
+			out = append(out, l)
+		}
+	}
+	slices.SortFunc(out, func(a, b PartitionLag) int { return cmp.Compare(a.Partition, b.Partition) })
+	return out
 }
 
 // Consume joins the group and processes the partitions assigned to this
@@ -410,18 +461,30 @@ func (g *generation) run(ctx context.Context) (revoked bool, fatal error) {
 	for _, p := range g.parts {
 		p.start()
 	}
+	s.gen.Store(g)
+	defer s.gen.CompareAndSwap(g, nil)
 
 	commitDone := make(chan struct{})
+	// listCtx bounds refreshEnds's listings: they end with the committer.
+	listCtx, endListing := context.WithCancel(g.gctx)
+	defer endListing()
 	var commitWG sync.WaitGroup
 	commitWG.Go(func() {
 		t := time.NewTicker(s.cfg.CommitInterval)
 		defer t.Stop()
+		var tr *kafka.Transport // refreshEnds's, made at its first listing
+		defer func() {
+			if tr != nil {
+				tr.CloseIdleConnections()
+			}
+		}()
 		for {
 			select {
 			case <-commitDone:
 				return
 			case <-t.C:
 				g.commit()
+				tr = g.refreshEnds(listCtx, tr)
 			}
 		}
 	})
@@ -476,6 +539,7 @@ drain:
 			timeout = nil
 		}
 	}
+	endListing()
 	close(commitDone)
 	commitWG.Wait()
 	g.commit()
@@ -484,6 +548,50 @@ drain:
 	}
 	s.log.Info("generation ended", "generation", g.gen.ID, "revoked", revoked)
 	return revoked, fatal
+}
+
+// endStale is how old a partition's end may be before refreshEnds lists
+// it: a fetcher that fetches reads the end at least every MaxWait, so only
+// one waiting for room falls behind.
+const endStale = 5 * time.Second
+
+// refreshEnds reads the ends of the generation's partitions that no fetch
+// has reported for endStale (or ever), in one listing through tr (made when nil, and
+// returned for the next call), so Lag stays current while fetchers wait. A
+// failed listing is logged at debug level and tried again at the next
+// tick: the lag is only reported, nothing depends on it.
+func (g *generation) refreshEnds(ctx context.Context, tr *kafka.Transport) *kafka.Transport {
+	s := g.m.s
+	var ids []int
+	now := time.Now()
+	for _, p := range g.parts {
+		p.mu.Lock()
+		stale := now.Sub(p.endAt) >= endStale // also a partition not fetched yet
+		p.mu.Unlock()
+		if stale {
+			ids = append(ids, p.id)
+		}
+	}
+	if len(ids) == 0 {
+		return tr
+	}
+	if tr == nil {
+		tr = s.transport()
+	}
+	ends, err := s.listEnds(ctx, tr, ids, s.cfg.isolationLevel())
+	if err != nil {
+		if ctx.Err() != nil {
+			return tr
+		}
+		s.log.Debug("listing partition ends for the lag failed", "partitions", ids, "err", err)
+		return tr
+	}
+	for _, p := range g.parts {
+		if end, ok := ends[p.id]; ok {
+			p.seeEnd(end)
+		}
+	}
+	return tr
 }
 
 // commit commits, for every partition whose watermark moved, the lowest
