@@ -172,6 +172,9 @@ func (l *consumeLoop) run(ctx context.Context) error {
 				if fatal != nil {
 					return l.stop(fatal)
 				}
+				if info != nil {
+					l.s.seePending(info.NumPending)
+				}
 				l.checkStarved(info)
 			} else {
 				l.starved = 0

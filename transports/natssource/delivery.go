@@ -44,30 +44,32 @@ func (s *Source) initDelivery(d *delivery, msg jetstream.Msg) {
 	if len(d.m.Header) == 0 {
 		d.m.Header = nil
 	}
-	delivered, seq, ok := ackMetadata(msg.Reply())
+	delivered, seq, pending, ok := ackMetadata(msg.Reply())
 	if !ok {
 		s.log.Warn("message without JetStream metadata; attempt counted as 1", "stream", s.cfg.Stream, "consumer", s.cfg.Consumer, "subject", msg.Subject(), "reply", msg.Reply())
 		return
 	}
 	d.m.Origin.Offset = int64(seq)
+	s.seePending(pending)
 	if delivered > 0 {
 		d.attempt = int(delivered)
 	}
 }
 
-// ackMetadata reads a JetStream message's delivery count and stream
-// sequence from its reply (ack) subject, as jetstream.Msg.Metadata does but
-// without allocating its MsgMetadata: both forms the server sends,
+// ackMetadata reads a JetStream message's delivery count, stream sequence
+// and the consumer's pending count from its reply (ack) subject, as
+// jetstream.Msg.Metadata does but without allocating its MsgMetadata: both
+// forms the server sends,
 //
 //	$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
 //	$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>[.<more>...]
 //
 // (9 tokens, or at least 11). A number that is not all digits reads as 0,
 // as jetstream's own parser reads it. ok is false for any other subject.
-func ackMetadata(reply string) (delivered, seq uint64, ok bool) {
+func ackMetadata(reply string) (delivered, seq, pending uint64, ok bool) {
 	const prefix = "$JS.ACK."
 	if !strings.HasPrefix(reply, prefix) {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	tokens := strings.Count(reply, ".") + 1
 	var skip int // tokens after the prefix before <delivered>
@@ -77,15 +79,18 @@ func ackMetadata(reply string) (delivered, seq uint64, ok bool) {
 	case tokens >= 11:
 		skip = 4
 	default:
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	rest := reply[len(prefix):]
 	for range skip {
 		_, rest, _ = strings.Cut(rest, ".")
 	}
 	d, rest, _ := strings.Cut(rest, ".")
-	sq, _, _ := strings.Cut(rest, ".")
-	return parseNum(d), parseNum(sq), true
+	sq, rest, _ := strings.Cut(rest, ".")
+	_, rest, _ = strings.Cut(rest, ".") // <cseq>
+	_, rest, _ = strings.Cut(rest, ".") // <tm>
+	p, _, _ := strings.Cut(rest, ".")
+	return parseNum(d), parseNum(sq), parseNum(p), true
 }
 
 // parseNum is a decimal number of ASCII digits; anything else is 0.

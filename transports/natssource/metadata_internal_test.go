@@ -17,23 +17,23 @@ import (
 // subjects, as jetstream.Msg.Metadata does.
 func TestAckMetadata(t *testing.T) {
 	for _, c := range []struct {
-		reply          string
-		delivered, seq uint64
-		ok             bool
+		reply                   string
+		delivered, seq, pending uint64
+		ok                      bool
 	}{
-		{"$JS.ACK.ORDERS.relay.3.1042.977.1764590000000000000.12", 3, 1042, true},
-		{"$JS.ACK._.AccHash.ORDERS.relay.1.7.7.1764590000000000000.0.rnd", 1, 7, true},
-		{"$JS.ACK.hub.AccHash.ORDERS.relay.2.18446744073709551615.9.1764590000000000000.0", 2, 18446744073709551615, true},
-		{"$JS.ACK.hub.AccHash.ORDERS.relay.5.99.9.1764590000000000000.0.rnd.extra", 5, 99, true},
-		{"$JS.ACK.ORDERS.relay.x1.12.9.1764590000000000000.0", 0, 12, true},
-		{"$JS.ACK.ORDERS.relay.3.1042.977.1764590000000000000", 0, 0, false},       // 8 tokens
-		{"$JS.ACK.hub.ORDERS.relay.3.1042.977.1764590000000000000.0", 0, 0, false}, // 10 tokens
-		{"_INBOX.abc.ORDERS.relay.3.1042.977.1764590000000000000.12", 0, 0, false}, // not an ack subject
-		{"", 0, 0, false},
+		{"$JS.ACK.ORDERS.relay.3.1042.977.1764590000000000000.12", 3, 1042, 12, true},
+		{"$JS.ACK._.AccHash.ORDERS.relay.1.7.7.1764590000000000000.0.rnd", 1, 7, 0, true},
+		{"$JS.ACK.hub.AccHash.ORDERS.relay.2.18446744073709551615.9.1764590000000000000.31.rnd", 2, 18446744073709551615, 31, true},
+		{"$JS.ACK.hub.AccHash.ORDERS.relay.5.99.9.1764590000000000000.4.rnd.extra", 5, 99, 4, true},
+		{"$JS.ACK.ORDERS.relay.x1.12.9.1764590000000000000.0", 0, 12, 0, true},
+		{"$JS.ACK.ORDERS.relay.3.1042.977.1764590000000000000", 0, 0, 0, false},       // 8 tokens
+		{"$JS.ACK.hub.ORDERS.relay.3.1042.977.1764590000000000000.0", 0, 0, 0, false}, // 10 tokens
+		{"_INBOX.abc.ORDERS.relay.3.1042.977.1764590000000000000.12", 0, 0, 0, false}, // not an ack subject
+		{"", 0, 0, 0, false},
 	} {
-		delivered, seq, ok := ackMetadata(c.reply)
-		if delivered != c.delivered || seq != c.seq || ok != c.ok {
-			t.Errorf("ackMetadata(%q) = %d, %d, %v; want %d, %d, %v", c.reply, delivered, seq, ok, c.delivered, c.seq, c.ok)
+		delivered, seq, pending, ok := ackMetadata(c.reply)
+		if delivered != c.delivered || seq != c.seq || pending != c.pending || ok != c.ok {
+			t.Errorf("ackMetadata(%q) = %d, %d, %d, %v; want %d, %d, %d, %v", c.reply, delivered, seq, pending, ok, c.delivered, c.seq, c.pending, c.ok)
 		}
 	}
 }
@@ -76,9 +76,9 @@ func TestAckMetadataAgreesWithJetStream(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				delivered, seq, ok := ackMetadata(m.Reply())
-				if !ok || delivered != md.NumDelivered || seq != md.Sequence.Stream {
-					t.Fatalf("ackMetadata(%q) = %d, %d, %v; jetstream reads delivered %d, stream sequence %d", m.Reply(), delivered, seq, ok, md.NumDelivered, md.Sequence.Stream)
+				delivered, seq, pending, ok := ackMetadata(m.Reply())
+				if !ok || delivered != md.NumDelivered || seq != md.Sequence.Stream || pending != md.NumPending {
+					t.Fatalf("ackMetadata(%q) = %d, %d, %d, %v; jetstream reads delivered %d, stream sequence %d, pending %d", m.Reply(), delivered, seq, pending, ok, md.NumDelivered, md.Sequence.Stream, md.NumPending)
 				}
 			}
 			for round := 1; round <= 2; round++ {
@@ -108,5 +108,39 @@ func TestAckMetadataAgreesWithJetStream(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// replyMsg is a message with a payload and a reply subject; its other
+// methods are the embedded nil interface's (a call panics).
+type replyMsg struct {
+	jetstream.Msg
+	reply string
+}
+
+func (m replyMsg) Data() []byte         { return []byte("x") }
+func (m replyMsg) Headers() nats.Header { return nil }
+func (m replyMsg) Subject() string      { return "orders.1" }
+func (m replyMsg) Reply() string        { return m.reply }
+
+// TestDeliveryRecordsPending: every message received sets the backlog
+// Pending reports from its metadata, the newest message's count winning.
+func TestDeliveryRecordsPending(t *testing.T) {
+	s := &Source{}
+	var d delivery
+	for _, c := range []struct {
+		reply   string
+		pending uint64
+	}{
+		{"$JS.ACK.ORDERS.relay.1.41.41.1764590000000000000.12", 12},
+		{"$JS.ACK.ORDERS.relay.1.42.42.1764590000000000000.11", 11},
+		{"$JS.ACK._.AccHash.ORDERS.relay.2.7.43.1764590000000000000.0.rnd", 0},
+	} {
+		before := time.Now()
+		s.initDelivery(&d, replyMsg{reply: c.reply})
+		p, ok := s.Pending()
+		if !ok || p.Messages != c.pending || p.Seen.Before(before.Truncate(time.Microsecond)) {
+			t.Fatalf("after a delivery with reply %q: Pending = %+v, %v; want %d seen from %v", c.reply, p, ok, c.pending, before)
+		}
 	}
 }

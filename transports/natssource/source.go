@@ -36,6 +36,42 @@ type Source struct {
 
 	dlMu   sync.Mutex
 	dlMode dlMode
+
+	// pending is the consumer's NumPending as last seen, at pendingAt
+	// (Unix nanoseconds; 0 while not known: see Pending).
+	pending   atomic.Uint64
+	pendingAt atomic.Int64
+}
+
+// Pending is a consumer's backlog as a Source last saw it.
+type Pending struct {
+	// Messages is the consumer's NumPending: the stream's messages that
+	// match its filter and that it has not delivered yet, to this worker
+	// or to any other bound to the same durable. Messages delivered and
+	// not yet acked are not counted (at most MaxAckPending of them).
+	Messages uint64
+	// Seen is when it was read: from the metadata of every message the
+	// Source receives, or while none arrives from the consumer's info,
+	// looked up every 5 s, so a stuck or starved worker's backlog keeps
+	// growing.
+	Seen time.Time
+}
+
+// Pending returns the consumer's backlog as last seen; ok is false while
+// Consume is not running. It may be called at any time, from any
+// goroutine.
+func (s *Source) Pending() (p Pending, ok bool) {
+	at := s.pendingAt.Load()
+	if at == 0 {
+		return Pending{}, false
+	}
+	return Pending{Messages: s.pending.Load(), Seen: time.Unix(0, at)}, true
+}
+
+// seePending records n as the consumer's NumPending, read now.
+func (s *Source) seePending(n uint64) {
+	s.pending.Store(n)
+	s.pendingAt.Store(time.Now().UnixNano())
 }
 
 type dlMode int
@@ -180,6 +216,10 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		return err
 	}
 	s.log.Info("consuming", "handler", r.Name(), "concurrency", n, "batch", batch)
+	if info := cons.CachedInfo(); info != nil {
+		s.seePending(info.NumPending)
+	}
+	defer s.pendingAt.Store(0)
 
 	// After the last Process returned: push the acks and naks still
 	// buffered in the connection out to the server, so that work done
