@@ -242,6 +242,14 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 		if err != nil {
 			return nil, "", err
 		}
+		err = registerLag(a.reg, h.Name, func(add func(partition string, lag float64)) {
+			for _, l := range src.Lag() {
+				add(strconv.Itoa(l.Partition), float64(l.Lag))
+			}
+		})
+		if err != nil {
+			return nil, "", err
+		}
 		return src, "kafka", nil
 	}
 	n := h.Source.NATS
@@ -258,6 +266,14 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	err = registerFetchBuffer(a.reg, h.Name, func() fetchBufferStats {
 		st := src.FetchBufferStats()
 		return fetchBufferStats{st.Size, st.Held, st.Waited}
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	err = registerLag(a.reg, h.Name, func(add func(partition string, lag float64)) {
+		if p, ok := src.Pending(); ok {
+			add("", float64(p.Messages))
+		}
 	})
 	if err != nil {
 		return nil, "", err
@@ -455,6 +471,37 @@ func registerFetchBuffer(reg prometheus.Registerer, handler string, stats func()
 		}
 	}
 	return nil
+}
+
+// lagHelp is dedup_source_lag's help text.
+const lagHelp = "Messages of the handler's source not handled yet, as last read. Kafka: for each partition this worker holds, " +
+	"the partition's end offset minus the offset the group would resume at. NATS (partition=\"\"): the consumer's num_pending, " +
+	"messages not yet delivered to any worker of the durable, the same in each. Absent while the source is not consuming. " +
+	"Across workers: sum by (handler) (max by (handler, partition) (dedup_source_lag))."
+
+// lagCollector is dedup_source_lag{handler,partition} for one handler: at
+// each scrape, read calls add once for each partition its source reports.
+type lagCollector struct {
+	desc *prometheus.Desc
+	read func(add func(partition string, lag float64))
+}
+
+// Describe sends the one metric c exports.
+func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect sends a series for each partition the source reports now.
+func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
+	c.read(func(partition string, lag float64) {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, lag, partition)
+	})
+}
+
+// registerLag exports a handler's source lag under its name (see lagHelp):
+// how far the worker is behind its source, which the metrics of what it
+// handled cannot show when it handles nothing.
+func registerLag(reg prometheus.Registerer, handler string, read func(add func(partition string, lag float64))) error {
+	desc := prometheus.NewDesc("dedup_source_lag", lagHelp, []string{"partition"}, prometheus.Labels{"handler": handler})
+	return reg.Register(&lagCollector{desc: desc, read: read})
 }
 
 // registerLocalCache exports the store's local cache (redis.local_cache):

@@ -197,8 +197,9 @@ func TestDashboardShape(t *testing.T) {
 		`dedup_lease_renewals_total{result="lost"}`,                 // losses
 		`outcome="lease_lost"`,
 		`dedup_inflight{`,
-		`dedup_fetch_buffer_bytes{`,       // the source's bound, filled
-		`dedup_fetch_wait_seconds_total{`, // and waited for
+		`dedup_fetch_buffer_bytes{`,                      // the source's bound, filled
+		`dedup_fetch_wait_seconds_total{`,                // and waited for
+		`max by (handler, partition) (dedup_source_lag{`, // the backlog, each series once across workers
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no query contains %s", want)
