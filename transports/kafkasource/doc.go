@@ -29,6 +29,10 @@
 // for its fetch before it fetches, so a backlog's start does not decode a
 // whole record batch on every partition at once. The bound only delays
 // fetches: offsets, their order, commits and rebalances are as without it.
+// Source.Lag reports, for each partition the member holds, the partition's
+// end (read from every fetch response, and every 5s by a listing while the
+// partition's fetcher waits for room) and the offset the group would resume
+// at, so a stuck handler's lag keeps growing.
 //
 // With a batch handler (Runner.Batching), a lane hands its queued messages
 // to Runner.ProcessBatch in runs of up to BatchSize. A run's call may tell

@@ -27,7 +27,10 @@
 // on every request, and the jetstream client does not report that; when
 // the consumer has messages pending and sends this worker none for two
 // idle checks (10s) while it has a slot free and room in the bound, the
-// Source logs a warning that names the limits.
+// Source logs a warning that names the limits. Source.Pending reports the
+// consumer's backlog (NumPending) while Consume runs, read from each
+// received message's metadata and, while none arrives, from those idle
+// checks, so a stuck or starved worker's backlog keeps growing.
 // Whenever a processing slot is free the Source waits for a message, then
 // takes every message already received, up to the free slots and Config.Batch,
 // without waiting for more: a quiet stream's message is not held back to fill
