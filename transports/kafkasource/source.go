@@ -551,22 +551,23 @@ drain:
 }
 
 // endStale is how old a partition's end may be before refreshEnds lists
-// it: a fetcher that fetches reads the end at least every MaxWait, so only
-// one waiting for room falls behind.
+// it, unless MaxWait is longer: a fetcher that fetches reads the end at
+// least every MaxWait, so only one waiting for room falls behind.
 const endStale = 5 * time.Second
 
 // refreshEnds reads the ends of the generation's partitions that no fetch
-// has reported for endStale (or ever), in one listing through tr (made when nil, and
-// returned for the next call), so Lag stays current while fetchers wait. A
-// failed listing is logged at debug level and tried again at the next
-// tick: the lag is only reported, nothing depends on it.
+// has reported for endStale (or ever), in one listing through tr (made
+// when nil, and returned for the next call), so Lag stays current while
+// fetchers wait. A failed listing is logged at debug level and tried again
+// at the next tick: the lag is only reported, nothing depends on it.
 func (g *generation) refreshEnds(ctx context.Context, tr *kafka.Transport) *kafka.Transport {
 	s := g.m.s
 	var ids []int
 	now := time.Now()
+	staleAfter := max(endStale, 2*s.cfg.MaxWait)
 	for _, p := range g.parts {
 		p.mu.Lock()
-		stale := now.Sub(p.endAt) >= endStale // also a partition not fetched yet
+		stale := now.Sub(p.endAt) >= staleAfter // also a partition not fetched yet
 		p.mu.Unlock()
 		if stale {
 			ids = append(ids, p.id)
