@@ -148,7 +148,12 @@
 // completion of a claim in template form is GET and SET, the completed
 // record being the claim's text with its state changed and the completion's
 // fields appended (no pattern match), and one PUBLISH per call for all its
-// keys. The helpers of lib.lua that only records outside the templates and
+// keys. A claim in the short form that finds a completion of its own
+// fingerprint answers DUPLICATE from the record's start, without parse (a
+// pattern over the whole record costs as much as a new key's claim and
+// completion together): the client reads every DUPLICATE's record anyway,
+// and claims a key whose record it cannot read again in the long form,
+// which reads the whole record and recovers what valid refuses. The helpers of lib.lua that only records outside the templates and
 // rare paths need (decode, valid, encode, owned, record, new_fence, …) are
 // made by slow() at their first use in a call: every local function of a
 // script is a closure made at each call. Instructions per key and per call,

@@ -255,6 +255,15 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 
 // claimRedis is Claim of valid requests, all sent to Redis.
 func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
+	return s.claimForm(ctx, reqs, false)
+}
+
+// claimForm is claimRedis, in claim.lua's long form for every call when
+// long is set. The short form answers DUPLICATE from a completion's start
+// (claim.lua): a key whose DUPLICATE record this store cannot read is
+// claimed again in the long form, which reads the whole record and
+// recovers one that is not a record (SPEC §4.8).
+func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, long bool) ([]idempotency.ClaimResult, error) {
 	const op = "claim"
 	var epoch uint64
 	start := time.Now() // before the server starts any lease of this call
@@ -264,8 +273,10 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	tokens := newTokens(len(reqs))
 	groups := s.groups(len(reqs), func(i int) string { return reqs[i].Key })
 	calls := make([]*call, len(groups))
+	short := make([]bool, len(groups))
 	for gi, g := range groups {
-		if uniformClaims(reqs, g.idx) {
+		if !long && uniformClaims(reqs, g.idx) {
+			short[gi] = true
 			// The short form of claim.lua: version, lease and the claims'
 			// key TTL once (the script then converts no retention or grace).
 			r0 := &reqs[g.idx[0]]
@@ -310,6 +321,7 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	if s.cache != nil {
 		pending = make([]cacheSlot, 0, len(reqs))
 	}
+	var again []int // requests to claim again in the long form
 	for gi, g := range groups {
 		vals, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
@@ -319,6 +331,10 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 		for j, i := range g.idx {
 			o, js := vals.next(j, &rec)
 			res, claimedAt, err := claimResult(&reqs[i], tokens[i], vals.nowUs, o, js, &claims[i])
+			if errors.Is(err, errUnreadable) && short[gi] && o == string(idempotency.ClaimDuplicate) {
+				again = append(again, i)
+				continue
+			}
 			if err != nil {
 				return nil, storeErr(op, err)
 			}
@@ -338,8 +354,24 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 	if len(pending) > 0 {
 		s.cache.claimed(pending, epoch, time.Duration(s.graceMs)*time.Millisecond)
 	}
+	if len(again) > 0 {
+		sub := make([]idempotency.ClaimRequest, len(again))
+		for j, i := range again {
+			sub[j] = reqs[i]
+		}
+		got, err := s.claimForm(ctx, sub, true)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range again {
+			results[i] = got[j]
+		}
+	}
 	return results, nil
 }
+
+// errUnreadable is claimResult's error for a record this store cannot read.
+var errUnreadable = errors.New("a record this store cannot read")
 
 // claimTTLMs is the TTL in ms of a claim's key, as claim.lua's long form
 // works it out: lease + max(grace, retention), so that an expired claim
@@ -477,7 +509,7 @@ func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, o, js s
 	if !decodeFreshInto(rec, key, js) {
 		var ok bool
 		if rec, ok = decodeGeneral(key, []byte(js)); !ok {
-			return idempotency.ClaimResult{}, time.Time{}, fmt.Errorf("key hash %s: script returned %q with a record this store cannot read", keyHash(key), o)
+			return idempotency.ClaimResult{}, time.Time{}, fmt.Errorf("key hash %s: script returned %q with %w", keyHash(key), o, errUnreadable)
 		}
 	}
 	res := idempotency.ClaimResult{Outcome: idempotency.ClaimOutcome(o)}
