@@ -153,10 +153,11 @@
 // pattern over the whole record costs as much as a new key's claim and
 // completion together): the client reads every DUPLICATE's record anyway,
 // and claims a key whose record it cannot read again in the long form,
-// which reads the whole record and recovers what valid refuses. The helpers of lib.lua that only records outside the templates and
-// rare paths need (decode, valid, encode, owned, record, new_fence, …) are
-// made by slow() at their first use in a call: every local function of a
-// script is a closure made at each call. Instructions per key and per call,
+// which reads the whole record and recovers what valid refuses. The
+// helpers of lib.lua that only records outside the templates and rare
+// paths need (decode, valid, encode, owned, record, new_fence, …) are made
+// by slow() at their first use in a call: every local function of a script
+// is a closure made at each call. Instructions per key and per call,
 // measured with callgrind on the Redis server, are in docs/PERFORMANCE.md
 // (BenchmarkRedisCPU).
 package lua

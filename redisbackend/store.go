@@ -261,8 +261,10 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 // claimForm is claimRedis, in claim.lua's long form for every call when
 // long is set. The short form answers DUPLICATE from a completion's start
 // (claim.lua): a key whose DUPLICATE record this store cannot read is
-// claimed again in the long form, which reads the whole record and
-// recovers one that is not a record (SPEC §4.8).
+// claimed again, once, in the long form, which reads the whole record and
+// recovers one that is not a record (SPEC §4.8). A key whose call was in
+// the long form already is claimed again too; it gets the same answer,
+// and the error.
 func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, long bool) ([]idempotency.ClaimResult, error) {
 	const op = "claim"
 	var epoch uint64
@@ -273,10 +275,8 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 	tokens := newTokens(len(reqs))
 	groups := s.groups(len(reqs), func(i int) string { return reqs[i].Key })
 	calls := make([]*call, len(groups))
-	short := make([]bool, len(groups))
 	for gi, g := range groups {
 		if !long && uniformClaims(reqs, g.idx) {
-			short[gi] = true
 			// The short form of claim.lua: version, lease and the claims'
 			// key TTL once (the script then converts no retention or grace).
 			r0 := &reqs[g.idx[0]]
@@ -331,7 +331,7 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 		for j, i := range g.idx {
 			o, js := vals.next(j, &rec)
 			res, claimedAt, err := claimResult(&reqs[i], tokens[i], vals.nowUs, o, js, &claims[i])
-			if errors.Is(err, errUnreadable) && short[gi] && o == string(idempotency.ClaimDuplicate) {
+			if !long && errors.Is(err, errUnreadable) && o == string(idempotency.ClaimDuplicate) {
 				again = append(again, i)
 				continue
 			}
