@@ -33,18 +33,7 @@ import (
 // sub-benchmark's name as the dump's hint, so the dump's instruction count
 // is exactly the loop's (docs/PERFORMANCE.md has the commands).
 func BenchmarkRedisCPU(b *testing.B) {
-	url := os.Getenv("DEDUP_COST_REDIS_URL")
-	if url == "" {
-		url = testenv.StartRedisServer(b).URL()
-	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	opt.ReadTimeout = time.Minute // a server under valgrind is slow
-	client := redis.NewClient(opt)
-	b.Cleanup(func() { _ = client.Close() })
-	pid := os.Getenv("DEDUP_CALLGRIND_PID")
+	client, pid := costServer(b)
 
 	type variant struct {
 		name      string
@@ -136,6 +125,24 @@ func BenchmarkRedisCPU(b *testing.B) {
 			b.ReportMetric(float64(s.LocalCacheStats().Hits)/float64(msgs), "cache-hits/msg")
 		})
 	}
+}
+
+// costServer returns a client of the server the cost benchmarks measure
+// (DEDUP_COST_REDIS_URL, else a private redis-server) and the pid of the
+// callgrind that runs it (DEDUP_CALLGRIND_PID; "" for none).
+func costServer(b *testing.B) (*redis.Client, string) {
+	url := os.Getenv("DEDUP_COST_REDIS_URL")
+	if url == "" {
+		url = testenv.StartRedisServer(b).URL()
+	}
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	opt.ReadTimeout = time.Minute // a server under valgrind is slow
+	client := redis.NewClient(opt)
+	b.Cleanup(func() { _ = client.Close() })
+	return client, os.Getenv("DEDUP_CALLGRIND_PID")
 }
 
 // dedupKeys drops repeated keys from reqs, which a batch may not hold.

@@ -3,15 +3,12 @@ package redisbackend_test
 import (
 	"context"
 	"errors"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
 // The floor scripts run, for each key, the commands the store's scripts run
@@ -43,18 +40,7 @@ return #KEYS`
 // as BenchmarkRedisCPU (a private server, or DEDUP_COST_REDIS_URL;
 // DEDUP_CALLGRIND_PID), and reports the same redis-us/msg.
 func BenchmarkRedisFloor(b *testing.B) {
-	url := os.Getenv("DEDUP_COST_REDIS_URL")
-	if url == "" {
-		url = testenv.StartRedisServer(b).URL()
-	}
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	opt.ReadTimeout = time.Minute
-	client := redis.NewClient(opt)
-	b.Cleanup(func() { _ = client.Close() })
-	pid := os.Getenv("DEDUP_CALLGRIND_PID")
+	client, pid := costServer(b)
 	ctx := context.Background()
 	const size = 100
 	// A claim and a completion as the store's templates write them.
