@@ -12,9 +12,17 @@
 #   cluster  three combined nodes (ids 1-3) for rebalance and fault tests:
 #              127.0.0.1:19092-19094  PLAINTEXT
 #              127.0.0.1:19292-19294  CUT, advertised as 127.0.0.1:19392-19394
+#   bench    one combined node for the relay benchmark, never started by the
+#            tests, run as a broker is run in production: the JVM's full JIT
+#            and G1, a heap of $KAFKA_BENCH_HEAP (default 1g), Kafka's own
+#            thread counts and segment size. The test nodes trade all of that
+#            for a fast start and little CPU while the tests run; their C1-only
+#            JIT and two request threads cost the broker about twice the CPU a
+#            message and bound the relays' latency (docs/PERFORMANCE.md).
+#              127.0.0.1:9192  PLAINTEXT
 #
-#   .ci/kafka.sh start [single|cluster|all]   idempotent: a node that answers is left alone
-#   .ci/kafka.sh stop  [single|cluster|all]   stops the nodes this script started, by pid
+#   .ci/kafka.sh start [single|cluster|all|bench]   idempotent: a node that answers is left alone
+#   .ci/kafka.sh stop  [single|cluster|all|bench]   stops the nodes this script started, by pid
 #   .ci/kafka.sh start-node cluster N          restarts one node (after a test's kill -9)
 #
 # State lives in $DEDUP_KAFKA_DIR (default ${TMPDIR:-/tmp}/dedup-kafka); each
@@ -27,6 +35,9 @@ root=$(pwd)
 lib="$root/.ci/kafka/lib"
 DIR=${DEDUP_KAFKA_DIR:-${TMPDIR:-/tmp}/dedup-kafka}
 HEAP=${KAFKA_HEAP:-512m}
+# The test nodes' JVM: a fast start and little CPU (C1 only, serial GC).
+JVM_TEST="-Xms128m -Xmx$HEAP -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+JVM_BENCH="-Xms${KAFKA_BENCH_HEAP:-1g} -Xmx${KAFKA_BENCH_HEAP:-1g}"
 
 # Test users of the SASL listeners; internal/testenv names the same ones.
 SCRAM256_USER=dedup-scram256 SCRAM256_PASS=dedup-scram256-pw
@@ -134,10 +145,16 @@ EOF
 }
 
 # setup NODE_DIR ID ... : writes the config, formats storage once, writes start.sh.
+# The node's JVM flags are $jvm (JVM_TEST unless the caller sets it).
 setup() {
 	local d=$1 extra=$9 cluster_id=${10}
 	mkdir -p "$d"
 	props "$@"
+	if [ "$extra" = bench ]; then
+		# Kafka's defaults for the request threads, recovery, background
+		# work, segments and the cleaner's buffer, as in production.
+		sed -i -E '/^(num\.network\.threads|num\.io\.threads|num\.recovery\.threads\.per\.data\.dir|background\.threads|log\.segment\.bytes|log\.cleaner\.dedupe\.buffer\.size)=/d' "$d/server.properties"
+	fi
 	if [ ! -f "$d/data/meta.properties" ]; then
 		local scram=()
 		if [ "$extra" = sasl ]; then
@@ -153,7 +170,7 @@ setup() {
 # Starts this Kafka node in the background, in a session of its own, and
 # records its pid: a fault test kills it by that pid and runs this again.
 cd "\$(dirname "\$0")"
-setsid nohup java -Xms128m -Xmx$HEAP -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \\
+setsid nohup java ${jvm:-$JVM_TEST} \\
 	-Djava.awt.headless=true -Dlog4j.configuration=file:$d/log4j.properties \\
 	-cp '$lib/*' kafka.Kafka server.properties >>stdout.log 2>&1 </dev/null &
 echo \$! >pid
@@ -239,6 +256,16 @@ start_cluster() {
 	log "3-node cluster up on 127.0.0.1:19092-19094 ($DIR/cluster)"
 }
 
+start_bench() {
+	jars
+	local d="$DIR/bench"
+	fresh "$d"
+	running "$d" || jvm=$JVM_BENCH setup "$d" 1 9192 9193 "1@127.0.0.1:9193" 9196 9197 1 bench "dedupbench00000000000A"
+	launch "$d" 9192
+	await 9192 1 "$d"
+	log "bench node up on 127.0.0.1:9192 ($d)"
+}
+
 stop_dir() {
 	local d=$1 pid
 	running "$d" || return 0
@@ -255,13 +282,15 @@ start)
 	single) start_single ;;
 	cluster) start_cluster ;;
 	all) start_single; start_cluster ;;
-	*) echo "usage: $0 start [single|cluster|all]" >&2; exit 2 ;;
+	bench) start_bench ;;
+	*) echo "usage: $0 start [single|cluster|all|bench]" >&2; exit 2 ;;
 	esac ;;
 stop)
 	case $what in
 	single) stop_dir "$DIR/single" ;;
 	cluster) for n in 1 2 3; do stop_dir "$DIR/cluster/node$n"; done ;;
 	all) stop_dir "$DIR/single"; for n in 1 2 3; do stop_dir "$DIR/cluster/node$n"; done ;;
+	bench) stop_dir "$DIR/bench" ;;
 	esac ;;
 start-node)
 	[ "$what" = cluster ] && [ -n "${3:-}" ] || { echo "usage: $0 start-node cluster N" >&2; exit 2; }
