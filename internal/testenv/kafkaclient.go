@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -70,6 +71,18 @@ func ProduceKafka(t testing.TB, brokers []string, topic string, msgs []kafka.Mes
 // test watching the commits may call it.
 func KafkaCommitted(t testing.TB, brokers []string, group, topic string, partitions int) map[int]int64 {
 	t.Helper()
+	out, err := KafkaCommittedErr(brokers, group, topic, partitions)
+	if err != nil {
+		t.Errorf("testenv: %v", err)
+		return nil
+	}
+	return out
+}
+
+// KafkaCommittedErr is KafkaCommitted with the request's error returned
+// rather than reported: for a test that polls the commits while it kills
+// brokers, where a request may meet the group's coordinator as it moves.
+func KafkaCommittedErr(brokers []string, group, topic string, partitions int) (map[int]int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), kafkaRequestWithin)
 	defer cancel()
 	parts := make([]int, partitions)
@@ -79,14 +92,13 @@ func KafkaCommitted(t testing.TB, brokers []string, group, topic string, partiti
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: kafkaRequestWithin}
 	resp, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
 	if err != nil {
-		t.Errorf("testenv: fetching the offsets group %s committed on %s: %v", group, topic, err)
-		return nil
+		return nil, fmt.Errorf("fetching the offsets group %s committed on %s: %w", group, topic, err)
 	}
 	out := make(map[int]int64, partitions)
 	for _, p := range resp.Topics[topic] {
 		out[p.Partition] = p.CommittedOffset
 	}
-	return out
+	return out, nil
 }
 
 // KafkaEnds returns the log-end offset of each of topic's partitions 0 to
