@@ -16,9 +16,10 @@
 #            tests, run as a broker is run in production: the JVM's full JIT
 #            and G1, a heap of $KAFKA_BENCH_HEAP (default 1g), Kafka's own
 #            thread counts and segment size. The test nodes trade all of that
-#            for a fast start and little CPU while the tests run; their C1-only
-#            JIT and two request threads cost the broker about twice the CPU a
-#            message and bound the relays' latency (docs/PERFORMANCE.md).
+#            for a fast start and little CPU while the tests run; at 2 000
+#            msgs/s their C1-only JIT and two request threads keep the broker
+#            at 78-95 % of a CPU, which bounds the relays' latency
+#            (docs/PERFORMANCE.md, "Latency at 2 000 msgs/s").
 #              127.0.0.1:9192  PLAINTEXT
 #
 #   .ci/kafka.sh start [single|cluster|all|bench]   idempotent: a node that answers is left alone

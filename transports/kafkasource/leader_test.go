@@ -51,7 +51,7 @@ func TestLeaderMove(t *testing.T) {
 	})
 	e.produce(e.topic, batch(50))
 	// The group's coordinator may have been on the killed broker: a request
-	// that meets it moving is retried, and the last error is logged.
+	// that meets it moving is logged and retried until the deadline.
 	testenv.Eventually(t, 60*time.Second, "the commit at offset 100", func() bool {
 		c, err := testenv.KafkaCommittedErr(e.brokers, e.group, e.topic, e.parts)
 		if err != nil {
