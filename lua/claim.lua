@@ -39,10 +39,8 @@
 local CODE
 local uniform = ARGV[1] == '=' -- no grace is '='
 local grace -- the long form's; the short form's TTL has it already
-local first, stride = 2, 5
-if uniform then first, stride = 6, 2 else grace = tonumber(ARGV[1]) end
 local durable
-if uniform then durable = ARGV[5] == '1' else durable = ARGV[2 + 5 * #KEYS] == '1' end
+if uniform then durable = ARGV[5] == '1' else grace = tonumber(ARGV[1]); durable = ARGV[2 + 5 * #KEYS] == '1' end
 local now, now_us = clock()
 local now_s = string.format('%d', now)
 -- The fence of a key without a record: new_fence(nil, now_us), the server
@@ -52,121 +50,65 @@ local fresh_fence = int_s(now_us)
 -- out[1] is the codes (written last, from codes), then the records.
 local out = { '' }
 local codes = {}
+-- CODE is each outcome's code in the reply (see above), made at the first
+-- key that had a value: a call whose keys are all new (coded n) makes no
+-- table of them.
+local CODE
 -- setget: write a fresh claim with SET NX … GET, which also returns what the
 -- key held, so a new key costs one command instead of GET then SET. Redis
 -- 6.2 refuses NX with GET (syntax error): then SET NX, and GET only when the
 -- key exists.
 local setget = true
 -- The fingerprint version, the lease and the retention are the same for
--- (nearly) every key of a batch: each is converted once, when it changes.
--- Number to text conversions are a large part of a script's cost.
+-- (nearly) every key of a batch: each is converted once, when it changes
+-- (in the short form, once a call). Number to text conversions are a large
+-- part of a script's cost.
 local fpv_arg, fpv, fpv_s
 local lease_arg, keep_arg, lease, until_s, px_s
--- A fresh claim is '{"v":1,"state":"CLAIMED","fp":"' .. fp .. mid .. token
--- .. tail: mid holds the fingerprint version, tail the fence, the times and
--- attempts 1, each the same for every new key of the call while the version
--- and the lease are (built again when either changes).
-local mid, tail
 -- The loop reads these as locals: a global is a table lookup each time.
 local ARGV, KEYS, type, rpcall, find, byte = ARGV, KEYS, type, redis.pcall, string.find, string.byte
--- DONE_FP is how complete.lua's templates start a completion, up to its
--- fingerprint's text.
+-- CLAIMED_FP is how claim_json's claims start, up to the fingerprint's
+-- text; DONE_FP is how complete.lua's templates start a completion.
+local CLAIMED_FP = '{"v":1,"state":"CLAIMED","fp":"'
 local DONE_FP = '{"v":1,"state":"COMPLETED","fp":"'
-local u_fpv, u_lease, u_keep = ARGV[2], ARGV[3], ARGV[4] -- the short form's (u_keep: the TTL)
 
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local a = first + (i - 1) * stride
-  local token, fp, fpv_a, lease_a, keep_a
-  if uniform then
-    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], u_fpv, u_lease, u_keep
-  else
-    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+-- settle decides key i, whose fresh claim the SET NX (when setget, raw is
+-- its reply) did not write: raw is what the key held (a string, or an error
+-- for a value of another type), or nil when no SET was tried. efp and etoken
+-- are fp and token as JSON text in the long form, nil in the short one.
+local function settle(i, key, token, fp, fresh, raw, efp, etoken)
+  if raw ~= nil and type(raw) == 'table' and raw.err and not find(raw.err, 'WRONGTYPE', 1, true) then
+    setget = false
+    raw = nil
   end
-  local changed = false
-  if fpv_a ~= fpv_arg then
-    fpv_arg = fpv_a
-    if uniform then
-      -- The short form's version is integer text of under 15 digits (the
-      -- caller checks), which tostring would give back as it is: it is
-      -- made a number only for a key that has a record to compare.
-      fpv, fpv_s = nil, fpv_arg
-    else
-      fpv = tonumber(fpv_arg)
-      if fpv == nil then error('claim: fingerprint version ' .. fpv_arg .. ' is not a number') end
-      fpv_s = tostring(fpv)
-    end
-    changed = true
-  end
-  if lease_a ~= lease_arg or keep_a ~= keep_arg then
-    lease_arg, keep_arg = lease_a, keep_a
-    lease = tonumber(lease_arg)
-    until_s = string.format('%d', now + lease)
-    if uniform then
-      px_s = keep_arg
-    else
-      px_s = string.format('%d', lease + math.max(grace, tonumber(keep_arg) or 0))
-    end
-    changed = true
-  end
-  -- The claim a new key gets (fence now_us, attempts 1, no steps), written
-  -- only when the key does not exist. In the uniform form fp and token
-  -- stand in it as they are; else they are JSON-encoded (cjson), and the
-  -- template is claim_json's.
-  local efp, etoken, fresh
-  if uniform then
-    if changed then
-      mid = '","fpv":' .. fpv_s .. ',"token":"'
-      tail = '","fence":' .. fresh_fence .. ',"claimed_at_ms":' .. now_s .. ',"lease_until_ms":' .. until_s .. ',"attempts":1}'
-    end
-    fresh = '{"v":1,"state":"CLAIMED","fp":"' .. fp .. mid .. token .. tail
-  else
-    efp, etoken = cjson.encode(fp), cjson.encode(token)
-    fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')
-  end
-  local raw
-  if setget then
-    raw = rpcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
-    if type(raw) == 'table' and raw.err and not string.find(raw.err, 'WRONGTYPE', 1, true) then
-      setget = false
-    end
-  end
-  if not setget then
+  if raw == nil then
     if redis.call('SET', key, fresh, 'NX', 'PX', px_s) then
-      raw = false
-    else
-      raw = get(key)
+      codes[i] = 'n'
+      return
     end
+    raw = get(key)
   end
-  -- raw is false when the key did not exist and now holds fresh; else what
-  -- it held (a string, or an error for a value of another type), untouched.
-  if raw == false then
-    -- fresh was written by SET NX: the reply leaves it out (see above).
-    codes[i] = 'n'
+  -- raw is what the key held (a string, or an error for a value of
+  -- another type), untouched.
+  local outcome, rec, mine = 'NEW', nil, false
+  CODE = CODE or { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
+  fpv = fpv or tonumber(fpv_arg)
+  local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts
+  if uniform and type(raw) == 'string' and find(raw, DONE_FP, 1, true) == 1
+    and find(raw, fp, #DONE_FP + 1, true) == #DONE_FP + 1 and byte(raw, #DONE_FP + 1 + #fp) == 34 then
+    -- A completion of the same fingerprint, as complete.lua's templates
+    -- write it: DUPLICATE, decided on its start. The short form's fp has
+    -- no '"' or backslash (the caller checks), so the '"' after it ends
+    -- the stored fp: the two are equal. The rest of the record is not
+    -- read here: parse's pattern costs about 30k instructions a record,
+    -- as much as the claim and completion of a new key. The client reads
+    -- every DUPLICATE's record, and claims a key whose record it cannot
+    -- read again in the long form, which never takes this path and
+    -- recovers what valid refuses (SPEC §4.8).
+    outcome = 'DUPLICATE'
   else
-    local outcome, rec, mine = 'NEW', nil, false
-    CODE = CODE or { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
-    fpv = fpv or tonumber(fpv_arg)
-    local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts
-    if uniform and type(raw) == 'string' and find(raw, DONE_FP, 1, true) == 1
-      and find(raw, fp, #DONE_FP + 1, true) == #DONE_FP + 1 and byte(raw, #DONE_FP + 1 + #fp) == 34 then
-      -- A completion of the same fingerprint, as complete.lua's templates
-      -- write it: DUPLICATE, decided on its start. The short form's fp has
-      -- no '"' or backslash (the caller checks), so the '"' after it ends
-      -- the stored fp: the two are equal. The rest of the record is not
-      -- read here: parse's pattern costs about 30k instructions a record,
-      -- as much as the claim and completion of a new key. The client reads
-      -- every DUPLICATE's record, and claims a key whose record it cannot
-      -- read again in the long form, which never takes this path and
-      -- recovers what valid refuses (SPEC §4.8).
-      state = 'COMPLETED'
-      outcome = 'DUPLICATE'
-    else
-      state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
-    end
-    if outcome == 'DUPLICATE' then
-      -- decided above
-    elseif state ~= nil then
+    state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
+    if state ~= nil then
       -- Written by this package's templates: decided on the parsed text. The
       -- integers are canonical, so text equality is numeric equality.
       if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
@@ -197,43 +139,100 @@ for i = 1, #KEYS do
         mine = rec.token == token
       end
     end
+  end
 
-    if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
-      -- WAIT (Options.Durability) counts only its own connection's writes.
-      -- Two records the caller acts on may have been written on another
-      -- connection: a live claim under this call's own token (the call ran
-      -- before, its reply was lost, the client sent it again), and, when a
-      -- WAIT follows, a completion it will ack as a duplicate (whose own
-      -- WAIT may have fallen short). Writing the record back unchanged puts
-      -- this connection's last write after the first one in the replication
-      -- stream, so the WAIT that follows covers both.
-      if mine or (durable and outcome == 'DUPLICATE') then
-        redis.call('SET', key, raw, 'KEEPTTL')
-      end
-      codes[i] = CODE[outcome]
-      out[#out + 1] = raw
+  if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
+    -- WAIT (Options.Durability) counts only its own connection's writes.
+    -- Two records the caller acts on may have been written on another
+    -- connection: a live claim under this call's own token (the call ran
+    -- before, its reply was lost, the client sent it again), and, when a
+    -- WAIT follows, a completion it will ack as a duplicate (whose own
+    -- WAIT may have fallen short). Writing the record back unchanged puts
+    -- this connection's last write after the first one in the replication
+    -- stream, so the WAIT that follows covers both.
+    if mine or (durable and outcome == 'DUPLICATE') then
+      redis.call('SET', key, raw, 'KEEPTTL')
+    end
+    codes[i] = CODE[outcome]
+    out[#out + 1] = raw
+    return
+  end
+  local fence, attempts, steps = now_us, 1, nil
+  if rec ~= nil then
+    -- A recovered value keeps a numeric fence when it still has one, so
+    -- fences never go backwards for a downstream system that saw them.
+    fence = slow().new_fence(rec.fence, now_us)
+    if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
+    if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
+  end
+  if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
+  local claimed
+  if steps == nil then
+    claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
+  else
+    claimed = slow().encode({
+      v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
+      claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
+    })
+  end
+  redis.call('SET', key, claimed, 'PX', px_s)
+  codes[i] = CODE[outcome]
+  out[#out + 1] = claimed
+end
+
+if uniform then
+  -- The short form: the version, the lease and the TTL are the call's, and
+  -- a fresh claim is CLAIMED_FP .. fp .. mid .. token .. tail, mid holding
+  -- the fingerprint version, tail the fence, the times and attempts 1. Its
+  -- version is integer text of under 15 digits (the caller checks), which
+  -- tostring would give back as it is: it is made a number only for a key
+  -- that has a record to compare. fp and token stand in the claim as they
+  -- are.
+  fpv_arg, fpv_s = ARGV[2], ARGV[2]
+  lease = tonumber(ARGV[3])
+  until_s = string.format('%d', now + lease)
+  px_s = ARGV[4]
+  local mid = '","fpv":' .. fpv_s .. ',"token":"'
+  local tail = '","fence":' .. fresh_fence .. ',"claimed_at_ms":' .. now_s .. ',"lease_until_ms":' .. until_s .. ',"attempts":1}'
+  for i = 1, #KEYS do
+    local token, fp = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+    local fresh = CLAIMED_FP .. fp .. mid .. token .. tail
+    local raw
+    if setget then raw = rpcall('SET', KEYS[i], fresh, 'NX', 'PX', px_s, 'GET') end
+    if raw == false then
+      -- fresh was written by SET NX: the reply leaves it out (see above).
+      codes[i] = 'n'
     else
-      local fence, attempts, steps = now_us, 1, nil
-      if rec ~= nil then
-        -- A recovered value keeps a numeric fence when it still has one, so
-        -- fences never go backwards for a downstream system that saw them.
-        fence = slow().new_fence(rec.fence, now_us)
-        if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
-        if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
-      end
-      if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
-      local claimed
-      if steps == nil then
-        claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
-      else
-        claimed = slow().encode({
-          v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
-          claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
-        })
-      end
-      redis.call('SET', key, claimed, 'PX', px_s)
-      codes[i] = CODE[outcome]
-      out[#out + 1] = claimed
+      settle(i, KEYS[i], token, fp, fresh, raw)
+    end
+  end
+else
+  for i = 1, #KEYS do
+    local a = 2 + (i - 1) * 5
+    local token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+    if fpv_a ~= fpv_arg then
+      fpv_arg = fpv_a
+      fpv = tonumber(fpv_arg)
+      if fpv == nil then error('claim: fingerprint version ' .. fpv_arg .. ' is not a number') end
+      fpv_s = tostring(fpv)
+    end
+    if lease_a ~= lease_arg or keep_a ~= keep_arg then
+      lease_arg, keep_arg = lease_a, keep_a
+      lease = tonumber(lease_arg)
+      until_s = string.format('%d', now + lease)
+      px_s = string.format('%d', lease + math.max(grace, tonumber(keep_arg) or 0))
+    end
+    -- The claim a new key gets (fence now_us, attempts 1, no steps), written
+    -- only when the key does not exist: claim_json's, with fp and token
+    -- JSON-encoded (cjson).
+    local efp, etoken = cjson.encode(fp), cjson.encode(token)
+    local fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')
+    local raw
+    if setget then raw = rpcall('SET', KEYS[i], fresh, 'NX', 'PX', px_s, 'GET') end
+    if raw == false then
+      codes[i] = 'n'
+    else
+      settle(i, KEYS[i], token, fp, fresh, raw, efp, etoken)
     end
   end
 end

@@ -24,47 +24,101 @@
 
 local channel = ARGV[1]
 local uniform = ARGV[2] == '=' -- no token is '=' (tokens are hex)
-local first, stride = 2, 5
-if uniform then first, stride = 5, 2 end
 local now, now_s = nil, nil
-local plain_arg, plain_ok -- the last outcome checked by plain (there are two)
 local codes = {} -- the reply's codes, one a key
-local published = {}
+-- published is the keys completed, from its second entry: its first and
+-- last ('' each) make table.concat write the message's "\n" at both ends.
+local published, n_published = { '' }, 0
 -- A claim as claim_json (or renew) wrote it starts with CLAIMED_HEAD, then
 -- ',"fp":"'; only those templates write that start (encode puts the fence
 -- first, a completion says COMPLETED). Its completion is the same text with
 -- the state COMPLETED and the completion's fields appended: what done_json
 -- would write from the parsed fields, without parsing them.
 local CLAIMED_HEAD = '{"v":1,"state":"CLAIMED"'
-local CLAIMED_START = CLAIMED_HEAD .. ',"fp":"'
+local CLAIMED_START = '{"v":1,"state":"CLAIMED","fp":"'
 local DONE_HEAD = '{"v":1,"state":"COMPLETED"'
 local TOKEN_FIELD, TOKEN_END = ',"token":"', '","fence":'
 -- done_mid is the completion's fields up to the result's text,
 -- ',"completed_at_ms":' now ',"outcome":"' outcome '","result":"', built
--- once a call in the uniform form (one outcome), else once a key.
+-- once a call in the short form (one outcome), else once a key.
 local done_mid
 
 -- The loop reads these as locals: a global is a table lookup each time.
-local ARGV, KEYS, type, find, rcall, rpcall = ARGV, KEYS, type, string.find, redis.call, redis.pcall
-local u_outcome, u_keep = ARGV[3], ARGV[4] -- the short form's
-local n_published = 0
+local ARGV, KEYS, type, find, sub, rcall, rpcall = ARGV, KEYS, type, string.find, string.sub, redis.call, redis.pcall
 
+-- stamp returns done_mid for outcome, and reads TIME at its first call: every
+-- key is completed at the same instant.
+local function stamp(outcome)
+  if now_s == nil then
+    now = now or now_ms()
+    now_s = string.format('%d', now)
+  end
+  return ',"completed_at_ms":' .. now_s .. ',"outcome":"' .. outcome .. '","result":"'
+end
+
+-- settle decides key i where the template does not: raw is not a claim as
+-- the templates write it held by token (steps, written by hand or by
+-- another version, or not owned), or the completion has meta or an outcome
+-- the template cannot hold. A claim held by token is decoded, changed and
+-- encoded; else the key is coded 2 when raw is its completion under this
+-- token, 0 when it is not owned.
+local function settle(i, key, token, outcome, result, meta, keep, raw)
+  local rec = slow().decode(raw)
+  if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
+    rec = nil
+  end
+  if rec == nil then
+    local done = slow().record(raw)
+    if done ~= nil and done.state == 'COMPLETED' and done.token == token then
+      -- A retry of a completion whose reply was lost, maybe on another
+      -- connection: written back unchanged, so a WAIT that follows on
+      -- this connection covers the first write too (see claim.lua).
+      redis.call('SET', key, raw, 'KEEPTTL')
+      codes[i] = '2'
+    else
+      codes[i] = '0'
+    end
+    return
+  end
+  now = now or tonumber(now_s) or now_ms()
+  rec.state = 'COMPLETED'
+  rec.completed_at_ms = now
+  rec.outcome = outcome
+  if result == '' then rec.result = nil else rec.result = result end
+  if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
+  redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
+  n_published = n_published + 1
+  published[n_published + 1] = key
+  codes[i] = '1'
+end
+
+-- A claim as the claim script wrote it is completed from a template: no
+-- JSON decoding or encoding, no pattern matching of the record. Its
+-- completion is DONE_HEAD, the claim's text after CLAIMED_HEAD less its
+-- '}', done_mid, the result and '"}'. templated reports whether the key's
+-- outcome, result and meta let the template stand for it.
+local outcome, result, meta, keep, templated = nil, nil, '', nil, nil
+if uniform then
+  outcome, keep = ARGV[3], ARGV[4]
+  templated = plain(outcome) -- the results are base64 the caller encoded
+end
 for i = 1, #KEYS do
-  local key = KEYS[i]
-  local a = first + (i - 1) * stride
-  local token, outcome, result, meta, keep
+  local key, token = KEYS[i], nil
   if uniform then
-    token, outcome, result, meta, keep = ARGV[a], u_outcome, ARGV[a + 1], '', u_keep
+    token, result = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   else
+    local a = 2 + (i - 1) * 5
     token, outcome, result, meta, keep = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+    templated = meta == '' and plain(outcome) and (result == '' or slow().b64(result))
+    done_mid = nil
   end
   -- get(key), inline: a WRONGTYPE error reads as "not a record", any other
   -- error is raised.
   local raw = rpcall('GET', key)
-  if type(raw) == 'table' and raw.err and not find(raw.err, 'WRONGTYPE', 1, true) then
+  local t = type(raw)
+  if t == 'table' and raw.err and not find(raw.err, 'WRONGTYPE', 1, true) then
     error(raw)
   end
-  if outcome ~= plain_arg then plain_arg, plain_ok = outcome, plain(outcome) end
   -- The template's fp is JSON text in which every '"' is escaped (cjson),
   -- so ',"token":"' first occurs after it, at the token field: that field
   -- holds this token when the token stands right after it and
@@ -73,59 +127,26 @@ for i = 1, #KEYS do
   -- string.sub would copy part of every record into a new Lua string, and
   -- concatenating the token into one string to find would make a new
   -- string a key too (each is hashed and interned).
-  local at = type(raw) == 'string' and find(raw, CLAIMED_START, 1, true) == 1
+  local at = templated and t == 'string' and find(raw, CLAIMED_START, 1, true) == 1
     and find(raw, TOKEN_FIELD, #CLAIMED_START, true)
   if at then
     at = at + #TOKEN_FIELD
     at = find(raw, token, at, true) == at and find(raw, TOKEN_END, at + #token, true) == at + #token
   end
-  if at and meta == '' and plain_ok and (uniform or result == '' or slow().b64(result)) then
-    -- The claim as the claim script wrote it, completed from a template:
-    -- no JSON decoding or encoding, no pattern matching of the record.
-    if now_s == nil then
-      now = now or now_ms() -- one TIME a call: every key completed at the same instant
-      now_s = string.format('%d', now)
-    end
-    if done_mid == nil or not uniform then
-      done_mid = ',"completed_at_ms":' .. now_s .. ',"outcome":"' .. outcome .. '","result":"'
-    end
-    rcall('SET', key, DONE_HEAD .. string.sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
+  if at then
+    done_mid = done_mid or stamp(outcome)
+    rcall('SET', key, DONE_HEAD .. sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
     n_published = n_published + 1
-    published[n_published] = key
+    published[n_published + 1] = key
     codes[i] = '1'
   else
-    local rec = slow().decode(raw)
-    if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
-      rec = nil
-    end
-    if rec == nil then
-      local done = slow().record(raw)
-      if done ~= nil and done.state == 'COMPLETED' and done.token == token then
-        -- A retry of a completion whose reply was lost, maybe on another
-        -- connection: written back unchanged, so a WAIT that follows on
-        -- this connection covers the first write too (see claim.lua).
-        redis.call('SET', key, raw, 'KEEPTTL')
-        codes[i] = '2'
-      else
-        codes[i] = '0'
-      end
-    else
-      now = now or tonumber(now_s) or now_ms()
-      rec.state = 'COMPLETED'
-      rec.completed_at_ms = now
-      rec.outcome = outcome
-      if result == '' then rec.result = nil else rec.result = result end
-      if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
-      redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
-      n_published = n_published + 1
-      published[n_published] = key
-      codes[i] = '1'
-    end
+    settle(i, key, token, outcome, result, meta, keep, raw)
   end
 end
 if n_published == 1 then
-  redis.call('PUBLISH', channel, published[1])
+  redis.call('PUBLISH', channel, published[2])
 elseif n_published > 1 then
-  redis.call('PUBLISH', channel, '\n' .. table.concat(published, '\n') .. '\n')
+  published[n_published + 2] = ''
+  redis.call('PUBLISH', channel, table.concat(published, '\n'))
 end
 return table.concat(codes) .. (now_s or string.format('%d', now or 0))
