@@ -72,114 +72,7 @@ local ARGV, KEYS, type, rpcall, find, byte = ARGV, KEYS, type, redis.pcall, stri
 local CLAIMED_FP = '{"v":1,"state":"CLAIMED","fp":"'
 local DONE_FP = '{"v":1,"state":"COMPLETED","fp":"'
 
--- settle decides key i, whose fresh claim the SET NX (when setget, raw is
--- its reply) did not write: raw is what the key held (a string, or an error
--- for a value of another type), or nil when no SET was tried. efp and etoken
--- are fp and token as JSON text in the long form, nil in the short one.
-local function settle(i, key, token, fp, fresh, raw, efp, etoken)
-  if raw ~= nil and type(raw) == 'table' and raw.err and not find(raw.err, 'WRONGTYPE', 1, true) then
-    setget = false
-    raw = nil
-  end
-  if raw == nil then
-    if redis.call('SET', key, fresh, 'NX', 'PX', px_s) then
-      codes[i] = 'n'
-      return
-    end
-    raw = get(key)
-  end
-  -- raw is what the key held (a string, or an error for a value of
-  -- another type), untouched.
-  local outcome, rec, mine = 'NEW', nil, false
-  CODE = CODE or { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
-  fpv = fpv or tonumber(fpv_arg)
-  local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts
-  if uniform and type(raw) == 'string' and find(raw, DONE_FP, 1, true) == 1
-    and find(raw, fp, #DONE_FP + 1, true) == #DONE_FP + 1 and byte(raw, #DONE_FP + 1 + #fp) == 34 then
-    -- A completion of the same fingerprint, as complete.lua's templates
-    -- write it: DUPLICATE, decided on its start. The short form's fp has
-    -- no '"' or backslash (the caller checks), so the '"' after it ends
-    -- the stored fp: the two are equal. The rest of the record is not
-    -- read here: parse's pattern costs about 30k instructions a record,
-    -- as much as the claim and completion of a new key. The client reads
-    -- every DUPLICATE's record, and claims a key whose record it cannot
-    -- read again in the long form, which never takes this path and
-    -- recovers what valid refuses (SPEC §4.8).
-    outcome = 'DUPLICATE'
-  else
-    state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
-    if state ~= nil then
-      -- Written by this package's templates: decided on the parsed text. The
-      -- integers are canonical, so text equality is numeric equality.
-      if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
-        outcome = 'MISMATCH'
-      elseif state == 'COMPLETED' then
-        outcome = 'DUPLICATE'
-      elseif tonumber(plu) < now then
-        outcome = 'RECLAIMED'
-        rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
-      else
-        outcome = 'IN_FLIGHT'
-        mine = ptoken == token
-      end
-    elseif raw then
-      rec = slow().decode(raw)
-      if rec == nil or not slow().valid(rec) then
-        outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
-      elseif rec.fpv == fpv and rec.fp ~= fp then
-        outcome = 'MISMATCH'
-      elseif rec.state == 'COMPLETED' then
-        outcome = 'DUPLICATE'
-      elseif rec.released == true then
-        outcome = 'NEW'
-      elseif rec.lease_until_ms < now then
-        outcome = 'RECLAIMED'
-      else
-        outcome = 'IN_FLIGHT'
-        mine = rec.token == token
-      end
-    end
-  end
-
-  if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
-    -- WAIT (Options.Durability) counts only its own connection's writes.
-    -- Two records the caller acts on may have been written on another
-    -- connection: a live claim under this call's own token (the call ran
-    -- before, its reply was lost, the client sent it again), and, when a
-    -- WAIT follows, a completion it will ack as a duplicate (whose own
-    -- WAIT may have fallen short). Writing the record back unchanged puts
-    -- this connection's last write after the first one in the replication
-    -- stream, so the WAIT that follows covers both.
-    if mine or (durable and outcome == 'DUPLICATE') then
-      redis.call('SET', key, raw, 'KEEPTTL')
-    end
-    codes[i] = CODE[outcome]
-    out[#out + 1] = raw
-    return
-  end
-  local fence, attempts, steps = now_us, 1, nil
-  if rec ~= nil then
-    -- A recovered value keeps a numeric fence when it still has one, so
-    -- fences never go backwards for a downstream system that saw them.
-    fence = slow().new_fence(rec.fence, now_us)
-    if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
-    if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
-  end
-  if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
-  local claimed
-  if steps == nil then
-    claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
-  else
-    claimed = slow().encode({
-      v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
-      claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
-    })
-  end
-  redis.call('SET', key, claimed, 'PX', px_s)
-  codes[i] = CODE[outcome]
-  out[#out + 1] = claimed
-end
-
+local mid, tail
 if uniform then
   -- The short form: the version, the lease and the TTL are the call's, and
   -- a fresh claim is CLAIMED_FP .. fp .. mid .. token .. tail, mid holding
@@ -192,24 +85,19 @@ if uniform then
   lease = tonumber(ARGV[3])
   until_s = string.format('%d', now + lease)
   px_s = ARGV[4]
-  local mid = '","fpv":' .. fpv_s .. ',"token":"'
-  local tail = '","fence":' .. fresh_fence .. ',"claimed_at_ms":' .. now_s .. ',"lease_until_ms":' .. until_s .. ',"attempts":1}'
-  for i = 1, #KEYS do
-    local token, fp = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
-    local fresh = CLAIMED_FP .. fp .. mid .. token .. tail
-    local raw
-    if setget then raw = rpcall('SET', KEYS[i], fresh, 'NX', 'PX', px_s, 'GET') end
-    if raw == false then
-      -- fresh was written by SET NX: the reply leaves it out (see above).
-      codes[i] = 'n'
-    else
-      settle(i, KEYS[i], token, fp, fresh, raw)
-    end
-  end
-else
-  for i = 1, #KEYS do
+  mid = '","fpv":' .. fpv_s .. ',"token":"'
+  tail = '","fence":' .. fresh_fence .. ',"claimed_at_ms":' .. now_s .. ',"lease_until_ms":' .. until_s .. ',"attempts":1}'
+end
+
+for i = 1, #KEYS do
+  local key, token, fp, fresh, efp, etoken = KEYS[i], nil, nil, nil, nil, nil
+  if uniform then
+    token, fp = ARGV[4 + 2 * i], ARGV[5 + 2 * i]
+    fresh = CLAIMED_FP .. fp .. mid .. token .. tail
+  else
     local a = 2 + (i - 1) * 5
-    local token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+    local fpv_a, lease_a, keep_a
+    token, fp, fpv_a, lease_a, keep_a = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
     if fpv_a ~= fpv_arg then
       fpv_arg = fpv_a
       fpv = tonumber(fpv_arg)
@@ -225,14 +113,117 @@ else
     -- The claim a new key gets (fence now_us, attempts 1, no steps), written
     -- only when the key does not exist: claim_json's, with fp and token
     -- JSON-encoded (cjson).
-    local efp, etoken = cjson.encode(fp), cjson.encode(token)
-    local fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')
-    local raw
-    if setget then raw = rpcall('SET', KEYS[i], fresh, 'NX', 'PX', px_s, 'GET') end
-    if raw == false then
-      codes[i] = 'n'
+    efp, etoken = cjson.encode(fp), cjson.encode(token)
+    fresh = claim_json(efp, fpv_s, etoken, fresh_fence, now_s, until_s, '1')
+  end
+  -- raw: false when SET NX wrote fresh; else what the key held (a string,
+  -- or an error for a value of another type), untouched.
+  local raw
+  if setget then
+    raw = rpcall('SET', key, fresh, 'NX', 'PX', px_s, 'GET')
+    if raw ~= false and type(raw) == 'table' and raw.err and not find(raw.err, 'WRONGTYPE', 1, true) then
+      setget = false
+      raw = nil
+    end
+  end
+  if raw == nil then
+    if redis.call('SET', key, fresh, 'NX', 'PX', px_s) then
+      raw = false
     else
-      settle(i, KEYS[i], token, fp, fresh, raw, efp, etoken)
+      raw = get(key)
+    end
+  end
+  if raw == false then
+    -- fresh was written by SET NX: the reply leaves it out (see above).
+    codes[i] = 'n'
+  else
+    local outcome, rec, mine = 'NEW', nil, false
+    CODE = CODE or { NEW = 'N', RECLAIMED = 'R', RECOVERED = 'V', DUPLICATE = 'D', IN_FLIGHT = 'I', MISMATCH = 'M' }
+    fpv = fpv or tonumber(fpv_arg)
+    local state, pfp, pfpv, ptoken, pfence, _, plu, pattempts
+    if uniform and type(raw) == 'string' and find(raw, DONE_FP, 1, true) == 1
+      and find(raw, fp, #DONE_FP + 1, true) == #DONE_FP + 1 and byte(raw, #DONE_FP + 1 + #fp) == 34 then
+      -- A completion of the same fingerprint, as complete.lua's templates
+      -- write it: DUPLICATE, decided on its start. The short form's fp has
+      -- no '"' or backslash (the caller checks), so the '"' after it ends
+      -- the stored fp: the two are equal. The rest of the record is not
+      -- read here: parse's pattern costs about 30k instructions a record,
+      -- as much as the claim and completion of a new key. The client reads
+      -- every DUPLICATE's record, and claims a key whose record it cannot
+      -- read again in the long form, which never takes this path and
+      -- recovers what valid refuses (SPEC §4.8).
+      outcome = 'DUPLICATE'
+    else
+      state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)
+      if state ~= nil then
+        -- Written by this package's templates: decided on the parsed text. The
+        -- integers are canonical, so text equality is numeric equality.
+        if (pfpv == fpv_s or (#pfpv > 14 and tonumber(pfpv) == fpv)) and pfp ~= fp then
+          outcome = 'MISMATCH'
+        elseif state == 'COMPLETED' then
+          outcome = 'DUPLICATE'
+        elseif tonumber(plu) < now then
+          outcome = 'RECLAIMED'
+          rec = { fence = tonumber(pfence), attempts = tonumber(pattempts) }
+        else
+          outcome = 'IN_FLIGHT'
+          mine = ptoken == token
+        end
+      elseif raw then
+        rec = slow().decode(raw)
+        if rec == nil or not slow().valid(rec) then
+          outcome = 'RECOVERED' -- rec, if JSON, still lends its fence and attempts
+        elseif rec.fpv == fpv and rec.fp ~= fp then
+          outcome = 'MISMATCH'
+        elseif rec.state == 'COMPLETED' then
+          outcome = 'DUPLICATE'
+        elseif rec.released == true then
+          outcome = 'NEW'
+        elseif rec.lease_until_ms < now then
+          outcome = 'RECLAIMED'
+        else
+          outcome = 'IN_FLIGHT'
+          mine = rec.token == token
+        end
+      end
+    end
+
+    if outcome == 'DUPLICATE' or outcome == 'IN_FLIGHT' or outcome == 'MISMATCH' then
+      -- WAIT (Options.Durability) counts only its own connection's writes.
+      -- Two records the caller acts on may have been written on another
+      -- connection: a live claim under this call's own token (the call ran
+      -- before, its reply was lost, the client sent it again), and, when a
+      -- WAIT follows, a completion it will ack as a duplicate (whose own
+      -- WAIT may have fallen short). Writing the record back unchanged puts
+      -- this connection's last write after the first one in the replication
+      -- stream, so the WAIT that follows covers both.
+      if mine or (durable and outcome == 'DUPLICATE') then
+        redis.call('SET', key, raw, 'KEEPTTL')
+      end
+      codes[i] = CODE[outcome]
+      out[#out + 1] = raw
+    else
+      local fence, attempts, steps = now_us, 1, nil
+      if rec ~= nil then
+        -- A recovered value keeps a numeric fence when it still has one, so
+        -- fences never go backwards for a downstream system that saw them.
+        fence = slow().new_fence(rec.fence, now_us)
+        if slow().num(rec.attempts) then attempts = rec.attempts + 1 end
+        if outcome ~= 'RECOVERED' and type(rec.steps) == 'table' then steps = rec.steps end
+      end
+      if efp == nil then efp, etoken = '"' .. fp .. '"', '"' .. token .. '"' end
+      local claimed
+      if steps == nil then
+        claimed = claim_json(efp, fpv_s, etoken, int_s(fence), now_s, until_s, int_s(attempts))
+      else
+        claimed = slow().encode({
+          v = 1, state = 'CLAIMED', fp = fp, fpv = fpv, token = token, fence = fence,
+          claimed_at_ms = now, lease_until_ms = now + lease, attempts = attempts, steps = steps,
+        })
+      end
+      redis.call('SET', key, claimed, 'PX', px_s)
+      codes[i] = CODE[outcome]
+      out[#out + 1] = claimed
     end
   end
 end

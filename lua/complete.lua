@@ -46,52 +46,6 @@ local done_mid
 -- The loop reads these as locals: a global is a table lookup each time.
 local ARGV, KEYS, type, find, sub, rcall, rpcall = ARGV, KEYS, type, string.find, string.sub, redis.call, redis.pcall
 
--- stamp returns done_mid for outcome, and reads TIME at its first call: every
--- key is completed at the same instant.
-local function stamp(outcome)
-  if now_s == nil then
-    now = now or now_ms()
-    now_s = string.format('%d', now)
-  end
-  return ',"completed_at_ms":' .. now_s .. ',"outcome":"' .. outcome .. '","result":"'
-end
-
--- settle decides key i where the template does not: raw is not a claim as
--- the templates write it held by token (steps, written by hand or by
--- another version, or not owned), or the completion has meta or an outcome
--- the template cannot hold. A claim held by token is decoded, changed and
--- encoded; else the key is coded 2 when raw is its completion under this
--- token, 0 when it is not owned.
-local function settle(i, key, token, outcome, result, meta, keep, raw)
-  local rec = slow().decode(raw)
-  if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
-    rec = nil
-  end
-  if rec == nil then
-    local done = slow().record(raw)
-    if done ~= nil and done.state == 'COMPLETED' and done.token == token then
-      -- A retry of a completion whose reply was lost, maybe on another
-      -- connection: written back unchanged, so a WAIT that follows on
-      -- this connection covers the first write too (see claim.lua).
-      redis.call('SET', key, raw, 'KEEPTTL')
-      codes[i] = '2'
-    else
-      codes[i] = '0'
-    end
-    return
-  end
-  now = now or tonumber(now_s) or now_ms()
-  rec.state = 'COMPLETED'
-  rec.completed_at_ms = now
-  rec.outcome = outcome
-  if result == '' then rec.result = nil else rec.result = result end
-  if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
-  redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
-  n_published = n_published + 1
-  published[n_published + 1] = key
-  codes[i] = '1'
-end
-
 -- A claim as the claim script wrote it is completed from a template: no
 -- JSON decoding or encoding, no pattern matching of the record. Its
 -- completion is DONE_HEAD, the claim's text after CLAIMED_HEAD less its
@@ -134,13 +88,51 @@ for i = 1, #KEYS do
     at = find(raw, token, at, true) == at and find(raw, TOKEN_END, at + #token, true) == at + #token
   end
   if at then
-    done_mid = done_mid or stamp(outcome)
+    if done_mid == nil then
+      if now_s == nil then
+        now = now or now_ms() -- one TIME a call: every key completed at the same instant
+        now_s = string.format('%d', now)
+      end
+      done_mid = ',"completed_at_ms":' .. now_s .. ',"outcome":"' .. outcome .. '","result":"'
+    end
     rcall('SET', key, DONE_HEAD .. sub(raw, #CLAIMED_HEAD + 1, -2) .. done_mid .. result .. '"}', 'PX', keep)
     n_published = n_published + 1
     published[n_published + 1] = key
     codes[i] = '1'
   else
-    settle(i, key, token, outcome, result, meta, keep, raw)
+    -- Where the template does not stand: raw is not a claim as the
+    -- templates write it held by token (steps, written by hand or by
+    -- another version, or not owned), or the completion has meta or an
+    -- outcome the template cannot hold. A claim held by token is decoded,
+    -- changed and encoded; else the key is coded 2 when raw is its
+    -- completion under this token, 0 when it is not owned.
+    local rec = slow().decode(raw)
+    if rec ~= nil and (rec.state ~= 'CLAIMED' or rec.token ~= token or rec.released == true) then
+      rec = nil
+    end
+    if rec == nil then
+      local done = slow().record(raw)
+      if done ~= nil and done.state == 'COMPLETED' and done.token == token then
+        -- A retry of a completion whose reply was lost, maybe on another
+        -- connection: written back unchanged, so a WAIT that follows on
+        -- this connection covers the first write too (see claim.lua).
+        redis.call('SET', key, raw, 'KEEPTTL')
+        codes[i] = '2'
+      else
+        codes[i] = '0'
+      end
+    else
+      now = now or tonumber(now_s) or now_ms()
+      rec.state = 'COMPLETED'
+      rec.completed_at_ms = now
+      rec.outcome = outcome
+      if result == '' then rec.result = nil else rec.result = result end
+      if meta == '' then rec.meta = nil else rec.meta = cjson.decode(meta) end
+      redis.call('SET', key, slow().encode(rec), 'PX', tonumber(keep))
+      n_published = n_published + 1
+      published[n_published + 1] = key
+      codes[i] = '1'
+    end
   end
 end
 if n_published == 1 then
