@@ -50,10 +50,6 @@ local fresh_fence = int_s(now_us)
 -- out[1] is the codes (written last, from codes), then the records.
 local out = { '' }
 local codes = {}
--- CODE is each outcome's code in the reply (see above), made at the first
--- key that had a value: a call whose keys are all new (coded n) makes no
--- table of them.
-local CODE
 -- setget: write a fresh claim with SET NX … GET, which also returns what the
 -- key held, so a new key costs one command instead of GET then SET. Redis
 -- 6.2 refuses NX with GET (syntax error): then SET NX, and GET only when the
