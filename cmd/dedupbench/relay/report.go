@@ -87,6 +87,12 @@ func printReport(w io.Writer, rep report) {
 	})
 	table("Redis round trips per message", func(r result) string { return fmt.Sprintf("%.3f", r.RoundTrips) })
 	table("Redis commands per message (inside scripts too)", func(r result) string { return fmt.Sprintf("%.2f", r.Commands) })
+	table("Duplicates the relay answered from its local cache, share of the backlog's duplicates", func(r result) string {
+		if r.LocalCacheHitShare == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", *r.LocalCacheHitShare)
+	})
 	table("Peak RSS of the relay process, MB", func(r result) string { return fmt.Sprintf("%.0f", r.PeakRSSMB) })
 	table("Correctness: missing keys, order violations, repeated outputs", func(r result) string {
 		return fmt.Sprintf("%d, %d, %d", r.MissingKeys, r.OrderViolations, r.Repeats)

@@ -111,7 +111,13 @@ type result struct {
 	// scripts included.
 	RoundTrips float64 `json:"redis_round_trips_per_msg"`
 	Commands   float64 `json:"redis_commands_per_msg"`
-	PeakRSSMB  float64 `json:"peak_rss_mb"`
+	// LocalCacheHitShare is the share of the backlog's duplicates that a
+	// single dedupworker process answered from its local cache
+	// (redis.local_cache): its dedup_local_cache_hits_total at the end of
+	// the backlog ÷ the backlog's duplicates. Nil for the other contenders,
+	// the scale-out and a backlog without duplicates.
+	LocalCacheHitShare *float64 `json:"local_cache_hits_per_duplicate,omitempty"`
+	PeakRSSMB          float64  `json:"peak_rss_mb"`
 	// The latency phase: LatencyN messages published at LatencyRate per
 	// second after the backlog, publish → output.
 	LatencyRate float64 `json:"latency_rate,omitempty"`
@@ -235,6 +241,15 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 			return fmt.Errorf("broker: %w", err)
 		}
 	}
+	// A single dedupworker process serves its /metrics, so that the share
+	// of duplicates its local cache answered can be read at the backlog's
+	// end.
+	countHits := strings.HasPrefix(sc.Contender, "dedupworker") && sc.Procs == 1 && res.Msgs > res.Distinct
+	if countHits {
+		if ep.metricsAddr, err = freePort(); err != nil {
+			return err
+		}
+	}
 	procs, err := b.startContender(sc, id, ep)
 	if err != nil {
 		return err
@@ -291,6 +306,14 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	r1, rerr := readRedisStats(ctx, b.stats)
 	if err := errors.Join(cerr, rserr, bserr, werr, m0err, rerr); err != nil {
 		return err
+	}
+	if countHits {
+		m, err := scrapeSamples(ctx, &http.Client{Timeout: 5 * time.Second}, ep.metricsAddr, cacheHitsMetric)
+		if err != nil {
+			return err
+		}
+		share := m[cacheHitsMetric] / float64(res.Msgs-res.Distinct)
+		res.LocalCacheHitShare = &share
 	}
 	n := float64(res.Msgs)
 	res.Outputs, res.Repeats = s.Total, s.Total-s.Distinct

@@ -62,6 +62,15 @@ func TestRelaySmoke(t *testing.T) {
 		if r.Transport == "kafka" && (r.Contender == "raw" || r.Contender == "dedupworker") && r.OrderViolations != 0 {
 			t.Errorf("%s x%d: %d per-partition order violations", name, r.Procs, r.OrderViolations)
 		}
+		// Only a single dedupworker process reports its local cache, and
+		// with the backlog's duplicates far fewer than the cache's
+		// default 10 000 entries, the cache answers some of them and never
+		// more hits than duplicates.
+		if wantHits := (r.Contender == "dedupworker" || r.Contender == "dedupworker-http") && r.Procs == 1; wantHits != (r.LocalCacheHitShare != nil) {
+			t.Errorf("%s x%d: local cache share %v, want one: %v", name, r.Procs, r.LocalCacheHitShare, wantHits)
+		} else if wantHits && (*r.LocalCacheHitShare <= 0 || *r.LocalCacheHitShare > 1) {
+			t.Errorf("%s: local cache answered %.2f of the duplicates, want (0, 1]", name, *r.LocalCacheHitShare)
+		}
 		switch r.Contender {
 		case "raw":
 			// No deduplication: every duplicate comes out again.

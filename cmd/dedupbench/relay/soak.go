@@ -219,30 +219,39 @@ func parseMetricsText(r io.Reader, names ...string) (map[string]float64, error) 
 const (
 	heapMetric      = "go_memstats_heap_inuse_bytes"
 	goroutineMetric = "go_goroutines"
+	// cacheHitsMetric counts the claims the relay's local cache answered
+	// DUPLICATE (internal/app).
+	cacheHitsMetric = "dedup_local_cache_hits_total"
 )
 
 // scrapeMetrics reads the relay's heap in use and goroutines from
 // http://addr/metrics within 5 s.
 func scrapeMetrics(ctx context.Context, hc *http.Client, addr string) (heap, goroutines float64, err error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return 0, 0, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, 0, fmt.Errorf("relay /metrics: %w", err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("relay /metrics: %s", resp.Status)
-	}
-	m, err := parseMetricsText(resp.Body, heapMetric, goroutineMetric)
+	m, err := scrapeSamples(ctx, hc, addr, heapMetric, goroutineMetric)
 	if err != nil {
 		return 0, 0, err
 	}
 	return m[heapMetric], m[goroutineMetric], nil
+}
+
+// scrapeSamples reads the unlabelled samples named in names from
+// http://addr/metrics within 5 s.
+func scrapeSamples(ctx context.Context, hc *http.Client, addr string, names ...string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("relay /metrics: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("relay /metrics: %s", resp.Status)
+	}
+	return parseMetricsText(resp.Body, names...)
 }
 
 // waitReady polls http://addr/readyz until it answers 200, the relay
