@@ -82,4 +82,29 @@ for _ in $(seq 1 100); do
 done
 answers 6379 || { log "redis-server did not start on 6379"; exit 1; }
 answers 4222 || { log "nats-server did not start on 4222"; cat "$run_dir/dedup-nats/nats.log" >&2; exit 1; }
+
+# nats-server (Debian's 2.9) removes an account's stream directory when its
+# last file stream is deleted, and a stream created at that moment fails
+# ("could not create storage directory … no such file or directory"); the
+# tests create and delete streams in parallel. A one-message file stream
+# that nothing touches keeps the directory. Creating it again with the same
+# config is a no-op.
+anchor_stream() {
+	local payload='{"name":"DEDUP_CI_ANCHOR","subjects":["dedup.ci.anchor"],"storage":"file","max_msgs":1}'
+	local line
+	exec 3<>/dev/tcp/127.0.0.1/4222 || return 1
+	read -r -t 5 line <&3 || return 1 # INFO
+	printf 'CONNECT {"verbose":false,"pedantic":false}\r\nSUB _INBOX.dedup_ci_anchor 1\r\nPUB $JS.API.STREAM.CREATE.DEDUP_CI_ANCHOR _INBOX.dedup_ci_anchor %d\r\n%s\r\n' \
+		"${#payload}" "$payload" >&3
+	while read -r -t 5 line <&3; do
+		case "$line" in
+		MSG*) read -r -t 5 line <&3; exec 3>&-; case "$line" in *'"error"'*) log "anchor stream: $line"; return 1 ;; esac; return 0 ;;
+		PING*) printf 'PONG\r\n' >&3 ;;
+		-ERR*) log "anchor stream: $line"; exec 3>&-; return 1 ;;
+		esac
+	done
+	exec 3>&-
+	return 1
+}
+anchor_stream || { log "could not create the NATS anchor stream DEDUP_CI_ANCHOR"; exit 1; }
 log "all services up"
