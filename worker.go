@@ -77,6 +77,11 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// StoreTimeout bounds every call to the store. Default 5s.
 	StoreTimeout time.Duration
+	// CompletionLinger is how long a batch handler's completions may wait
+	// for other runs' to share their store call, delaying their acks as
+	// long (idempotency.Config.CompletionLinger). Default 3ms; negative:
+	// none.
+	CompletionLinger time.Duration
 	// Middleware wraps every handler, outside each handler's own
 	// WithMiddleware; the first listed is the outermost. A middleware
 	// around a batch handler must return one (consumer.Batched), or Handle
@@ -112,7 +117,9 @@ type Worker struct {
 // NewWorker returns a Worker that deduplicates against store. The store is
 // the caller's: the Worker never closes it.
 func NewWorker(store Store, cfg Config) (*Worker, error) {
-	e, err := idempotency.New(store, idempotency.Config{Logger: cfg.Logger, Hooks: cfg.Hooks, StoreTimeout: cfg.StoreTimeout, Clock: cfg.Clock})
+	e, err := idempotency.New(store, idempotency.Config{
+		Logger: cfg.Logger, Hooks: cfg.Hooks, StoreTimeout: cfg.StoreTimeout, CompletionLinger: cfg.CompletionLinger, Clock: cfg.Clock,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -165,7 +165,7 @@ func (p *processor) claimNow(ctx context.Context, pr *prepared) {
 	}
 	pr.claimAt = p.e.clock.Now()
 	cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
-	res, err := p.e.claimer.do(cctx, p.claimRequest(pr))
+	res, err := p.e.claimer.do(cctx, p.claimRequest(pr), false)
 	cancel()
 	pr.claimed, pr.err, pr.res = true, err, res
 }
@@ -191,12 +191,14 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		o := run[0]
 		r, hctx := p.start(o.ctx, o.d, o.pr, o.leaseEnd)
 		start := time.Now()
+		p.e.handlerStarted()
 		result, herr := consumer.CallHandler(hctx, p.h, o.d.Message())
+		p.e.handlerReturned()
 		took := time.Since(start)
 		r.renewer.stop()
 		if c, ok := p.outcome(o.ctx, o.d, o.pr, r, hctx, result, herr, took, true); ok {
 			consumer.RunHandled(handled)
-			p.completeOne(o.ctx, c)
+			p.completeOne(o.ctx, c, true)
 		}
 		r.cancel(nil)
 		return
@@ -211,7 +213,9 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 	results := make([]consumer.Result, len(run))
 	bctx, cancel := context.WithCancel(consumer.WithMessageContexts(ctx, hctxs))
 	start := time.Now()
+	p.e.handlerStarted()
 	consumer.CallBatchHandler(bctx, bh, msgs, results)
+	p.e.handlerReturned()
 	took := time.Since(start)
 	cancel()
 	for i := range runs {
@@ -233,7 +237,9 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		consumer.RunHandled(handled)
 	}
 	if len(cs) > 0 {
-		p.complete(ctx, cs)
+		// A run's completions may wait for other runs' to share their
+		// call (Config.CompletionLinger).
+		p.complete(ctx, cs, true)
 	}
 	for i := range runs {
 		runs[i].cancel(nil)

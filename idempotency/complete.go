@@ -39,31 +39,32 @@ const (
 )
 
 // completeOne is complete for one delivery, without allocating.
-func (p *processor) completeOne(ctx context.Context, c completing) {
+func (p *processor) completeOne(ctx context.Context, c completing, patient bool) {
 	cs := [1]completing{c}
 	var (
 		owned [1]bool
 		errs  [1]error
 		todo  = [1]int{0}
 	)
-	p.completeInto(ctx, cs[:], owned[:], errs[:], todo[:])
+	p.completeInto(ctx, cs[:], owned[:], errs[:], todo[:], patient)
 }
 
 // complete stores the outcomes of cs, submitted together so that one store
 // call carries a whole run's (SPEC §4.4), then settles each delivery: acked
 // once its outcome is stored, redelivered when it could not be, settled as a
-// lost claim when another owner holds its key.
-func (p *processor) complete(ctx context.Context, cs []completing) {
+// lost claim when another owner holds its key. patient: the store call
+// may linger for others to share it (Config.CompletionLinger).
+func (p *processor) complete(ctx context.Context, cs []completing, patient bool) {
 	todo := make([]int, len(cs))
 	for i := range cs {
 		todo[i] = i
 	}
-	p.completeInto(ctx, cs, make([]bool, len(cs)), make([]error, len(cs)), todo)
+	p.completeInto(ctx, cs, make([]bool, len(cs)), make([]error, len(cs)), todo, patient)
 }
 
 // completeInto is complete with its working space: owned and errs of
 // len(cs), todo holding every index of cs.
-func (p *processor) completeInto(ctx context.Context, cs []completing, owned []bool, errs []error, todo []int) {
+func (p *processor) completeInto(ctx context.Context, cs []completing, owned []bool, errs []error, todo []int, patient bool) {
 	// The work is done and its result is held here: the completion is
 	// tried until it is stored, or the claim is found lost, or ctx ends (the
 	// worker's shutdown deadline, a revoked partition). A delivery given
@@ -89,13 +90,13 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 		// must not stop it: a deadline shared with the other deliveries.
 		if len(todo) == 1 {
 			i := todo[0]
-			owned[i], errs[i] = p.e.completer.do(p.e.completeBy.Ctx(), cs[i].c)
+			owned[i], errs[i] = p.e.completer.do(p.e.completeBy.Ctx(), cs[i].c, patient)
 		} else {
 			reqs := make([]Completion, len(todo))
 			for j, i := range todo {
 				reqs[j] = cs[i].c
 			}
-			res, rerrs := p.e.completer.doAll(p.e.completeBy.Ctx(), reqs)
+			res, rerrs := p.e.completer.doAll(p.e.completeBy.Ctx(), reqs, patient)
 			for j, i := range todo {
 				owned[i], errs[i] = res[j], rerrs[j]
 			}

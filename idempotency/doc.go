@@ -68,7 +68,9 @@
 // to store and nothing of the run waits behind it, the engine tells the
 // run's source so before it stores them (consumer.RunHandled): the Kafka
 // source then starts the lane's next run while the completions are in
-// flight. A panic in HandleBatch fails every message of the call
+// flight. The completions may wait up to Config.CompletionLinger for
+// other runs' to share their store call. A panic in HandleBatch fails
+// every message of the call
 // with a *consumer.PanicError. In shadow mode every delivery goes through
 // Handle, one at a time.
 package idempotency

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -19,11 +20,27 @@ type Config struct {
 	Hooks consumer.Hooks
 	// StoreTimeout bounds every store call. Default 5s.
 	StoreTimeout time.Duration
+	// CompletionLinger is how long the completions of a batch handler's
+	// run may wait for other runs' to share their store call: while fewer
+	// than 32 are queued and a handler of the engine is still running,
+	// whose results may join. At a steady rate, where a run holds a
+	// message or two, completions then go several to a call instead of
+	// one each, and every call costs Redis far more than a key in it.
+	// Only the run's acks, and the concurrency slot it holds, wait as
+	// long: the Kafka source starts a lane's next run meanwhile
+	// (consumer.RunHandled). A single delivery's completion, which its
+	// lane or slot waits for, never waits, and takes any that linger
+	// along. Default 3ms (DefaultCompletionLinger); a negative value
+	// turns the linger off.
+	CompletionLinger time.Duration
 	// Clock is the local time that schedules lease renewals and estimates
 	// a lease's end (see Clock). Default: the system clock. Waits and
 	// timeouts of store calls always take real time.
 	Clock Clock
 }
+
+// DefaultCompletionLinger is Config.CompletionLinger's default.
+const DefaultCompletionLinger = 3 * time.Millisecond
 
 // Engine deduplicates deliveries against a Store. One Engine serves any
 // number of handlers; each gets its Processor from Processor.
@@ -35,6 +52,14 @@ type Engine struct {
 	clock     Clock
 	completer *batcher[Completion, bool]
 	claimer   *batcher[ClaimRequest, ClaimResult]
+	// preparer sends Prepare's batch claims: one call in flight, the
+	// fetches of other partitions meanwhile together in the next.
+	preparer *batcher[ClaimRequest, ClaimResult]
+	// handlers counts the handler calls of claimed deliveries running now:
+	// while none runs, no completion is about to join a lingering call
+	// (a source short of concurrency slots waits for those the lingering
+	// runs hold), and the linger ends.
+	handlers atomic.Int64
 
 	// Shared deadlines for the calls every delivery makes: completing its
 	// key and settling it, with no context or timer of their own
@@ -57,6 +82,12 @@ func New(store Store, cfg Config) (*Engine, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = systemClock{}
 	}
+	switch {
+	case cfg.CompletionLinger == 0:
+		cfg.CompletionLinger = DefaultCompletionLinger
+	case cfg.CompletionLinger < 0:
+		cfg.CompletionLinger = 0
+	}
 	if cfg.StoreTimeout < 0 {
 		return nil, fmt.Errorf("%w: StoreTimeout %s: must be positive", ErrInvalidOption, cfg.StoreTimeout)
 	}
@@ -67,18 +98,32 @@ func New(store Store, cfg Config) (*Engine, error) {
 		timeout: cfg.StoreTimeout,
 		clock:   cfg.Clock,
 	}
-	e.completer = newCompleter(e.store, e.timeout)
+	e.completer = newCompleter(e.store, e.timeout, cfg.CompletionLinger)
+	e.completer.idle = func() bool { return e.handlers.Load() == 0 }
 	e.claimer = newClaimer(e.store, e.timeout)
+	e.preparer = newPrepareClaimer(e.store, e.timeout)
 	e.completeBy.D = e.timeout
 	e.settleBy.D = settleTimeout
 	return e, nil
 }
 
-// Close waits for the engine's background completions to finish. Call it
+// handlerStarted counts a handler call of a claimed delivery or run;
+// handlerReturned ends it.
+func (e *Engine) handlerStarted() { e.handlers.Add(1) }
+
+func (e *Engine) handlerReturned() {
+	if e.handlers.Add(-1) == 0 {
+		e.completer.nudge()
+	}
+}
+
+// Close waits for the engine's background completions to finish, sending at
+// once those that linger (Config.CompletionLinger). Call it
 // after the Worker's Run returned; the Store is closed by its owner.
 func (e *Engine) Close() error {
 	e.completer.wait()
 	e.claimer.wait()
+	e.preparer.wait()
 	return nil
 }
 

@@ -364,3 +364,195 @@ func TestProcessBatchRepeatedKeyRunsAfterTheBatchWhenItsOwnerFailed(t *testing.T
 	ds[1].ExpectAcked(t)
 	ds[3].ExpectAcked(t)
 }
+
+// claimGate is a Store that records the keys of every Claim call and holds
+// the first call until release is closed.
+type claimGate struct {
+	idempotency.Store
+	release chan struct{}
+	mu      sync.Mutex
+	calls   [][]string
+}
+
+func (g *claimGate) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
+	keys := make([]string, len(reqs))
+	for i, r := range reqs {
+		keys[i] = strings.TrimPrefix(r.Key, "orders:")
+	}
+	g.mu.Lock()
+	g.calls = append(g.calls, keys)
+	first := len(g.calls) == 1
+	g.mu.Unlock()
+	if first {
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return g.Store.Claim(ctx, reqs)
+}
+
+func (g *claimGate) get() [][]string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.calls)
+}
+
+// The batch claims of fetches made while one is in flight (other
+// partitions') go to the store together in the next call, not one call
+// each.
+func TestPrepareClaimsOfConcurrentFetchesShareACall(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	g := &claimGate{Store: f.store, release: make(chan struct{})}
+	eng, err := idempotency.New(g, idempotency.Config{StoreTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	dedup, err := eng.Processor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := dedup("orders", consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }))
+	fetch := func(keys ...string) []consumer.Delivery {
+		ds := make([]consumer.Delivery, len(keys))
+		for i, k := range keys {
+			ds[i] = consumertest.NewDelivery(consumertest.NewMessage(k, "payload-"+k), 1)
+		}
+		return ds
+	}
+	ctx := context.Background()
+	fetches := [][]consumer.Delivery{fetch("a1", "a2"), fetch("b1"), fetch("c1", "c2")}
+	// After each fetch: the first one's call is in flight, held by the
+	// gate, and the later fetches' keys queue behind it.
+	queued := []int{0, 1, 3}
+	var wg sync.WaitGroup
+	for i, ds := range fetches {
+		wg.Go(func() { p.Prepare(ctx, ds) })
+		deadline := time.Now().Add(10 * time.Second)
+		for len(g.get()) != 1 || eng.PrepareQueued() != queued[i] {
+			if time.Now().After(deadline) {
+				t.Fatalf("after fetch %d: calls %v, %d claims queued, want 1 call and %d queued", i, g.get(), eng.PrepareQueued(), queued[i])
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	close(g.release)
+	wg.Wait()
+	want := [][]string{{"a1", "a2"}, {"b1", "c1", "c2"}}
+	if got := g.get(); !slices.EqualFunc(got, want, slices.Equal[[]string]) {
+		t.Fatalf("Claim calls %v, want %v", got, want)
+	}
+	// Each delivery runs under the claim its fetch's call made.
+	for _, ds := range fetches {
+		for _, d := range ds {
+			p.Process(ctx, d)
+			d.(*consumertest.Delivery).ExpectAcked(t)
+		}
+	}
+	if got := g.get(); len(got) != 2 {
+		t.Fatalf("Claim calls %v: a delivery claimed again when it ran, want it to run under its fetch's claim", got)
+	}
+	for _, k := range []string{"a1", "a2", "b1", "c1", "c2"} {
+		if r, err := f.store.Get(ctx, idempotency.EffectiveKey("orders", k)); err != nil || r == nil || r.State != idempotency.StateCompleted {
+			t.Fatalf("%s record %+v %v: want it completed", k, r, err)
+		}
+	}
+}
+
+// A run's completions linger for company while another handler runs; a
+// single delivery's completion, which its lane waits for, never lingers
+// and takes the lingering ones along; and once no handler runs, nothing
+// lingers.
+func TestCompletionLingersWhileAnotherHandlerRuns(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	eng, err := idempotency.New(f.store, idempotency.Config{CompletionLinger: time.Hour, StoreTimeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	ctx := context.Background()
+	dedup, err := eng.Processor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, entered := make(chan struct{}), make(chan struct{})
+	batch := dedup("orders", consumer.BatchFunc(func(_ context.Context, msgs []*consumer.Message, results []consumer.Result) {
+		if msgs[0].Header.Get("Idempotency-Key") == "slow" {
+			close(entered)
+			<-gate
+		}
+		for i := range msgs {
+			results[i].Value = []byte("ok")
+		}
+	}))
+	deliveries := func(keys ...string) []consumer.Delivery {
+		ds := make([]consumer.Delivery, len(keys))
+		for i, k := range keys {
+			ds[i] = consumertest.NewDelivery(consumertest.NewMessage(k, "payload-"+k), 1)
+		}
+		return ds
+	}
+	start := func(ds []consumer.Delivery) chan struct{} {
+		batch.Prepare(ctx, ds)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			batch.ProcessBatch(ctx, ds)
+		}()
+		return done
+	}
+	within := func(c chan struct{}, what string) {
+		t.Helper()
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatal(what)
+		}
+	}
+
+	slow := deliveries("slow")
+	slowDone := start(slow)
+	<-entered
+	run := deliveries("r1", "r2")
+	runDone := start(run)
+	deadline := time.Now().Add(10 * time.Second)
+	for eng.CompletionsQueued() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d completions queued, want the run's 2 lingering while the slow handler runs", eng.CompletionsQueued())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case <-runDone:
+		t.Fatal("the run was settled while its completions lingered")
+	default:
+	}
+
+	single := dedup("orders", consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return []byte("ok"), nil }))
+	d := consumertest.NewDelivery(consumertest.NewMessage("s1", "3"), 1)
+	processed := make(chan struct{})
+	go func() {
+		defer close(processed)
+		single.Prepare(ctx, []consumer.Delivery{d})
+		single.Process(ctx, d)
+	}()
+	within(processed, "a single delivery's completion lingered")
+	within(runDone, "the lingering completions were not sent with the single delivery's")
+
+	// The last handler returns: its run's completion has nothing to wait for.
+	close(gate)
+	within(slowDone, "a completion lingered while no handler ran")
+
+	for _, d := range append(append(slow, run...), d) {
+		d.(*consumertest.Delivery).ExpectAcked(t)
+	}
+	for _, k := range []string{"slow", "r1", "r2", "s1"} {
+		if r, err := f.store.Get(ctx, idempotency.EffectiveKey("orders", k)); err != nil || r == nil || r.State != idempotency.StateCompleted {
+			t.Fatalf("%s record %+v %v: want it completed", k, r, err)
+		}
+	}
+}

@@ -40,3 +40,17 @@ func (s *RenewSchedule) Listed(j *RenewEntry) bool {
 	defer s.s.mu.Unlock()
 	return j.e.listed
 }
+
+// PrepareQueued is how many of Prepare's claims wait for the call in flight.
+func (e *Engine) PrepareQueued() int {
+	e.preparer.mu.Lock()
+	defer e.preparer.mu.Unlock()
+	return len(e.preparer.pending)
+}
+
+// CompletionsQueued is how many completions wait for a store call.
+func (e *Engine) CompletionsQueued() int {
+	e.completer.mu.Lock()
+	defer e.completer.mu.Unlock()
+	return len(e.completer.pending)
+}

@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/idemkit/dedupworker/consumer"
 )
@@ -31,7 +30,8 @@ func (p *processor) inspectInto(pr *prepared, d consumer.Delivery) {
 }
 
 // Prepare claims the keys of a fetched batch in one store call
-// (SPEC §4.4). A key that appears twice in the batch is claimed for its first
+// (SPEC §4.4), which the batches other partitions fetched while an earlier
+// call was in flight share (newPrepareClaimer). A key that appears twice in the batch is claimed for its first
 // delivery only; the later one claims when it runs and finds the key in
 // flight or done.
 //
@@ -58,11 +58,13 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	}
 	if len(reqs) > 0 {
 		now := p.e.clock.Now()
-		res, err := p.claim(ctx, reqs)
+		cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
+		res, errs := p.e.preparer.doAll(cctx, reqs, false)
+		cancel()
 		for j, i := range idx {
 			pr := &prs[i]
-			pr.claimed, pr.claimAt, pr.err, pr.batched = true, now, err, true
-			if err == nil {
+			pr.claimed, pr.claimAt, pr.err, pr.batched = true, now, errs[j], true
+			if errs[j] == nil {
 				pr.res = res[j]
 			}
 		}
@@ -80,16 +82,6 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 
 func (p *processor) claimRequest(pr *prepared) ClaimRequest {
 	return ClaimRequest{Key: pr.ekey, Fingerprint: pr.fp, FingerprintVersion: FingerprintVersion, Lease: p.cfg.lease, Retention: p.cfg.retention}
-}
-
-func (p *processor) claim(ctx context.Context, reqs []ClaimRequest) ([]ClaimResult, error) {
-	cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
-	defer cancel()
-	res, err := p.e.store.Claim(cctx, reqs)
-	if err == nil && len(res) != len(reqs) {
-		err = fmt.Errorf("%w: claim returned %d results for %d keys", ErrStoreUnavailable, len(res), len(reqs))
-	}
-	return res, err
 }
 
 func (p *processor) take(d consumer.Delivery) *prepared {

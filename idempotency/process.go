@@ -46,7 +46,7 @@ func (p *processor) process(ctx context.Context, d consumer.Delivery, pr *prepar
 		if !pr.claimed {
 			pr.claimAt = p.e.clock.Now()
 			cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
-			res, err := p.e.claimer.do(cctx, p.claimRequest(pr))
+			res, err := p.e.claimer.do(cctx, p.claimRequest(pr), false)
 			cancel()
 			pr.claimed, pr.err, pr.res = true, err, res
 		}
@@ -191,11 +191,13 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	}
 	run, hctx := p.start(ctx, d, pr, leaseEnd)
 	start := time.Now()
+	p.e.handlerStarted()
 	result, herr := consumer.CallHandler(hctx, p.h, d.Message())
+	p.e.handlerReturned()
 	took := time.Since(start)
 	run.renewer.stop()
 	if c, ok := p.outcome(ctx, d, pr, run, hctx, result, herr, took, true); ok {
-		p.completeOne(ctx, c)
+		p.completeOne(ctx, c, false)
 	}
 	run.cancel(nil)
 	return true
@@ -246,7 +248,7 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 		runs := cl.Attempts - 1
 		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.retry.MaxAttempts)
 		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, consumer.ReasonMaxAttempts, err, runs); ok {
-			p.completeOne(ctx, c)
+			p.completeOne(ctx, c, false)
 		}
 		return leaseEnd, claimSettled
 	}
