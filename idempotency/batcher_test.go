@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
 func TestBatcherNeverSendsAKeyTwiceInOneBatch(t *testing.T) {
@@ -123,19 +125,15 @@ func (r *recorder) get() [][]string {
 // a deadline.
 func pendingReaches[Req, Res any](t *testing.T, b *batcher[Req, Res], n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testenv.EventuallyNil(t, 10*time.Second, fmt.Sprintf("%d requests queued", n), func() error {
 		b.mu.Lock()
 		got := len(b.pending)
 		b.mu.Unlock()
-		if got == n {
-			return
+		if got != n {
+			return fmt.Errorf("%d queued", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d requests queued, want %d", got, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestBatcherLingerGathersATrickleIntoOneCall(t *testing.T) {

@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
 // completeCounter is a Store that records the keys of every Complete call.
@@ -431,13 +433,12 @@ func TestPrepareClaimsOfConcurrentFetchesShareACall(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, ds := range fetches {
 		wg.Go(func() { p.Prepare(ctx, ds) })
-		deadline := time.Now().Add(10 * time.Second)
-		for len(g.get()) != 1 || eng.PrepareQueued() != queued[i] {
-			if time.Now().After(deadline) {
-				t.Fatalf("after fetch %d: calls %v, %d claims queued, want 1 call and %d queued", i, g.get(), eng.PrepareQueued(), queued[i])
+		testenv.EventuallyNil(t, 10*time.Second, fmt.Sprintf("after fetch %d, 1 call and %d claims queued", i, queued[i]), func() error {
+			if calls, n := g.get(), eng.PrepareQueued(); len(calls) != 1 || n != queued[i] {
+				return fmt.Errorf("calls %v, %d queued", calls, n)
 			}
-			time.Sleep(time.Millisecond)
-		}
+			return nil
+		})
 	}
 	close(g.release)
 	wg.Wait()
@@ -519,13 +520,9 @@ func TestCompletionLingersWhileAnotherHandlerRuns(t *testing.T) {
 	<-entered
 	run := deliveries("r1", "r2")
 	runDone := start(run)
-	deadline := time.Now().Add(10 * time.Second)
-	for eng.CompletionsQueued() != 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d completions queued, want the run's 2 lingering while the slow handler runs", eng.CompletionsQueued())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the run's 2 completions lingering while the slow handler runs", func() bool {
+		return eng.CompletionsQueued() == 2
+	})
 	select {
 	case <-runDone:
 		t.Fatal("the run was settled while its completions lingered")
