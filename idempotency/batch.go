@@ -237,9 +237,7 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		consumer.RunHandled(handled)
 	}
 	if len(cs) > 0 {
-		// A run's completions may wait for other runs' to share their
-		// call (Config.CompletionLinger).
-		p.complete(ctx, cs, true)
+		p.complete(ctx, cs)
 	}
 	for i := range runs {
 		runs[i].cancel(nil)

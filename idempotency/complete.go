@@ -38,7 +38,8 @@ const (
 	completeRetryMax = time.Second
 )
 
-// completeOne is complete for one delivery, without allocating.
+// completeOne is complete for one delivery, without allocating; patient
+// as completeInto's (a batch handler's run of one, not a single delivery).
 func (p *processor) completeOne(ctx context.Context, c completing, patient bool) {
 	cs := [1]completing{c}
 	var (
@@ -52,18 +53,20 @@ func (p *processor) completeOne(ctx context.Context, c completing, patient bool)
 // complete stores the outcomes of cs, submitted together so that one store
 // call carries a whole run's (SPEC §4.4), then settles each delivery: acked
 // once its outcome is stored, redelivered when it could not be, settled as a
-// lost claim when another owner holds its key. patient: the store call
-// may linger for others to share it (Config.CompletionLinger).
-func (p *processor) complete(ctx context.Context, cs []completing, patient bool) {
+// lost claim when another owner holds its key. cs are a batch handler's
+// run, whose store call may linger for other runs' to share it
+// (Config.CompletionLinger).
+func (p *processor) complete(ctx context.Context, cs []completing) {
 	todo := make([]int, len(cs))
 	for i := range cs {
 		todo[i] = i
 	}
-	p.completeInto(ctx, cs, make([]bool, len(cs)), make([]error, len(cs)), todo, patient)
+	p.completeInto(ctx, cs, make([]bool, len(cs)), make([]error, len(cs)), todo, true)
 }
 
 // completeInto is complete with its working space: owned and errs of
-// len(cs), todo holding every index of cs.
+// len(cs), todo holding every index of cs. patient lets the store call
+// linger for others (batcher.do): only when no lane or slot waits for it.
 func (p *processor) completeInto(ctx context.Context, cs []completing, owned []bool, errs []error, todo []int, patient bool) {
 	// The work is done and its result is held here: the completion is
 	// tried until it is stored, or the claim is found lost, or ctx ends (the
