@@ -61,6 +61,14 @@ type Redis struct {
 	// LocalCache answers the duplicates of keys this worker completed from
 	// memory, without Redis; on by default (see LocalCache).
 	LocalCache LocalCache `yaml:"local_cache"`
+	// CompletionLinger is how long the completions of a forward action's
+	// run may wait, while another handler is running, for other runs' to
+	// share their Redis call (idempotency.Config.CompletionLinger): at a
+	// steady rate the round trips fall, and the run's acks wait up to this
+	// long. One setting for the process: its handlers share one engine.
+	// Omitted, the library's default (3ms), which Parse fills in; 0s turns
+	// the linger off. Nil only in a Redis built without Parse.
+	CompletionLinger *Duration `yaml:"completion_linger"`
 }
 
 // Defaults of redis.local_cache.
@@ -348,6 +356,10 @@ func (c *Config) fillDefaults() {
 		c.Redis.LocalCache.Entries = &n
 	}
 	setDur(&c.Redis.LocalCache.TTL, DefaultLocalCacheTTL)
+	if c.Redis.CompletionLinger == nil {
+		d := Duration(idempotency.DefaultCompletionLinger)
+		c.Redis.CompletionLinger = &d
+	}
 	if c.HTTP.Addr == nil {
 		a := DefaultHTTPAddr
 		c.HTTP.Addr = &a

@@ -120,6 +120,13 @@ var movedFields = map[string]string{
 		"username and password, if they have any, in redis.sentinel",
 }
 
+// negativeFixes are what to write instead of a negative duration, by path,
+// where the library the field goes to reads a negative value as "off": a
+// reader of its documentation may try one.
+var negativeFixes = map[string]string{
+	"redis.completion_linger": "use 0s to turn the linger off",
+}
+
 // decoder walks a YAML node tree into Go values, strictly: unknown fields,
 // wrong types and bad durations are errors naming the field path and line.
 type decoder struct {
@@ -168,7 +175,11 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) error {
 			return &Error{Path: path, Line: n.Line, Msg: err.Error()}
 		}
 		if dur < 0 {
-			return &Error{Path: path, Line: n.Line, Msg: "duration must not be negative"}
+			msg := "duration must not be negative"
+			if fix, ok := negativeFixes[path]; ok {
+				msg += "; " + fix
+			}
+			return &Error{Path: path, Line: n.Line, Msg: msg}
 		}
 		v.SetInt(int64(dur))
 		return nil

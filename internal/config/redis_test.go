@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/dedupworker/idempotency"
 )
 
 const redisTail = "handlers:\n  - name: a\n    source: {nats: {url: nats://x, stream: S}}\n    action: {exec: {command: [x]}}\n"
@@ -131,4 +133,44 @@ func TestRedisLocalCache(t *testing.T) {
 		{"unknown field", "redis:\n  local_cache: {entries: 1, size: 1}\n", "redis.local_cache.size", 2, "unknown field"},
 	}
 	wantErrors(t, redisTail, cases)
+}
+
+// redis.completion_linger: omitted, the library's default (filled in, so
+// --print shows it); 0s or 0 turns it off; a negative value is refused with
+// the field, its line and the fix.
+func TestRedisCompletionLinger(t *testing.T) {
+	for y, want := range map[string]time.Duration{
+		"":                                   idempotency.DefaultCompletionLinger,
+		"redis:\n  completion_linger: 0s\n":  0,
+		"redis:\n  completion_linger: 0\n":   0,
+		"redis:\n  completion_linger: 5ms\n": 5 * time.Millisecond,
+		"redis:\n  completion_linger: ~\n":   idempotency.DefaultCompletionLinger,
+		"redis:\n  completion_linger: 1d\n":  24 * time.Hour,
+	} {
+		cfg, err := Parse([]byte(y+redisTail), env(nil))
+		if err != nil {
+			t.Fatalf("%q: %v", y, err)
+		}
+		l := cfg.Redis.CompletionLinger
+		if l == nil || l.D() != want {
+			t.Fatalf("%q: completion_linger %v, want %s", y, l, want)
+		}
+		out, err := cfg.Print()
+		if err != nil || !strings.Contains(string(out), "completion_linger: "+Duration(want).String()+"\n") {
+			t.Fatalf("%q: --print does not show completion_linger %s (%v):\n%s", y, Duration(want), err, out)
+		}
+		if back, err := Parse(out, env(nil)); err != nil || back.Redis.CompletionLinger == nil || *back.Redis.CompletionLinger != *l {
+			t.Fatalf("%q: printed config read back: %v", y, err)
+		}
+	}
+	cases := []errCase{
+		{"negative", "redis:\n  url: redis://h:1/0\n  completion_linger: -1ms\n", "redis.completion_linger", 3, "must not be negative; use 0s to turn the linger off"},
+		{"no unit", "redis:\n  completion_linger: 5\n", "redis.completion_linger", 2, "not a duration"},
+	}
+	wantErrors(t, redisTail, cases)
+	// The fix is this field's: other durations are refused without it.
+	_, err := Parse([]byte("redis:\n  grace: -1s\n"+redisTail), env(nil))
+	if err == nil || strings.Contains(err.Error(), "linger") {
+		t.Fatalf("negative redis.grace: %v", err)
+	}
 }
