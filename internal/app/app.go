@@ -100,7 +100,7 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if err := registerLocalCache(a.reg, a.store); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	engine, err := idempotency.New(a.store, idempotency.Config{Logger: log, Hooks: hooks})
+	engine, err := idempotency.New(a.store, engineConfig(&cfg.Redis, log, hooks))
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +142,21 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		a.metrics.Register(transport, h.Name)
 	}
 	return a, nil
+}
+
+// engineConfig is the engine's configuration: the logger, the hooks, and
+// redis.completion_linger, whose "omitted" and "0s (off)" are the library's
+// 0 (its default) and negative (off).
+func engineConfig(rc *config.Redis, log *slog.Logger, hooks consumer.Hooks) idempotency.Config {
+	ec := idempotency.Config{Logger: log, Hooks: hooks}
+	switch l := rc.CompletionLinger; {
+	case l == nil: // the library's default
+	case *l == 0:
+		ec.CompletionLinger = -1
+	default:
+		ec.CompletionLinger = l.D()
+	}
+	return ec
 }
 
 // Registry is the Prometheus registry behind /metrics.
