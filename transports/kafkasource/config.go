@@ -118,8 +118,9 @@ type Config struct {
 	// member takes the keys. docs/PERFORMANCE.md has what the batching
 	// window buys.
 	MaxUnfinished int
-	// FetchMaxBytes caps the size of one fetch response; the broker still
-	// returns a record batch larger than it whole. A partition holds the
+	// FetchMaxBytes caps what one fetch returns for a partition (the
+	// partitions a broker leads fetch in shared requests, each with this
+	// cap); the broker still returns a record batch larger than it whole. A partition holds the
 	// fetch it is dispatching and at most one more: the fetcher fetches
 	// again once the rest of its last fetch fits in MaxUnfinished (or
 	// BatchSize, the larger). Default 1 MiB.

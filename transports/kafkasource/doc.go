@@ -75,7 +75,7 @@
 // with its drain timeout), commits, and leaves the group; Consume returns
 // nil. Heartbeats continue while it drains, so the commit is accepted.
 //
-// # Design: ConsumerGroup + Generation, and a fetcher per partition
+// # Design: ConsumerGroup + Generation, a fetcher per partition, shared fetches
 //
 // kafka-go offers two ways to be a group member. Reader with GroupID hides
 // the group: it assigns, fetches and commits for you, but it does not tell
@@ -98,11 +98,16 @@
 //
 // Each assigned partition has its own fetcher. It positions with a
 // kafka.Conn to the partition leader (Dialer.DialLeader, ReadOffsets:
-// FirstOffset/LastOffset, offsets out of the retained range), then sends
-// Fetch requests of kafka-go's protocol/fetch through a kafka.Transport of
-// its own, made fresh on every reconnect so it routes to the current leader.
-// A fetch response is a natural batch to hand to Runner.Prepare; cancelling
-// the fetcher's context ends a pending fetch at once. The fetcher follows
+// FirstOffset/LastOffset, offsets out of the retained range), which also
+// names the leader, then fetches in that broker's rounds: the generation
+// keeps one Fetch request of kafka-go's protocol/fetch in flight to each
+// broker that leads some of its partitions, and the fetchers that ask while
+// it is in flight go together in the next (rounds.go). A round waits on the
+// broker up to MaxWait only when it carries every partition of its leader,
+// and up to 10ms otherwise, so that a fetcher that was waiting for room
+// never waits out the others' long poll. A fetch's part for a partition is
+// a natural batch to hand to Runner.Prepare; cancelling the fetcher's
+// context ends its wait for a round at once. The fetcher follows
 // kafka-go's Reader in how it reacts to errors: reconnect on a leader change
 // or a broken connection, re-resolve the position on OffsetOutOfRange, fail
 // Consume on refused credentials or a topic that stays unknown.
@@ -132,8 +137,11 @@
 // after a fetch is where the next batch begins, or after the last record of
 // the last batch; a fetch whose records all lie before the fetch offset (the
 // tail of a batch emptied by compaction) moves on by one offset per fetch.
-// Each fetcher's Transport refreshes the topic's metadata in the background
-// (kafka-go's MetadataTTL, 6s).
+// The rounds to a broker go through one kafka.Transport, which routes them
+// by the topic's metadata and refreshes it in the background (kafka-go's
+// MetadataTTL, 6s); a round that fails, or whose answer carries an error
+// for some partition, makes it a new one, and the fetchers it answered with
+// an error find their leader again and reconnect.
 // Under read_committed a partition that starts at "latest" starts at the
 // last stable offset, as Kafka's own consumer does: the end of the partition
 // would lie after the records of a transaction still open, which then would

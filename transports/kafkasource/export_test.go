@@ -31,3 +31,6 @@ func MessageCost(m *kafka.Message) int64 { return messageCost(m) }
 // MaxUnfinished is the MaxUnfinished a member of s keeps per partition for
 // a runner that batches or not.
 func MaxUnfinished(s *Source, batching bool) int { return s.unfinishedFor(batching) }
+
+// WidestRound is the most partitions one shared fetch has carried.
+func WidestRound(s *Source) int { return int(s.widestRound.Load()) }

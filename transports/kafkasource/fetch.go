@@ -117,52 +117,22 @@ func (s *Source) listEnds(ctx context.Context, tr *kafka.Transport, ids []int, l
 	return ends, nil
 }
 
-// fetchOnce sends one Fetch request for the partition at offset, which the
-// broker holds up to wait for records to arrive, and returns
-// the records a handler may see, in offset order, and the offset to fetch
-// next. It reads the response with kafka-go's protocol/fetch types rather
+// fetchOnce fetches the partition at offset in the next round to its leader
+// (rounds), which the broker holds up to wait for records to arrive, and
+// returns the records a handler may see, in offset order, and the offset to
+// fetch next. It reads the response with kafka-go's protocol/fetch types rather
 // than Conn.ReadBatch, because only they expose what isolation needs: the
 // batch attributes (control, transactional), the producer id of each batch
 // and the partition's aborted transactions (kafka-go's Conn reads and drops
 // both). Control batches (transaction markers) are never returned; under
 // read_committed neither are the batches of aborted transactions. The
 // offsets they occupy still count: next moves past them.
-func (p *partition) fetchOnce(ctx context.Context, tr *kafka.Transport, offset int64, wait time.Duration) (blocks, int64, error) {
+func (p *partition) fetchOnce(ctx context.Context, leader *leaderRounds, offset int64, wait time.Duration) (blocks, int64, error) {
 	s := p.g.m.s
-	ctx, cancel := context.WithTimeout(ctx, wait+s.cfg.NetworkTimeout)
-	defer cancel()
-	req := &fetchapi.Request{
-		ReplicaID:      -1,
-		MaxWaitTime:    int32(wait / time.Millisecond),
-		MinBytes:       1,
-		MaxBytes:       int32(s.cfg.FetchMaxBytes),
-		IsolationLevel: int8(s.cfg.isolationLevel()),
-		// A full fetch without a fetch session.
-		SessionID:    -1,
-		SessionEpoch: -1,
-		Topics: []fetchapi.RequestTopic{{
-			Topic: s.cfg.Topic,
-			Partitions: []fetchapi.RequestPartition{{
-				Partition:          int32(p.id),
-				CurrentLeaderEpoch: -1,
-				FetchOffset:        offset,
-				LogStartOffset:     -1,
-				PartitionMaxBytes:  int32(s.cfg.FetchMaxBytes),
-			}},
-		}},
-	}
-	m, err := tr.RoundTrip(ctx, kafka.TCP(s.cfg.Brokers...), req)
+	part, err := p.g.rounds.fetch(ctx, leader, p.id, offset, wait)
 	if err != nil {
 		return nil, offset, err
 	}
-	res := m.(*fetchapi.Response)
-	if res.ErrorCode != 0 {
-		return nil, offset, kafka.Error(res.ErrorCode)
-	}
-	if len(res.Topics) != 1 || len(res.Topics[0].Partitions) != 1 {
-		return nil, offset, fmt.Errorf("kafka: fetch response without partition %d", p.id)
-	}
-	part := &res.Topics[0].Partitions[0]
 	if part.ErrorCode != 0 {
 		return nil, offset, kafka.Error(part.ErrorCode)
 	}

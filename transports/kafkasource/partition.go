@@ -240,8 +240,10 @@ func (p *partition) fetch() {
 		}
 		tr := s.transport()
 		conn, pos, err := p.connect(ctx, tr, offset)
+		// tr served only the connection's position; fetches go in the
+		// rounds to the leader the connection found (rounds.go).
+		tr.CloseIdleConnections()
 		if err != nil {
-			tr.CloseIdleConnections()
 			if ctx.Err() != nil {
 				return
 			}
@@ -259,20 +261,18 @@ func (p *partition) fetch() {
 			continue
 		}
 		unknown = 0
+		leader := conn.Broker().ID
+		conn.Close()
 		if pos != offset {
 			offset = pos
 			if !p.send(fetched{next: pos}) {
-				conn.Close()
-				tr.CloseIdleConnections()
 				return
 			}
 		}
-		// The connection only resolved the position: fetches go through
-		// the Transport (fetch.go).
-		conn.Close()
 		before := offset
-		offset, err = p.readLoop(ctx, tr, offset)
-		tr.CloseIdleConnections()
+		lr := p.g.rounds.join(leader)
+		offset, err = p.readLoop(ctx, lr, offset)
+		p.g.rounds.leave(lr)
 		if ctx.Err() != nil {
 			return
 		}
@@ -341,9 +341,10 @@ func (p *partition) connect(ctx context.Context, tr *kafka.Transport, offset int
 	return nil, 0, err
 }
 
-// readLoop fetches batches until the transport must be replaced or ctx
-// ends. It returns the offset to resume from.
-func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset int64) (int64, error) {
+// readLoop fetches batches in leader's rounds until a fetch fails, after
+// which the fetcher finds the partition's leader again, or ctx ends. It
+// returns the offset to resume from.
+func (p *partition) readLoop(ctx context.Context, leader *leaderRounds, offset int64) (int64, error) {
 	for {
 		if ctx.Err() != nil {
 			return offset, ctx.Err()
@@ -356,7 +357,7 @@ func (p *partition) readLoop(ctx context.Context, tr *kafka.Transport, offset in
 				return offset, ctx.Err()
 			}
 		}
-		msgs, next, err := p.fetchBudgeted(ctx, tr, offset)
+		msgs, next, err := p.fetchBudgeted(ctx, leader, offset)
 		if errors.Is(err, errBudgetWait) {
 			return offset, ctx.Err()
 		}
@@ -391,7 +392,7 @@ var errBudgetWait = errors.New("kafka: stopped while waiting for the fetch budge
 // (its first fetch) fetches only while no other such fetch runs: a
 // backlog's start decodes one unknown batch at a time, and each later one
 // acquires against what the earlier ones turned out to hold.
-func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offset int64) (blocks, int64, error) {
+func (p *partition) fetchBudgeted(ctx context.Context, leader *leaderRounds, offset int64) (blocks, int64, error) {
 	s := p.g.m.s
 	b := s.budget
 	wait := s.cfg.MaxWait
@@ -413,7 +414,7 @@ func (p *partition) fetchBudgeted(ctx context.Context, tr *kafka.Transport, offs
 	p.hold(want)
 	// fetchOnce is bounded by MaxWait + NetworkTimeout and returns at
 	// once when ctx ends.
-	msgs, next, err := p.fetchOnce(ctx, tr, offset, wait)
+	msgs, next, err := p.fetchOnce(ctx, leader, offset, wait)
 	var cost int64
 	for _, b := range msgs {
 		for i := range b {

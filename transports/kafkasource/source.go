@@ -53,6 +53,9 @@ type Source struct {
 
 	noCommit atomic.Bool // tests: simulate a crash before any commit
 	noKeeper atomic.Bool // tests: run without the group keeper (group.go)
+	// widestRound is the most partitions one round has fetched (rounds.go),
+	// for tests.
+	widestRound atomic.Int32
 }
 
 var _ consumer.Source = (*Source)(nil)
@@ -416,6 +419,8 @@ type generation struct {
 	fatal     chan error // first unrecoverable fetch error
 
 	commitMu sync.Mutex
+
+	rounds *rounds // the partitions' shared fetches
 }
 
 func (m *member) newGeneration(gen *kafka.Generation) *generation {
@@ -458,6 +463,7 @@ func (g *generation) run(ctx context.Context) (revoked bool, fatal error) {
 		ids = append(ids, a.ID)
 	}
 	s.log.Info("generation started", "generation", g.gen.ID, "member", g.gen.MemberID, "partitions", ids)
+	g.rounds = newRounds(s, g.m.base)
 	for _, p := range g.parts {
 		p.start()
 	}
@@ -499,6 +505,7 @@ func (g *generation) run(ctx context.Context) (revoked bool, fatal error) {
 	for _, p := range g.parts {
 		p.stop(ErrStopping)
 	}
+	g.rounds.stop()
 
 	// Drain: every goroutine of every partition returns. A revoked
 	// generation gives in-flight work RevokeTimeout, then cancels it; a
@@ -539,6 +546,8 @@ drain:
 			timeout = nil
 		}
 	}
+	// Every fetcher has returned (p.wait): none joins the rounds any more.
+	g.rounds.wait()
 	endListing()
 	close(commitDone)
 	commitWG.Wait()

@@ -1,0 +1,99 @@
+package kafkasource_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
+)
+
+// TestRoundsShareAFetch: the partitions a broker leads fetch in shared
+// requests. Once every partition is at its end, waiting for records, one
+// request carries all of them; and what they fetched before that is every
+// message, each partition in order.
+func TestRoundsShareAFetch(t *testing.T) {
+	t.Parallel()
+	const partitions = 6
+	e := newRealEnv(t, partitions)
+	produceBatches(e, 2, 20, 64)
+	var log orderedLog
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		log.add(m)
+		return nil, nil
+	})
+	src := e.source(nil)
+	r := run(t, worker(t, "rounds-share", src, h))
+	testenv.Eventually(t, 30*time.Second, "one fetch carrying every partition", func() bool {
+		return kafkasource.WidestRound(src) == partitions
+	})
+	finishAndCheck(t, e, r, &log, partitions)
+}
+
+// TestHeldPartitionDoesNotWaitOutALongPoll: a partition whose fetcher waits
+// for room (its handler is slow) is not in the request its broker has in
+// flight. When it asks again it must not wait out that request's long poll
+// of the other partitions: its next message is handled well within MaxWait
+// of the slow handler's return.
+func TestHeldPartitionDoesNotWaitOutALongPoll(t *testing.T) {
+	t.Parallel()
+	const maxWait = 20 * time.Second
+	e := newRealEnv(t, 2)
+	e.produce(e.topic, []msg{{partition: 0, value: "0"}, {partition: 0, value: "1"}, {partition: 0, value: "2"}})
+	release := make(chan struct{})
+	started := make(chan struct{})
+	handled := make(chan time.Time, 8)
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		if string(m.Payload) == "0" {
+			close(started)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if string(m.Payload) == "3" {
+			handled <- time.Now()
+		}
+		return nil, nil
+	})
+	// One message unfinished at a time: while "0" runs, partition 0's
+	// fetcher holds "1" and "2" and may not fetch again.
+	src := e.source(func(c *kafkasource.Config) {
+		c.MaxWait = maxWait
+		c.BatchSize = 1
+		c.MaxUnfinished = 1
+	})
+	r := run(t, worker(t, "rounds-held", src, h))
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal(`"0" was not handled within 30s`)
+	}
+	// Partition 1's first fetch has returned (its end is known): from then
+	// on it waits at the broker for records, without partition 0.
+	testenv.Eventually(t, 30*time.Second, "partition 1 fetched", func() bool {
+		for _, l := range src.Lag() {
+			if l.Partition == 1 {
+				return true
+			}
+		}
+		return false
+	})
+	e.produce(e.topic, []msg{{partition: 0, value: "3"}})
+	released := time.Now()
+	close(release)
+	select {
+	case at := <-handled:
+		if d := at.Sub(released); d > maxWait/4 {
+			t.Errorf(`"3" was handled %v after "0" returned, want well within MaxWait %v: the held partition waited out the other's long poll`, d, maxWait)
+		}
+	case <-time.After(2 * maxWait):
+		t.Fatalf(`"3" was not handled within %v`, 2*maxWait)
+	}
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+}
