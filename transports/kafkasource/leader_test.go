@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 // TestLeaderMove: when a partition's leader dies (kill -9 of a broker of the
@@ -92,4 +93,59 @@ func partitionLeaderOf(brokers []string, topic string) int {
 		return 0
 	}
 	return md.Topics[0].Partitions[0].Leader.ID
+}
+
+// TestRoundsFollowLeaders: on the 3-node cluster, a topic whose partitions
+// have different leaders is fetched in rounds to each leader, each carrying
+// that leader's partitions and no other's (a request naming partitions of
+// two leaders is refused by the Transport, and nothing would be fetched).
+// Every message is handled, each partition in order, and once all are at
+// their end a round carries every partition of its leader.
+func TestRoundsFollowLeaders(t *testing.T) {
+	nodes := testenv.KafkaCluster(t)
+	nodes.LockFaults(t) // a fault test's kill would move the leaders
+	const partitions = 6
+	topic := fmt.Sprintf("rounds-leaders-%d", time.Now().UnixNano())
+	testenv.CreateKafkaTopicRF(t, nodes.Brokers, topic, partitions, 1)
+	e := &env{t: t, brokers: nodes.Brokers, topic: topic, group: topic + "-g", parts: partitions}
+	perLeader := map[int]int{}
+	testenv.Eventually(t, 30*time.Second, "a leader for every partition", func() bool {
+		clear(perLeader)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cl := &kafka.Client{Addr: kafka.TCP(nodes.Brokers...), Timeout: 3 * time.Second}
+		md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err != nil || len(md.Topics) != 1 || len(md.Topics[0].Partitions) != partitions {
+			return false
+		}
+		for _, p := range md.Topics[0].Partitions {
+			if p.Error != nil || p.Leader.ID <= 0 {
+				return false
+			}
+			perLeader[p.Leader.ID]++
+		}
+		return true
+	})
+	widest := 0
+	for _, n := range perLeader {
+		widest = max(widest, n)
+	}
+	if len(perLeader) < 2 || widest >= partitions {
+		t.Fatalf("the test needs partitions led by more than one broker; leaders: %v", perLeader)
+	}
+	produceBatches(e, 2, 20, 64)
+	var log orderedLog
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		log.add(m)
+		return nil, nil
+	})
+	src := e.source(nil)
+	r := run(t, worker(t, "rounds-leaders", src, h))
+	testenv.Eventually(t, 30*time.Second, "a round carrying every partition of the busiest leader", func() bool {
+		return kafkasource.WidestRound(src) == widest
+	})
+	finishAndCheck(t, e, r, &log, partitions)
+	if got := kafkasource.WidestRound(src); got != widest {
+		t.Errorf("a round carried %d partitions; no leader leads more than %d (leaders: %v)", got, widest, perLeader)
+	}
 }
