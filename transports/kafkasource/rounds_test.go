@@ -2,6 +2,7 @@ package kafkasource_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -18,6 +19,15 @@ func TestRoundsShareAFetch(t *testing.T) {
 	t.Parallel()
 	const partitions = 6
 	e := newRealEnv(t, partitions)
+	consumeAllInRounds(t, e, "rounds-share", partitions)
+}
+
+// consumeAllInRounds consumes e's topic, 40 messages a partition, and
+// checks that every message is handled in its partition's order and that,
+// once every partition is at its end, the widest shared fetch carries
+// widest partitions, and never more.
+func consumeAllInRounds(t *testing.T, e *env, name string, widest int) {
+	t.Helper()
 	produceBatches(e, 2, 20, 64)
 	var log orderedLog
 	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
@@ -25,11 +35,14 @@ func TestRoundsShareAFetch(t *testing.T) {
 		return nil, nil
 	})
 	src := e.source(nil)
-	r := run(t, worker(t, "rounds-share", src, h))
-	testenv.Eventually(t, 30*time.Second, "one fetch carrying every partition", func() bool {
-		return kafkasource.WidestRound(src) == partitions
+	r := run(t, worker(t, name, src, h))
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("a fetch carrying %d partitions", widest), func() bool {
+		return kafkasource.WidestRound(src) == widest
 	})
-	finishAndCheck(t, e, r, &log, partitions)
+	finishAndCheck(t, e, r, &log, e.parts)
+	if got := kafkasource.WidestRound(src); got != widest {
+		t.Errorf("a fetch carried %d partitions, want at most %d", got, widest)
+	}
 }
 
 // TestHeldPartitionDoesNotWaitOutALongPoll: a partition whose fetcher waits
