@@ -67,9 +67,15 @@ type Redis struct {
 	// steady rate the round trips fall, and the run's acks wait up to this
 	// long. One setting for the process: its handlers share one engine.
 	// Omitted, the library's default (3ms), which Parse fills in; 0s turns
-	// the linger off. Nil only in a Redis built without Parse.
+	// the linger off; at most MaxCompletionLinger. Nil only in a Redis built without Parse.
 	CompletionLinger *Duration `yaml:"completion_linger"`
 }
+
+// MaxCompletionLinger is the longest redis.completion_linger the config
+// takes: the linger exists to share a Redis call among runs that finish
+// milliseconds apart, and a longer one (3s written for 3ms) would only hold
+// every forward run's acks, and on NATS its concurrency slot, that long.
+const MaxCompletionLinger = time.Second
 
 // Defaults of redis.local_cache.
 const (
@@ -509,6 +515,10 @@ func (c *Config) validate(lines map[string]int) error {
 	}
 	if err := libraryError(c.Redis.StoreOptions().Validate(), "redis", storeFields, lines); err != nil {
 		return err
+	}
+	if l := c.Redis.CompletionLinger; l != nil && l.D() > MaxCompletionLinger {
+		return fail("redis.completion_linger", "%s would hold each forward run's acks that long: want at most %s (the default is %s; 0s turns it off)",
+			*l, Duration(MaxCompletionLinger), Duration(idempotency.DefaultCompletionLinger))
 	}
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		return fail("log.level", "%q: want debug, info, warn or error", c.Log.Level)

@@ -145,7 +145,7 @@ func TestRedisCompletionLinger(t *testing.T) {
 		"redis:\n  completion_linger: 0\n":   0,
 		"redis:\n  completion_linger: 5ms\n": 5 * time.Millisecond,
 		"redis:\n  completion_linger: ~\n":   idempotency.DefaultCompletionLinger,
-		"redis:\n  completion_linger: 1d\n":  24 * time.Hour,
+		"redis:\n  completion_linger: 1s\n":  time.Second,
 	} {
 		cfg, err := Parse([]byte(y+redisTail), env(nil))
 		if err != nil {
@@ -166,6 +166,7 @@ func TestRedisCompletionLinger(t *testing.T) {
 	cases := []errCase{
 		{"negative", "redis:\n  url: redis://h:1/0\n  completion_linger: -1ms\n", "redis.completion_linger", 3, "must not be negative; use 0s to turn the linger off"},
 		{"no unit", "redis:\n  completion_linger: 5\n", "redis.completion_linger", 2, "not a duration"},
+		{"seconds for milliseconds", "redis:\n  url: redis://h:1/0\n  completion_linger: 3s\n", "redis.completion_linger", 3, "3s would hold each forward run's acks that long: want at most 1s (the default is 3ms; 0s turns it off)"},
 	}
 	wantErrors(t, redisTail, cases)
 	// The fix is this field's: other durations are refused without it.
