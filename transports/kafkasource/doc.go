@@ -104,8 +104,9 @@
 // broker that leads some of its partitions, and the fetchers that ask while
 // it is in flight go together in the next (rounds.go). A round waits on the
 // broker up to MaxWait only when it carries every partition of its leader,
-// and up to 10ms otherwise, so that a fetcher that was waiting for room
-// never waits out the others' long poll. A fetch's part for a partition is
+// and up to 10ms otherwise (100ms while the same partitions keep finding
+// nothing), so that a fetcher that was waiting for room never waits out the
+// others' long poll. A fetch's part for a partition is
 // a natural batch to hand to Runner.Prepare; cancelling the fetcher's
 // context ends its wait for a round at once. The fetcher follows
 // kafka-go's Reader in how it reacts to errors: reconnect on a leader change

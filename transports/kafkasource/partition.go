@@ -272,7 +272,7 @@ func (p *partition) fetch() {
 		before := offset
 		lr := p.g.rounds.join(leader)
 		offset, err = p.readLoop(ctx, lr, offset)
-		p.g.rounds.leave(lr)
+		p.g.rounds.leave(lr, p.id)
 		if ctx.Err() != nil {
 			return
 		}

@@ -13,8 +13,16 @@ import (
 
 // roundWait is the longest a shared fetch waits on the broker while a
 // partition of its leader is not in it: that partition, once it asks,
-// waits for the fetch in flight to return before it goes in the next.
-const roundWait = 10 * time.Millisecond
+// waits for the fetch in flight to return before it goes in the next. The
+// same partitions asking again after a fetch that found nothing for any of
+// them double it, up to roundWaitMax: a partition that stays away for
+// long (its handler is slow, its lane full) then costs the broker ten
+// empty fetches a second rather than a hundred, and waits at most that
+// long once it asks.
+const (
+	roundWait    = 10 * time.Millisecond
+	roundWaitMax = 100 * time.Millisecond
+)
 
 // rounds shares Fetch requests among a generation's partitions: each broker
 // that leads some of them has one request in flight at a time, and the
@@ -33,9 +41,11 @@ const roundWait = 10 * time.Millisecond
 //
 // A round waits on the broker up to the longest of its asks' waits (the
 // shortest of them: a partition's first fetch asks for none), and no
-// longer than roundWait while a partition of its leader is not in it, so
-// that a partition back from waiting for room does not wait a long poll
-// of the others out.
+// longer than roundWait (growing to roundWaitMax) while a partition of its
+// leader is not in it, so that a partition back from waiting for room does
+// not wait a long poll of the others out. After a round, the partitions it
+// answered with no records, which ask again at once, go together in the
+// next: partitions at their end keep long-polling in one request.
 type rounds struct {
 	s      *Source
 	ctx    context.Context // ends every round: cancelled by stop
@@ -54,6 +64,15 @@ type leaderRounds struct {
 	mu      sync.Mutex
 	asks    []*fetchAsk
 	members int // partitions whose fetcher fetches from this broker (join, leave)
+	// expect holds the partitions the last round answered with no
+	// records, which ask again at once: the next round waits for them
+	// (up to roundWait), so that partitions at their end keep fetching in
+	// one request instead of splitting into rounds that alternate.
+	expect map[int32]bool
+
+	// Only the rounds' goroutine uses these.
+	short time.Duration  // the wait of a round that leaves partitions out
+	quiet map[int32]bool // the last round's partitions, if it found no records for any
 }
 
 // fetchAsk is one partition's fetch in a round.
@@ -103,11 +122,28 @@ func (r *rounds) join(id int) *leaderRounds {
 	return l
 }
 
-// leave ends a fetcher's membership of l (its join).
-func (r *rounds) leave(l *leaderRounds) {
+// leave ends the membership of partition's fetcher of l (its join).
+func (r *rounds) leave(l *leaderRounds, partition int) {
 	l.mu.Lock()
 	l.members--
+	l.settled(int32(partition))
 	l.mu.Unlock()
+}
+
+// settled records that the round need not wait for partition any more:
+// it asked, or it left. It wakes the round when it was the last one
+// expected. l.mu is held.
+func (l *leaderRounds) settled(partition int32) {
+	if !l.expect[partition] {
+		return
+	}
+	delete(l.expect, partition)
+	if len(l.expect) == 0 {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // fetch asks l's next round for partition from offset, waiting on the broker
@@ -116,6 +152,7 @@ func (r *rounds) fetch(ctx context.Context, l *leaderRounds, partition int, offs
 	q := &fetchAsk{partition: int32(partition), offset: offset, wait: wait, done: make(chan fetchAnswer, 1)}
 	l.mu.Lock()
 	l.asks = append(l.asks, q)
+	l.settled(q.partition)
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -138,8 +175,18 @@ func (r *rounds) run(l *leaderRounds) {
 	// as a fetcher's reconnect does.
 	tr := r.s.transport()
 	defer func() { tr.CloseIdleConnections() }()
+	// settle bounds the wait for the partitions expected to ask again: one
+	// that does not (it got stuck before asking) is left for the round
+	// after.
+	settle := time.NewTimer(roundWait)
+	settle.Stop()
+	defer settle.Stop()
 	for {
 		select {
+		case <-settle.C:
+			l.mu.Lock()
+			clear(l.expect)
+			l.mu.Unlock()
 		case <-r.ctx.Done():
 			l.mu.Lock()
 			asks := l.asks
@@ -152,13 +199,25 @@ func (r *rounds) run(l *leaderRounds) {
 		case <-l.wake:
 		}
 		l.mu.Lock()
+		if len(l.expect) > 0 {
+			l.mu.Unlock()
+			continue
+		}
 		asks, members := l.asks, l.members
 		l.asks = nil
 		l.mu.Unlock()
 		if len(asks) == 0 {
 			continue
 		}
-		if !r.round(tr, asks, members) {
+		settle.Stop()
+		ok := r.round(tr, l, asks, members)
+		l.mu.Lock()
+		expecting := len(l.expect) > 0
+		l.mu.Unlock()
+		if expecting {
+			settle.Reset(roundWait)
+		}
+		if !ok {
 			tr.CloseIdleConnections()
 			tr = r.s.transport()
 		}
@@ -167,7 +226,7 @@ func (r *rounds) run(l *leaderRounds) {
 
 // round sends asks in one Fetch request through tr and answers each. It
 // reports whether the broker answered every partition without an error.
-func (r *rounds) round(tr *kafka.Transport, asks []*fetchAsk, members int) bool {
+func (r *rounds) round(tr *kafka.Transport, l *leaderRounds, asks []*fetchAsk, members int) bool {
 	s := r.s
 	wait := asks[0].wait
 	parts := make([]fetchapi.RequestPartition, len(asks))
@@ -182,8 +241,15 @@ func (r *rounds) round(tr *kafka.Transport, asks []*fetchAsk, members int) bool 
 		}
 	}
 	if len(asks) < members {
-		wait = min(wait, roundWait)
+		if l.short > 0 && l.sameQuiet(asks) {
+			l.short = min(2*l.short, roundWaitMax)
+		} else {
+			l.short = roundWait
+		}
+		wait = min(wait, l.short)
 	}
+	clear(l.quiet)
+	s.roundsSent.Add(1)
 	for n := int32(len(asks)); ; {
 		if w := s.widestRound.Load(); n <= w || s.widestRound.CompareAndSwap(w, n) {
 			break
@@ -207,7 +273,7 @@ func (r *rounds) round(tr *kafka.Transport, asks []*fetchAsk, members int) bool 
 		if res := m.(*fetchapi.Response); res.ErrorCode != 0 {
 			err = kafka.Error(res.ErrorCode)
 		} else {
-			return answer(asks, res)
+			return l.answer(asks, res)
 		}
 	}
 	for _, q := range asks {
@@ -217,13 +283,14 @@ func (r *rounds) round(tr *kafka.Transport, asks []*fetchAsk, members int) bool 
 }
 
 // answer hands each ask its partition's part of res, and reports whether
-// every part came without an error.
-func answer(asks []*fetchAsk, res *fetchapi.Response) bool {
+// every part came without an error. The partitions answered with no
+// records are expected to ask again at once (expect).
+func (l *leaderRounds) answer(asks []*fetchAsk, res *fetchapi.Response) bool {
 	byPartition := make(map[int32]*fetchAsk, len(asks))
 	for _, q := range asks {
 		byPartition[q.partition] = q
 	}
-	ok := true
+	ok, quiet := true, true
 	for ti := range res.Topics {
 		for pi := range res.Topics[ti].Partitions {
 			part := &res.Topics[ti].Partitions[pi]
@@ -233,6 +300,16 @@ func answer(asks []*fetchAsk, res *fetchapi.Response) bool {
 			}
 			delete(byPartition, part.Partition)
 			ok = ok && part.ErrorCode == 0
+			empty := part.ErrorCode == 0 && part.RecordSet.Records == nil
+			quiet = quiet && empty
+			if empty {
+				l.mu.Lock()
+				if l.expect == nil {
+					l.expect = make(map[int32]bool)
+				}
+				l.expect[part.Partition] = true
+				l.mu.Unlock()
+			}
 			q.done <- fetchAnswer{part: part}
 		}
 	}
@@ -240,5 +317,27 @@ func answer(asks []*fetchAsk, res *fetchapi.Response) bool {
 		q.done <- fetchAnswer{err: fmt.Errorf("kafka: fetch response without partition %d", q.partition)}
 		ok = false
 	}
+	if ok && quiet {
+		if l.quiet == nil {
+			l.quiet = make(map[int32]bool, len(asks))
+		}
+		for _, q := range asks {
+			l.quiet[q.partition] = true
+		}
+	}
 	return ok
+}
+
+// sameQuiet reports whether asks are the partitions of the last round, which
+// found no records for any of them.
+func (l *leaderRounds) sameQuiet(asks []*fetchAsk) bool {
+	if len(asks) != len(l.quiet) {
+		return false
+	}
+	for _, q := range asks {
+		if !l.quiet[q.partition] {
+			return false
+		}
+	}
+	return true
 }

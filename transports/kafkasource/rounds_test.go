@@ -49,7 +49,8 @@ func consumeAllInRounds(t *testing.T, e *env, name string, widest int) {
 // for room (its handler is slow) is not in the request its broker has in
 // flight. When it asks again it must not wait out that request's long poll
 // of the other partitions: its next message is handled well within MaxWait
-// of the slow handler's return.
+// of the slow handler's return. While it waits, the other partition's
+// fetches do not hammer the broker either.
 func TestHeldPartitionDoesNotWaitOutALongPoll(t *testing.T) {
 	t.Parallel()
 	const maxWait = 20 * time.Second
@@ -95,6 +96,15 @@ func TestHeldPartitionDoesNotWaitOutALongPoll(t *testing.T) {
 		}
 		return false
 	})
+	// Meanwhile partition 1 fetches alone: its fetches wait 10ms, then,
+	// while they find nothing, longer, up to 100ms: about 20 requests in
+	// two seconds, not 200.
+	const over = 2 * time.Second
+	before := kafkasource.RoundsSent(src)
+	<-time.After(over) // the interval requests are counted over, not a synchronisation
+	if n := kafkasource.RoundsSent(src) - before; n > 60 {
+		t.Errorf("%d fetch requests in %v for an idle partition while the other is held, want about 20", n, over)
+	}
 	e.produce(e.topic, []msg{{partition: 0, value: "3"}})
 	released := time.Now()
 	close(release)
@@ -105,6 +115,45 @@ func TestHeldPartitionDoesNotWaitOutALongPoll(t *testing.T) {
 		}
 	case <-time.After(2 * maxWait):
 		t.Fatalf(`"3" was not handled within %v`, 2*maxWait)
+	}
+	if err := r.Stop(t, 30*time.Second); err != nil {
+		t.Fatalf("Run returned %v, want nil", err)
+	}
+}
+
+// TestIdleRoundsLongPoll: partitions at their end, with nothing to read,
+// keep fetching in one request that long-polls for MaxWait, rather than in
+// groups whose requests alternate and each wait only the short wait of a
+// request that leaves partitions out. Over two seconds at a MaxWait of
+// 100ms that is about 20 requests; split into groups, it would be a
+// request every 10ms or so.
+func TestIdleRoundsLongPoll(t *testing.T) {
+	t.Parallel()
+	const partitions = 6
+	e := newRealEnv(t, partitions)
+	e.produce(e.topic, []msg{{partition: 0, value: "0"}, {partition: 3, value: "3"}})
+	handled := make(chan struct{}, partitions)
+	h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		handled <- struct{}{}
+		return nil, nil
+	})
+	src := e.source(nil) // MaxWait 100ms
+	r := run(t, worker(t, "rounds-idle", src, h))
+	for range 2 {
+		select {
+		case <-handled:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the two messages were not handled within 30s")
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "one fetch carrying every partition", func() bool {
+		return kafkasource.WidestRound(src) == partitions
+	})
+	const over = 2 * time.Second
+	before := kafkasource.RoundsSent(src)
+	<-time.After(over) // the interval requests are counted over, not a synchronisation
+	if n := kafkasource.RoundsSent(src) - before; n > 60 {
+		t.Errorf("%d fetch requests in %v at the partitions' end with MaxWait 100ms, want about 20: the idle partitions do not fetch together", n, over)
 	}
 	if err := r.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("Run returned %v, want nil", err)

@@ -53,9 +53,10 @@ type Source struct {
 
 	noCommit atomic.Bool // tests: simulate a crash before any commit
 	noKeeper atomic.Bool // tests: run without the group keeper (group.go)
-	// widestRound is the most partitions one round has fetched (rounds.go),
-	// for tests.
+	// widestRound is the most partitions one round has fetched, and
+	// roundsSent how many rounds went out (rounds.go); for tests.
 	widestRound atomic.Int32
+	roundsSent  atomic.Int64
 }
 
 var _ consumer.Source = (*Source)(nil)
