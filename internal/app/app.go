@@ -257,6 +257,10 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 		if err != nil {
 			return nil, "", err
 		}
+		err = registerKafkaFetches(a.reg, h.Name, func() kafkasource.FetchStats { return src.FetchStats() })
+		if err != nil {
+			return nil, "", err
+		}
 		err = registerLag(a.reg, h.Name, func(add func(partition string, lag float64)) {
 			for _, l := range src.Lag() {
 				add(strconv.Itoa(l.Partition), float64(l.Lag))
@@ -480,6 +484,29 @@ func registerFetchBuffer(reg prometheus.Registerer, handler string, stats func()
 			Help:        "Time the source waited for room under its fetch_buffer_bytes, summed over its receivers (Kafka: one a partition; NATS: one): a rate near their number means the bound sets the pace.",
 			ConstLabels: labels,
 		}, func() float64 { return stats().waited.Seconds() }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// registerKafkaFetches exports a Kafka source's fetch requests and the
+// partitions they carried, read from stats at each scrape.
+func registerKafkaFetches(reg prometheus.Registerer, handler string, stats func() kafkasource.FetchStats) error {
+	labels := prometheus.Labels{"handler": handler}
+	for _, c := range []prometheus.Collector{
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "dedup_kafka_fetch_requests_total",
+			Help:        "Fetch requests the handler's Kafka source sent. Its partitions on one broker share a request; at the topic's end a request long-polls, about one a max wait (250ms) for each broker, so a far higher rate means some partitions are held (slow handlers) while the others wait for records.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(stats().Requests) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "dedup_kafka_fetch_partitions_total",
+			Help:        "Partitions the handler's Kafka fetch requests carried, summed: divided by dedup_kafka_fetch_requests_total, the partitions a request carried on average.",
+			ConstLabels: labels,
+		}, func() float64 { return float64(stats().Partitions) }),
 	} {
 		if err := reg.Register(c); err != nil {
 			return err

@@ -34,6 +34,3 @@ func MaxUnfinished(s *Source, batching bool) int { return s.unfinishedFor(batchi
 
 // WidestRound is the most partitions one shared fetch has carried.
 func WidestRound(s *Source) int { return int(s.widestRound.Load()) }
-
-// RoundsSent is how many shared fetches have gone out.
-func RoundsSent(s *Source) int64 { return s.roundsSent.Load() }

@@ -249,7 +249,8 @@ func (r *rounds) round(tr *kafka.Transport, l *leaderRounds, asks []*fetchAsk, m
 		wait = min(wait, l.short)
 	}
 	clear(l.quiet)
-	s.roundsSent.Add(1)
+	s.fetchRequests.Add(1)
+	s.fetchPartitions.Add(int64(len(asks)))
 	for n := int32(len(asks)); ; {
 		if w := s.widestRound.Load(); n <= w || s.widestRound.CompareAndSwap(w, n) {
 			break

@@ -43,6 +43,10 @@ func consumeAllInRounds(t *testing.T, e *env, name string, widest int) {
 	if got := kafkasource.WidestRound(src); got != widest {
 		t.Errorf("a fetch carried %d partitions, want at most %d", got, widest)
 	}
+	// FetchStats counts the same requests: some carried several partitions.
+	if st := src.FetchStats(); st.Requests == 0 || st.Partitions <= st.Requests || st.Partitions > st.Requests*int64(widest) {
+		t.Errorf("FetchStats = %+v, want requests of 1 to %d partitions, some of more than one", st, widest)
+	}
 }
 
 // TestHeldPartitionDoesNotWaitOutALongPoll: a partition whose fetcher waits
@@ -100,9 +104,9 @@ func TestHeldPartitionDoesNotWaitOutALongPoll(t *testing.T) {
 	// while they find nothing, longer, up to 100ms: about 20 requests in
 	// two seconds, not 200.
 	const over = 2 * time.Second
-	before := kafkasource.RoundsSent(src)
+	before := src.FetchStats().Requests
 	<-time.After(over) // the interval requests are counted over, not a synchronisation
-	if n := kafkasource.RoundsSent(src) - before; n > 60 {
+	if n := src.FetchStats().Requests - before; n > 60 {
 		t.Errorf("%d fetch requests in %v for an idle partition while the other is held, want about 20", n, over)
 	}
 	e.produce(e.topic, []msg{{partition: 0, value: "3"}})
@@ -150,9 +154,9 @@ func TestIdleRoundsLongPoll(t *testing.T) {
 		return kafkasource.WidestRound(src) == partitions
 	})
 	const over = 2 * time.Second
-	before := kafkasource.RoundsSent(src)
+	before := src.FetchStats().Requests
 	<-time.After(over) // the interval requests are counted over, not a synchronisation
-	if n := kafkasource.RoundsSent(src) - before; n > 60 {
+	if n := src.FetchStats().Requests - before; n > 60 {
 		t.Errorf("%d fetch requests in %v at the partitions' end with MaxWait 100ms, want about 20: the idle partitions do not fetch together", n, over)
 	}
 	if err := r.Stop(t, 30*time.Second); err != nil {

@@ -53,10 +53,11 @@ type Source struct {
 
 	noCommit atomic.Bool // tests: simulate a crash before any commit
 	noKeeper atomic.Bool // tests: run without the group keeper (group.go)
-	// widestRound is the most partitions one round has fetched, and
-	// roundsSent how many rounds went out (rounds.go); for tests.
+	// fetchRequests and fetchPartitions are FetchStats's (rounds.go).
+	fetchRequests   atomic.Int64
+	fetchPartitions atomic.Int64
+	// widestRound is the most partitions one round has fetched, for tests.
 	widestRound atomic.Int32
-	roundsSent  atomic.Int64
 }
 
 var _ consumer.Source = (*Source)(nil)
@@ -105,6 +106,26 @@ type FetchBufferStats struct {
 func (s *Source) FetchBufferStats() FetchBufferStats {
 	st := s.budget.Stats()
 	return FetchBufferStats{Size: st.Size, Held: st.Held, Waited: st.Waited}
+}
+
+// FetchStats counts a Source's fetch requests since New. The partitions a
+// broker leads fetch in shared requests (see the package doc): Partitions
+// ÷ Requests is how many a request carried on average. At a topic's end a
+// request long-polls for MaxWait, so each broker gets about one request a
+// MaxWait; a far higher rate of requests with few partitions each means
+// some partitions are held (their handlers slow, their lanes full) while
+// the others wait for records.
+type FetchStats struct {
+	// Requests is the fetch requests sent.
+	Requests int64
+	// Partitions is the partitions those requests carried, summed.
+	Partitions int64
+}
+
+// FetchStats returns s's fetch counts. It may be called at any time, from
+// any goroutine.
+func (s *Source) FetchStats() FetchStats {
+	return FetchStats{Requests: s.fetchRequests.Load(), Partitions: s.fetchPartitions.Load()}
 }
 
 // PartitionLag is how far a Source's handling of one partition is behind
