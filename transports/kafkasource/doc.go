@@ -32,7 +32,9 @@
 // Source.Lag reports, for each partition the member holds, the partition's
 // end (read from every fetch response, and every 5s by a listing while the
 // partition's fetcher waits for room) and the offset the group would resume
-// at, so a stuck handler's lag keeps growing.
+// at, so a stuck handler's lag keeps growing. Source.FetchStats counts the
+// fetch requests and the partitions they carried (see the design section
+// below on how partitions share them).
 //
 // With a batch handler (Runner.Batching), a lane hands its queued messages
 // to Runner.ProcessBatch in runs of up to BatchSize. A run's call may tell
