@@ -58,7 +58,6 @@ type rounds struct {
 
 // leaderRounds is the rounds to one broker.
 type leaderRounds struct {
-	id   int
 	wake chan struct{} // a token when asks are queued
 
 	mu      sync.Mutex
@@ -112,7 +111,7 @@ func (r *rounds) join(id int) *leaderRounds {
 	defer r.mu.Unlock()
 	l, ok := r.leaders[id]
 	if !ok {
-		l = &leaderRounds{id: id, wake: make(chan struct{}, 1)}
+		l = &leaderRounds{wake: make(chan struct{}, 1)}
 		r.leaders[id] = l
 		r.wg.Go(func() { r.run(l) })
 	}
