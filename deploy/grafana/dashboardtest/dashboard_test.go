@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/deploy/internal/deploytest"
 	"github.com/idemkit/dedupworker/internal/metrics"
@@ -200,6 +201,8 @@ func TestDashboardShape(t *testing.T) {
 		`dedup_fetch_buffer_bytes{`,                      // the source's bound, filled
 		`dedup_fetch_wait_seconds_total{`,                // and waited for
 		`max by (handler, partition) (dedup_source_lag{`, // the backlog, each series once across workers
+		`rate(dedup_kafka_fetch_requests_total{`,         // Kafka fetch requests
+		`rate(dedup_kafka_fetch_partitions_total{`,       // and the partitions they carried
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no query contains %s", want)
@@ -224,9 +227,10 @@ func balance(s string) int {
 	return n
 }
 
-// TestDashboardMetricsExported starts the real binary with a NATS source,
-// lets it process one message, scrapes /metrics, and checks that every
-// metric name the dashboard queries is one the binary exports.
+// TestDashboardMetricsExported starts the real binary with a NATS source and
+// a Kafka source, lets each handler process one message, scrapes /metrics,
+// and checks that every metric name the dashboard queries is one the binary
+// exports.
 func TestDashboardMetricsExported(t *testing.T) {
 	d := loadDashboard(t)
 	natsURL := testenv.NATS(t)
@@ -234,6 +238,9 @@ func TestDashboardMetricsExported(t *testing.T) {
 
 	id := testenv.RandID()
 	stream, subject, handler := "DASH_"+strings.ToUpper(id), "dash."+id, "dash-"+id
+	brokers := testenv.Kafka(t)
+	topic, kafkaHandler := "dash-"+id, "dash-kafka-"+id
+	testenv.CreateKafkaTopic(t, brokers, topic, 1)
 	nc, err := nats.Connect(natsURL)
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +268,13 @@ handlers:
       nats: {url: %q, stream: %s, subject: %s}
     action:
       exec: {command: [/bin/true], timeout: 10s}
-`, redisURL, "dashtest-"+id, addr, handler, natsURL, stream, subject), 0o600); err != nil {
+  - name: %s
+    source:
+      kafka: {brokers: [%q], topic: %s, group: %s}
+    action:
+      exec: {command: [/bin/true], timeout: 10s}
+`, redisURL, "dashtest-"+id, addr, handler, natsURL, stream, subject,
+		kafkaHandler, brokers[0], topic, kafkaHandler), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	out := &testenv.SyncBuffer{}
@@ -286,10 +299,17 @@ handlers:
 	if _, err := js.PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
 	}
+	testenv.ProduceKafka(t, brokers, topic, []kafka.Message{{
+		Value:   []byte(`{"id":1}`),
+		Headers: []kafka.Header{{Key: "Idempotency-Key", Value: []byte("dash-kafka-key-" + id)}},
+	}})
 
 	var exposed map[string]bool
-	processed := fmt.Sprintf(`dedup_messages_total{handler=%q,outcome="processed",transport="nats"} 1`, handler)
-	deploytest.Eventually(t, 30*time.Second, "the worker processes the message and /metrics counts it", func() (bool, string) {
+	processed := []string{
+		fmt.Sprintf(`dedup_messages_total{handler=%q,outcome="processed",transport="nats"} 1`, handler),
+		fmt.Sprintf(`dedup_messages_total{handler=%q,outcome="processed",transport="kafka"} 1`, kafkaHandler),
+	}
+	deploytest.Eventually(t, 60*time.Second, "the worker processes both messages and /metrics counts them", func() (bool, string) {
 		select {
 		case <-done:
 			return false, "dedupworker exited"
@@ -299,8 +319,10 @@ handlers:
 		if err != nil {
 			return false, err.Error()
 		}
-		if !strings.Contains(body, processed) {
-			return false, "no line " + processed
+		for _, line := range processed {
+			if !strings.Contains(body, line) {
+				return false, "no line " + line
+			}
 		}
 		exposed = sampleNames(body)
 		return true, ""
@@ -329,7 +351,8 @@ handlers:
 	}
 	// The scrape itself must hold the families the dashboard is about.
 	for _, want := range []string{"dedup_messages_total", "dedup_handler_duration_seconds_bucket",
-		"dedup_store_duration_seconds_bucket", "dedup_lease_renewals_total", "dedup_inflight"} {
+		"dedup_store_duration_seconds_bucket", "dedup_lease_renewals_total", "dedup_inflight",
+		"dedup_kafka_fetch_requests_total", "dedup_kafka_fetch_partitions_total"} {
 		if !exposed[want] {
 			t.Errorf("/metrics has no %s after processing a message", want)
 		}
