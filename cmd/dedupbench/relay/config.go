@@ -29,6 +29,8 @@ type workerSpec struct {
 	CommitEvery   time.Duration // Kafka commit_interval; 0 leaves the default
 	Isolation     string        // Kafka isolation; empty leaves the default
 	MaxAckPending int           // NATS max_ack_pending; 0 leaves the default
+	// LocalCacheEntries is redis.local_cache.entries; 0 leaves the default.
+	LocalCacheEntries int
 	// MetricsAddr is the host:port of the binary's /metrics and /readyz
 	// server; empty turns it off.
 	MetricsAddr string
@@ -45,7 +47,11 @@ func workerYAML(s workerSpec) (string, error) {
 		return "", fmt.Errorf("relay config: Redis URL, namespace, a concurrency > 0 and a lease > 0 are required")
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "redis: {url: %s, namespace: %s}\n", yamlQuote(s.RedisURL), yamlQuote(s.Namespace))
+	fmt.Fprintf(&b, "redis: {url: %s, namespace: %s", yamlQuote(s.RedisURL), yamlQuote(s.Namespace))
+	if s.LocalCacheEntries > 0 {
+		fmt.Fprintf(&b, ", local_cache: {entries: %d}", s.LocalCacheEntries)
+	}
+	b.WriteString("}\n")
 	fmt.Fprintf(&b, "http: {addr: %s}\nlog: {level: warn, format: text}\nhandlers:\n", yamlQuote(s.MetricsAddr))
 	fmt.Fprintf(&b, "  - name: %s\n", yamlQuote(orDefault(s.HandlerName, "relay")))
 	switch {

@@ -27,6 +27,10 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 			s.Brokers, s.InTopic, s.Group, s.OutTopic = []string{"127.0.0.1:9092"}, "in", "g", "out"
 			s.Isolation = "read_uncommitted"
 		},
+		"nats forward with a larger local cache": func(s *workerSpec) {
+			s.NATSURL, s.InStream, s.Consumer, s.OutSubject = "nats://127.0.0.1:4222", "IN", "c", "out.x"
+			s.LocalCacheEntries = 50000
+		},
 		"kafka http": func(s *workerSpec) {
 			s.Brokers, s.InTopic, s.Group, s.HTTPURL = []string{"127.0.0.1:9092"}, "in", "g", "http://127.0.0.1:1/"
 		},
@@ -48,6 +52,9 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 			}
 			if cfg.HTTP.Addr == nil || *cfg.HTTP.Addr != s.MetricsAddr {
 				t.Fatalf("http.addr = %v, want %q", cfg.HTTP.Addr, s.MetricsAddr)
+			}
+			if want := max(s.LocalCacheEntries, config.DefaultLocalCacheEntries); cfg.Redis.LocalCache.Size() != want {
+				t.Fatalf("redis.local_cache entries = %d, want %d", cfg.Redis.LocalCache.Size(), want)
 			}
 			h := cfg.Handlers[0]
 			if s.Isolation != "" && (h.Source.Kafka == nil || h.Source.Kafka.Isolation != s.Isolation) {

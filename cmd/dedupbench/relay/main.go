@@ -70,6 +70,7 @@ type options struct {
 	redisServer            string
 	rawFlags               []string // more flags of the raw and naive relays' child processes
 	kafkaIsolation         string   // dedupworker's source.kafka.isolation; empty: its default
+	localCacheEntries      int      // dedupworker's redis.local_cache.entries; 0: its default
 	timeout, quiet         time.Duration
 	// A soak (soak.go) instead of the measurements: for soak, sampled
 	// every soakEvery, compared from soakWarmup on.
@@ -107,6 +108,7 @@ func parseOptions(args []string) (options, error) {
 	var rawFlags string
 	fs.StringVar(&rawFlags, "raw-flags", "", "more flags for the raw and naive relays, space-separated (e.g. \"-msg-id -pull-max 64\": the NATS output carries Nats-Msg-Id, the pull subscription asks for 64 messages; see relays.go)")
 	fs.StringVar(&o.kafkaIsolation, "kafka-isolation", "", "dedupworker's source.kafka.isolation (read_committed, read_uncommitted); empty: its default")
+	fs.IntVar(&o.localCacheEntries, "local-cache-entries", 0, "dedupworker's redis.local_cache.entries (0: its default): how many completed keys a process answers duplicates of without Redis")
 	fs.IntVar(&o.msgs, "msgs", 50000, "backlog messages per measurement")
 	fs.IntVar(&o.partitions, "partitions", 8, "partitions of each Kafka topic")
 	fs.IntVar(&o.pad, "pad", 0, "bytes of padding in each backlog message's payload (about 100 bytes without), for the relays' memory with large messages; the latency phase's messages stay small")
@@ -163,6 +165,9 @@ func parseOptions(args []string) (options, error) {
 	}
 	if o.partitions < 1 {
 		return o, errors.New("-partitions: at least 1")
+	}
+	if o.localCacheEntries < 0 {
+		return o, errors.New("-local-cache-entries: 0 (the default) or more")
 	}
 	if o.pad < 0 {
 		return o, errors.New("-pad: 0 or more bytes")
@@ -244,7 +249,7 @@ func run(ctx context.Context, o options, w io.Writer) (report, error) {
 		Started: time.Now().UTC(), GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), Commit: gitCommit(o.src),
 		Options: map[string]any{
 			"msgs": o.msgs, "partitions": o.partitions, "latency": o.latency.String(), "rate": o.rate,
-			"concurrency": o.concurrency, "lease": o.lease.String(), "raw_flags": strings.Join(o.rawFlags, " "), "kafka_isolation": o.kafkaIsolation, "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL, "private_redis": o.redisServer != "",
+			"concurrency": o.concurrency, "lease": o.lease.String(), "raw_flags": strings.Join(o.rawFlags, " "), "kafka_isolation": o.kafkaIsolation, "local_cache_entries": o.localCacheEntries, "kafka": o.brokers, "nats": o.natsURL, "redis": o.redisURL, "private_redis": o.redisServer != "",
 		},
 	}
 	if o.soak > 0 {

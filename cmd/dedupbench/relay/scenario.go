@@ -627,7 +627,7 @@ func (b *bench) startContender(sc scenario, id string, ep endpoints) (children, 
 func (b *bench) writeWorkerConfig(sc scenario, id string, ep endpoints) error {
 	spec := workerSpec{
 		RedisURL: b.o.redisURL, Namespace: id, Concurrency: b.o.concurrency, Lease: b.o.lease,
-		HTTPURL: ep.httpURL, MetricsAddr: ep.metricsAddr,
+		HTTPURL: ep.httpURL, MetricsAddr: ep.metricsAddr, LocalCacheEntries: b.o.localCacheEntries,
 	}
 	if sc.Transport == "kafka" {
 		spec.Brokers, spec.InTopic, spec.Group, spec.Isolation = b.o.brokers, ep.inTopic, ep.group, b.o.kafkaIsolation
