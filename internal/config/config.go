@@ -241,9 +241,10 @@ type NATSSource struct {
 	AckWait  Duration `yaml:"ack_wait"`
 	// MaxAckPending is the MaxAckPending of a consumer the worker creates;
 	// 0 means the handler's concurrency, or for a forward action (a batch
-	// handler, whose concurrency counts runs of up to concurrency messages)
-	// concurrency × concurrency, at most 4096. Workers sharing one durable
-	// consumer share this window: set it to replicas times that.
+	// handler, whose concurrency counts runs of up to max(concurrency, 128)
+	// messages) concurrency × max(concurrency, 128), at most 4096. Workers
+	// sharing one durable consumer share this window: set it to replicas
+	// times that.
 	MaxAckPending int `yaml:"max_ack_pending"`
 	// FetchBufferBytes caps the bytes of the messages the source holds
 	// received and not yet acked or nakked (natssource.Config's field of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -84,8 +85,88 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 		if peakCall > conc {
 			t.Errorf("%d calls at once, over concurrency %d", peakCall, conc)
 		}
-		if peak > conc*conc {
-			t.Errorf("%d messages in calls at once, over concurrency × batch %d", peak, conc*conc)
+		if peak > conc*defaultRunBatch {
+			t.Errorf("%d messages in calls at once, over concurrency × batch %d", peak, conc*defaultRunBatch)
+		}
+	})
+}
+
+// defaultRunBatch is a batch handler's run by default when the concurrency
+// is under it (natssource's unexported constant of the name).
+const defaultRunBatch = 128
+
+// TestBatchRunDefaultsToMoreThanConcurrency: with Config.Batch unset, a
+// batch handler's runs may hold more messages than its concurrency, up to
+// 128, and the consumer the Source creates lets that many be unacknowledged.
+// A run holds one slot whatever its size; a run of one message each, as
+// concurrency 1 would give, costs a claim call and a completion call a
+// message.
+func TestBatchRunDefaultsToMoreThanConcurrency(t *testing.T) {
+	forEachServer(t, func(t *testing.T, e *env) {
+		const n = 300
+		e.publish(t, n)
+		var (
+			mu      sync.Mutex
+			handled = map[string]int{}
+			sizes   []int
+		)
+		release := make(chan struct{})
+		h := consumer.BatchFunc(func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
+			mu.Lock()
+			first := len(sizes) == 0
+			sizes = append(sizes, len(msgs))
+			for _, m := range msgs {
+				handled[string(m.Payload)]++
+			}
+			mu.Unlock()
+			if first {
+				// Hold the one slot until the server delivered all it may,
+				// so that the next run finds them received.
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+			}
+		})
+		src := newSource(t, e, natssource.Config{AckWait: 10 * time.Second})
+		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(1))
+		testenv.EventuallyNil(t, 10*time.Second, "the server delivers a default run's window while the first run blocks", func() error {
+			ctx := ctxT(t, 5*time.Second)
+			c, err := e.js.Consumer(ctx, e.stream, "c")
+			if err != nil { // not created yet
+				return err
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				return err
+			}
+			if info.NumAckPending < defaultRunBatch {
+				return fmt.Errorf("%d messages delivered and unacknowledged, want %d", info.NumAckPending, defaultRunBatch)
+			}
+			return nil
+		})
+		if got := e.consumerInfo(t, "c").Config.MaxAckPending; got != defaultRunBatch {
+			t.Errorf("created consumer's MaxAckPending %d, want %d (concurrency 1 × a default run)", got, defaultRunBatch)
+		}
+		close(release)
+		testenv.EventuallyNil(t, 30*time.Second, "every message handled", func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(handled) == n {
+				return nil
+			}
+			return fmt.Errorf("%d of %d handled", len(handled), n)
+		})
+		e.drained(t, "c", 10*time.Second)
+		mu.Lock()
+		defer mu.Unlock()
+		for p, k := range handled {
+			if k != 1 {
+				t.Errorf("%s handled %d times, want once", p, k)
+			}
+		}
+		if largest := slices.Max(sizes); largest < 2 || largest > defaultRunBatch {
+			t.Errorf("runs of %v messages: want one of more than the concurrency (1), none over %d", sizes, defaultRunBatch)
 		}
 	})
 }

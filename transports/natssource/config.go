@@ -48,16 +48,18 @@ type Config struct {
 	// Batch caps how many messages go into one batch claim
 	// (Runner.Prepare) and, without batching, how many the pull
 	// subscription asks for ahead (its PullMaxMessages: the client holds at
-	// most about twice this many not yet started). Default (0) means the
-	// handler's concurrency. Without batching a value above the
+	// most about twice this many not yet started). Without batching the
+	// default (0) is the handler's concurrency, a value above the
 	// concurrency means the concurrency, and a batch never holds more
 	// messages than there are free processing slots (a slot per message).
 	// When the runner batches a batch is one run, one ProcessBatch call
 	// under one slot, of up to Batch messages, which may exceed the
-	// concurrency; the subscription then asks for 8 runs ahead (8 × Batch,
-	// at most MaxAckPending), since every pull request costs the server
-	// work of its own, and the client holds at most that plus Batch
-	// messages not yet started.
+	// concurrency; the default is the concurrency, and at least 128, since
+	// every run costs work of its own (a claim call, a completion call, the
+	// acks) whatever its size. The subscription then asks for 8 runs ahead
+	// (8 × Batch, at most MaxAckPending), since every pull request costs
+	// the server work of its own, and the client holds at most that plus
+	// Batch messages not yet started.
 	Batch int
 	// FetchBufferBytes bounds the bytes of the messages the Source holds
 	// received and not yet settled (acked or nakked): those waiting to be

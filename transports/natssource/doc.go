@@ -12,8 +12,8 @@
 // Consume, whose callback only hands each message on): the server pushes
 // messages as they arrive, without a request round trip per batch. The
 // subscription pulls at most Config.Batch messages (default: the handler's
-// concurrency) ahead, 8 runs of Config.Batch within MaxAckPending when the
-// runner batches, and pulls more only as the Source takes them, so the
+// concurrency) ahead, 8 runs of Config.Batch (whose default for a batch
+// handler is at least 128) within MaxAckPending when the runner batches, and pulls more only as the Source takes them, so the
 // client holds at most that plus Config.Batch not yet started (what the
 // library buffered and what it handed on), however large the consumer's
 // MaxAckPending. Config.FetchBufferBytes (default 32 MiB) bounds the same

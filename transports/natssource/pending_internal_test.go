@@ -24,3 +24,28 @@ func TestDefaultAckPending(t *testing.T) {
 		}
 	}
 }
+
+// TestRunBatch: Config.Batch as given, else its default: the concurrency
+// without batching, and for a batching runner the concurrency but at least
+// defaultRunBatch; without batching a batch never exceeds the concurrency.
+func TestRunBatch(t *testing.T) {
+	for _, c := range []struct {
+		batch, n int
+		batching bool
+		want     int
+	}{
+		{0, 16, false, 16},
+		{0, 256, false, 256},
+		{10, 16, false, 10},
+		{64, 16, false, 16},
+		{0, 1, true, defaultRunBatch},
+		{0, 64, true, defaultRunBatch},
+		{0, 256, true, 256},
+		{10, 64, true, 10},
+		{500, 4, true, 500},
+	} {
+		if got := runBatch(c.batch, c.n, c.batching); got != c.want {
+			t.Errorf("runBatch(%d, %d, %v) = %d, want %d", c.batch, c.n, c.batching, got, c.want)
+		}
+	}
+}

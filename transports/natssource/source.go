@@ -161,8 +161,9 @@ func (s *Source) Reply(ctx context.Context, m *consumer.Message, data []byte) er
 // Consume binds to (or creates) the durable consumer and runs its messages on
 // r until ctx is cancelled, per the consumer.Source contract. It keeps one
 // pull subscription open for the whole run (jetstream's Consume), which
-// pulls at most Config.Batch messages (default: r.Concurrency()) ahead and
-// more only as they are taken. It holds r.Concurrency() processing slots.
+// pulls at most Config.Batch messages (default: r.Concurrency(); see
+// Config.Batch for a batching runner's) ahead and more only as they are
+// taken. It holds r.Concurrency() processing slots.
 //
 // Without batching (r.Batching false) a slot is one delivery: whenever a
 // slot is free it waits for a message, then takes every message already
@@ -203,10 +204,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 
 	n := max(r.Concurrency(), 1)
 	batching := r.Batching()
-	batch := s.cfg.Batch
-	if batch == 0 || !batching && batch > n {
-		batch = n
-	}
+	batch := runBatch(s.cfg.Batch, n, batching)
 	ackPending := defaultAckPending(n, batch, batching)
 	cons, err := s.bind(ctx, ackPending)
 	if err != nil {
@@ -294,6 +292,30 @@ func newReceiver(s *Source, cons jetstream.Consumer, buf *bytebudget.Budget, bat
 	}
 	return rc
 }
+
+// runBatch is the batch Consume takes: Config.Batch (batch) for n slots,
+// and its default when it is 0. Without batching a batch is at most n
+// deliveries, one a slot, and n by default. A batching runner's default run
+// is n messages, and at least defaultRunBatch.
+func runBatch(batch, n int, batching bool) int {
+	switch {
+	case batch == 0 && batching:
+		return max(n, defaultRunBatch)
+	case batch == 0, !batching && batch > n:
+		return n
+	}
+	return batch
+}
+
+// defaultRunBatch is the fewest messages a batching runner's run holds by
+// default, whatever the concurrency. A run costs the worker, Redis and the
+// server work of its own whatever its size (a claim call, the handler's
+// call, a completion call, and a pull request for every pullRuns/2 runs),
+// so small runs cost more a message: the binary's forward.nats relay ran
+// runs of its concurrency before, and its backlog costs the machine less a
+// message with runs of 128 (docs/PERFORMANCE.md, "Relay throughput"). 128
+// is also the most completions the engine stores in one call.
+const defaultRunBatch = 128
 
 // pullRuns is how many runs a batching runner's subscription asks for
 // ahead. The library asks again whenever half of what it asked for came,

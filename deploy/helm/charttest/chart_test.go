@@ -838,7 +838,8 @@ func TestDefaultGracePeriod(t *testing.T) {
 // chart sets its max_ack_pending to the most pods there can be times each
 // pod's window, unless the config sets it. A pod's window is its concurrency,
 // or for a forward action (a batch handler, whose slots are runs of up to
-// concurrency messages) concurrency × concurrency, at most 4096.
+// max(concurrency, 128) messages) concurrency × max(concurrency, 128), at
+// most 4096.
 func TestNATSMaxAckPending(t *testing.T) {
 	needHelm(t)
 	keda := filepath.Join(chartDir, "ci", "nats-keda-values.yaml") // forward, concurrency 32, keda max 8, replicaCount 1
@@ -864,12 +865,13 @@ func TestNATSMaxAckPending(t *testing.T) {
 	}
 	const http = "http:"
 	for sets, want := range map[string]int{
-		"":                                  8 * 32 * 32,
-		"keda.maxReplicaCount=3":            3 * 32 * 32,
-		"keda.enabled=false":                1 * 32 * 32,
-		"keda.enabled=false,replicaCount=4": 4 * 32 * 32,
-		"keda.enabled=false,autoscaling.enabled=true,autoscaling.maxReplicas=5": 5 * 32 * 32,
+		"":                                  8 * 32 * 128,
+		"keda.maxReplicaCount=3":            3 * 32 * 128,
+		"keda.enabled=false":                1 * 32 * 128,
+		"keda.enabled=false,replicaCount=4": 4 * 32 * 128,
+		"keda.enabled=false,autoscaling.enabled=true,autoscaling.maxReplicas=5": 5 * 32 * 128,
 		"config.handlers[0].concurrency=100":                                    8 * 4096,
+		"config.handlers[0].concurrency=8":                                      8 * 8 * 128,
 		"config.handlers[0].source.nats.max_ack_pending=7":                      7,
 		http:                        8 * 32,
 		http + "keda.enabled=false": 1 * 32,

@@ -216,9 +216,10 @@ literal secret (which would otherwise be stored in the ConfigMap).
        (keda.maxReplicaCount, autoscaling.maxReplicas or replicaCount) times
        each pod's window, SPEC §11.5. A pod's window is its concurrency (the
        binary's default 16); a forward action is a batch handler, whose
-       concurrency counts runs of up to concurrency messages each, so its
-       window is concurrency × concurrency, at most 4096 (the worker's own
-       default, transports/natssource Config.MaxAckPending). */ -}}
+       concurrency counts runs of up to max(concurrency, 128) messages each,
+       so its window is concurrency × max(concurrency, 128), at most 4096
+       (the worker's own default, transports/natssource Config.MaxAckPending
+       and Config.Batch). */ -}}
 {{- $pods := $.Values.replicaCount -}}
 {{- if $.Values.keda.enabled -}}
 {{- $pods = $.Values.keda.maxReplicaCount -}}
@@ -228,7 +229,7 @@ literal secret (which would otherwise be stored in the ConfigMap).
 {{- $conc := int ($h.concurrency | default 16) -}}
 {{- $window := $conc -}}
 {{- if $action.forward -}}
-{{- $window = min (mul $conc $conc) 4096 -}}
+{{- $window = min (mul $conc (max $conc 128)) 4096 -}}
 {{- end -}}
 {{- $_ := set . "max_ack_pending" (mul (int $pods) $window) -}}
 {{- end -}}
