@@ -149,22 +149,9 @@ func TestBatchRunDefaultsToMoreThanConcurrency(t *testing.T) {
 			t.Errorf("created consumer's MaxAckPending %d, want %d (concurrency 1 × a default run)", got, defaultRunBatch)
 		}
 		close(release)
-		testenv.EventuallyNil(t, 30*time.Second, "every message handled", func() error {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(handled) == n {
-				return nil
-			}
-			return fmt.Errorf("%d of %d handled", len(handled), n)
-		})
-		e.drained(t, "c", 10*time.Second)
+		allHandledOnce(t, e, &mu, handled, n)
 		mu.Lock()
 		defer mu.Unlock()
-		for p, k := range handled {
-			if k != 1 {
-				t.Errorf("%s handled %d times, want once", p, k)
-			}
-		}
 		if largest := slices.Max(sizes); largest < 2 || largest > defaultRunBatch {
 			t.Errorf("runs of %v messages: want one of more than the concurrency (1), none over %d", sizes, defaultRunBatch)
 		}
@@ -231,22 +218,9 @@ func TestBatchRunHoldsOneSlot(t *testing.T) {
 				info.AckFloor.Stream, info.NumAckPending, blocked)
 		}
 		close(release)
-		testenv.EventuallyNil(t, 30*time.Second, "every message handled", func() error {
-			mu.Lock()
-			defer mu.Unlock()
-			if len(handled) == n {
-				return nil
-			}
-			return fmt.Errorf("%d of %d handled", len(handled), n)
-		})
-		e.drained(t, "c", 10*time.Second)
+		allHandledOnce(t, e, &mu, handled, n)
 		mu.Lock()
 		defer mu.Unlock()
-		for p, k := range handled {
-			if k != 1 {
-				t.Errorf("%s handled %d times, want once", p, k)
-			}
-		}
 		if peakCall > conc {
 			t.Errorf("%d calls at once, over concurrency %d", peakCall, conc)
 		}
@@ -254,6 +228,29 @@ func TestBatchRunHoldsOneSlot(t *testing.T) {
 			t.Errorf("%d messages in calls at once, over concurrency × batch %d", peak, conc*batch)
 		}
 	})
+}
+
+// allHandledOnce waits until handled, guarded by mu, holds n payloads and
+// consumer c has settled everything, then checks that each payload was
+// handled once.
+func allHandledOnce(t *testing.T, e *env, mu *sync.Mutex, handled map[string]int, n int) {
+	t.Helper()
+	testenv.EventuallyNil(t, 30*time.Second, "every message handled", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(handled) == n {
+			return nil
+		}
+		return fmt.Errorf("%d of %d handled", len(handled), n)
+	})
+	e.drained(t, "c", 10*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	for p, k := range handled {
+		if k != 1 {
+			t.Errorf("%s handled %d times, want once", p, k)
+		}
+	}
 }
 
 func btoi(b bool) int {
