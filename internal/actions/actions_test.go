@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,6 +64,75 @@ func TestHTTPStatusClasses(t *testing.T) {
 	_, err = h.Handle(context.Background(), msg())
 	if d, ok := consumer.RetryDelay(err); !ok || d != 7*time.Second {
 		t.Fatalf("429 with Retry-After: 7 must retry after 7s, got %v", err)
+	}
+}
+
+// TestHTTPReusesConnections: with the handler's concurrency of requests in
+// flight, round after round, the action's client dials at most that many
+// connections: each request reuses an idle one instead of dialing its own
+// (net/http keeps two a host unless told more).
+func TestHTTPReusesConnections(t *testing.T) {
+	const conc, rounds = 8, 5
+	var (
+		mu      sync.Mutex
+		dialed  int
+		release chan struct{}
+	)
+	arrived := make(chan struct{}, conc)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		rel := release
+		mu.Unlock()
+		arrived <- struct{}{}
+		<-rel
+		_, _ = w.Write([]byte("ok"))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			dialed++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	h := HTTP(HTTPConfig{Handler: "orders", URL: srv.URL, Timeout: 10 * time.Second, Concurrency: conc})
+
+	for range rounds {
+		mu.Lock()
+		release = make(chan struct{})
+		mu.Unlock()
+		errs := make(chan error, conc)
+		for range conc {
+			go func() {
+				_, err := h.Handle(context.Background(), msg())
+				errs <- err
+			}()
+		}
+		// Every request of the round in flight at once, so none can reuse
+		// another's connection within the round.
+		timeout := time.After(10 * time.Second)
+		for i := range conc {
+			select {
+			case <-arrived:
+			case <-timeout:
+				t.Fatalf("%d of %d requests reached the server", i, conc)
+			}
+		}
+		mu.Lock()
+		close(release)
+		mu.Unlock()
+		for range conc {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if dialed > conc {
+		t.Errorf("%d connections dialed for %d rounds of %d requests in flight: want at most %d, each request reusing an idle one", dialed, rounds, conc, conc)
 	}
 }
 

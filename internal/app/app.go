@@ -300,11 +300,12 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	return src, "nats", nil
 }
 
-// httpActionClient is the http action's client: nil (the action's default)
-// without tls, else a client whose transport verifies the server and
-// presents the client certificate of action.http.tls. Errors name the field
-// under the handler's action.
-func httpActionClient(act *config.HTTPAction) (*http.Client, error) {
+// httpActionClient is the http action's client: nil (the action's own,
+// which keeps concurrency connections) without tls, else the action's
+// client whose transport also verifies the server and presents the client
+// certificate of action.http.tls. Errors name the field under the handler's
+// action.
+func httpActionClient(act *config.HTTPAction, concurrency int) (*http.Client, error) {
 	if act.TLS == nil {
 		return nil, nil
 	}
@@ -312,22 +313,22 @@ func httpActionClient(act *config.HTTPAction) (*http.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.TLSClientConfig = tc
-	return &http.Client{Timeout: act.Timeout.D(), Transport: tr}, nil
+	c := actions.HTTPClient(act.Timeout.D(), concurrency)
+	c.Transport.(*http.Transport).TLSClientConfig = tc
+	return c, nil
 }
 
 func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injector) (consumer.Handler, error) {
 	switch act := h.Action; {
 	case act.HTTP != nil:
-		client, err := httpActionClient(act.HTTP)
+		client, err := httpActionClient(act.HTTP, h.Concurrency)
 		if err != nil {
 			return nil, err
 		}
 		return actions.HTTP(actions.HTTPConfig{
 			Handler: h.Name, URL: act.HTTP.URL, Timeout: act.HTTP.Timeout.D(),
 			MaxResultBytes: act.HTTP.MaxResultBytes, Headers: act.HTTP.Headers, Logger: a.log, Inject: inject,
-			Client: client,
+			Client: client, Concurrency: h.Concurrency,
 		}), nil
 	case act.Exec != nil:
 		return actions.Exec(actions.ExecConfig{
