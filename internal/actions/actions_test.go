@@ -1,6 +1,7 @@
 package actions
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -256,5 +258,36 @@ func TestForwardKafkaKeepsMessage(t *testing.T) {
 	}
 	if !traceparent {
 		t.Fatalf("original headers must be forwarded, got %v", m.Headers)
+	}
+}
+
+// TestCappedReadFrom: io.Copy into a capped (its ReadFrom) keeps and counts
+// exactly what writing the same bytes would, for bodies shorter than, equal
+// to and longer than the cap, read whole or a byte at a time.
+func TestCappedReadFrom(t *testing.T) {
+	for _, n := range []int{0, 1, 8, 600, 5000} {
+		for _, size := range []int{0, 1, 7, 8, 9, 512, 599, 600, 601, 5000, 20000} {
+			body := make([]byte, size)
+			for i := range body {
+				body[i] = byte('a' + i%26)
+			}
+			want := &capped{n: n}
+			_, _ = want.Write(body)
+			for name, r := range map[string]io.Reader{
+				"whole":    bytes.NewReader(body),
+				"bytewise": iotest.OneByteReader(bytes.NewReader(body)),
+			} {
+				got := &capped{n: n}
+				k, err := io.Copy(got, r)
+				if err != nil || k != int64(size) || !bytes.Equal(got.buf, want.buf) || got.dropped != want.dropped {
+					t.Errorf("n %d, %d bytes read %s: copied %d, err %v, kept %d bytes (equal %v), dropped %d; want %d kept, %d dropped",
+						n, size, name, k, err, len(got.buf), bytes.Equal(got.buf, want.buf), got.dropped, len(want.buf), want.dropped)
+				}
+			}
+		}
+	}
+	failing := iotest.TimeoutReader(iotest.OneByteReader(strings.NewReader("abc")))
+	if _, err := io.Copy(&capped{n: 8}, failing); err == nil {
+		t.Error("a read error must come back from the copy")
 	}
 }
