@@ -300,20 +300,19 @@ func (a *App) source(h *config.Handler, conns *natsConns) (consumer.Source, stri
 	return src, "nats", nil
 }
 
-// httpActionClient is the http action's client: nil (the action's own,
-// which keeps concurrency connections) without tls, else the action's
-// client whose transport also verifies the server and presents the client
-// certificate of action.http.tls. Errors name the field under the handler's
-// action.
+// httpActionClient is the http action's client (actions.HTTPClient, which
+// keeps concurrency connections to the server), whose transport with tls
+// also verifies the server and presents the client certificate of
+// action.http.tls. Errors name the field under the handler's action.
 func httpActionClient(act *config.HTTPAction, concurrency int) (*http.Client, error) {
+	c := actions.HTTPClient(act.Timeout.D(), concurrency)
 	if act.TLS == nil {
-		return nil, nil
+		return c, nil
 	}
 	tc, err := tlsConfig("http.tls", act.TLS)
 	if err != nil {
 		return nil, err
 	}
-	c := actions.HTTPClient(act.Timeout.D(), concurrency)
 	c.Transport.(*http.Transport).TLSClientConfig = tc
 	return c, nil
 }
@@ -325,6 +324,8 @@ func (a *App) action(h *config.Handler, conns *natsConns, inject actions.Injecto
 		if err != nil {
 			return nil, err
 		}
+		// The idle connections' goroutines end with the App.
+		a.onClose(func() error { client.CloseIdleConnections(); return nil })
 		return actions.HTTP(actions.HTTPConfig{
 			Handler: h.Name, URL: act.HTTP.URL, Timeout: act.HTTP.Timeout.D(),
 			MaxResultBytes: act.HTTP.MaxResultBytes, Headers: act.HTTP.Headers, Logger: a.log, Inject: inject,

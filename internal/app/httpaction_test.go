@@ -124,20 +124,28 @@ func TestHTTPActionTLSErrorsNameTheField(t *testing.T) {
 	}
 }
 
-// TestHTTPActionTLSClientKeepsConcurrencyConnections: the client of an
-// https action with tls keeps as many idle connections to the server as the
-// handler has requests in flight, as the plain one does (actions.HTTPClient).
-func TestHTTPActionTLSClientKeepsConcurrencyConnections(t *testing.T) {
+// TestHTTPActionClientKeepsConcurrencyConnections: the http action's client
+// keeps as many idle connections to the server as the handler has requests
+// in flight (actions.HTTPClient), with tls and without.
+func TestHTTPActionClientKeepsConcurrencyConnections(t *testing.T) {
 	ca := testenv.NewTestCA(t)
-	c, err := httpActionClient(&config.HTTPAction{URL: "https://127.0.0.1:1", TLS: &config.TLS{CAFile: ca.CAFile}}, 48)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, ok := c.Transport.(*http.Transport)
-	if !ok || tr.TLSClientConfig == nil || tr.TLSClientConfig.RootCAs == nil {
-		t.Fatalf("transport %T: want an *http.Transport trusting ca_file", c.Transport)
-	}
-	if tr.MaxIdleConnsPerHost != 48 || tr.MaxIdleConns < 48 {
-		t.Fatalf("MaxIdleConnsPerHost %d, MaxIdleConns %d: want 48 and at least 48 (the handler's concurrency)", tr.MaxIdleConnsPerHost, tr.MaxIdleConns)
+	for _, act := range []*config.HTTPAction{
+		{URL: "http://127.0.0.1:1"},
+		{URL: "https://127.0.0.1:1", TLS: &config.TLS{CAFile: ca.CAFile}},
+	} {
+		c, err := httpActionClient(act, 48)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, ok := c.Transport.(*http.Transport)
+		if !ok {
+			t.Fatalf("%s: transport %T, want an *http.Transport", act.URL, c.Transport)
+		}
+		if act.TLS != nil && (tr.TLSClientConfig == nil || tr.TLSClientConfig.RootCAs == nil) {
+			t.Errorf("%s: the transport does not trust ca_file", act.URL)
+		}
+		if tr.MaxIdleConnsPerHost != 48 || tr.MaxIdleConns < 48 {
+			t.Errorf("%s: MaxIdleConnsPerHost %d, MaxIdleConns %d: want 48 and at least 48 (the handler's concurrency)", act.URL, tr.MaxIdleConnsPerHost, tr.MaxIdleConns)
+		}
 	}
 }
