@@ -50,8 +50,13 @@ type ownedRun struct {
 // dead-lettered on its own from its Result; the completions of the call are
 // submitted to the store together, then the deliveries are settled.
 func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	// A plain handler's run of one takes the path of a batch handler's: the
+	// same steps as Process, and its source learns when the handler is done
+	// (consumer.RunHandled), so that a Kafka lane starts its next delivery
+	// while this one's result is stored. bh is used only for runs of two or
+	// more.
 	bh, ok := p.h.(consumer.BatchHandler)
-	if !ok || p.cfg.shadow {
+	if p.cfg.shadow || !ok && len(ds) != 1 {
 		for _, d := range ds {
 			p.Process(ctx, d)
 		}

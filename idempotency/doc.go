@@ -69,7 +69,9 @@
 // run's source so before it stores them (consumer.RunHandled): the Kafka
 // source then starts the lane's next run while the completions are in
 // flight. The completions may wait up to Config.CompletionLinger for
-// other runs' to share their store call. A panic in HandleBatch fails
+// other runs' to share their store call. A plain Handler's run of one (what
+// a Kafka lane hands a handler that is not a BatchHandler) is told of and
+// completed the same way. A panic in HandleBatch fails
 // every message of the call
 // with a *consumer.PanicError. In shadow mode every delivery goes through
 // Handle, one at a time.

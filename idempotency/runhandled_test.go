@@ -25,19 +25,26 @@ func (d *notifying) RunHandled() { d.notified() }
 // once, after the handler returned and before any completion is stored,
 // when every message of the run has a result to store; it tells nothing
 // when a message failed, or when a message waits behind one of the run that
-// owns its key, since something of the call is then left to run.
+// owns its key, since something of the call is then left to run. A plain
+// handler (not a BatchHandler) is told of for a run of one, the runs a
+// Kafka lane hands it; a longer run of it is processed a delivery at a
+// time, and told of never.
 func TestProcessBatchReportsHandlersDone(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name   string
 		keys   []string
 		fail   string
+		plain  bool
 		notify bool
 	}{
 		{name: "all done", keys: []string{"a", "b", "c"}, notify: true},
 		{name: "a run of one", keys: []string{"a"}, notify: true},
 		{name: "a failed message", keys: []string{"a", "b", "c"}, fail: "b"},
 		{name: "a repeat held back", keys: []string{"a", "b", "a"}},
+		{name: "plain, a run of one", keys: []string{"a"}, plain: true, notify: true},
+		{name: "plain, a failed run of one", keys: []string{"a"}, fail: "a", plain: true},
+		{name: "plain, a run of three", keys: []string{"a", "b", "c"}, plain: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,6 +70,13 @@ func TestProcessBatchReportsHandlersDone(t *testing.T) {
 				mu.Unlock()
 			})
 			p := f.processor(t, h)
+			if tc.plain {
+				p = f.processor(t, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+					results := make([]consumer.Result, 1)
+					h(ctx, []*consumer.Message{m}, results)
+					return results[0].Value, results[0].Err
+				}))
+			}
 			ds := make([]consumer.Delivery, len(tc.keys))
 			cds := make([]*consumertest.Delivery, len(tc.keys))
 			for i, k := range tc.keys {
