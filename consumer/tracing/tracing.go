@@ -149,6 +149,14 @@ func (t *traced) Batching() bool { return t.next.Batching() }
 // its own.
 func (t *traced) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	if !t.next.Batching() {
+		if len(ds) == 1 {
+			// A plain handler's run of one, which next may report handled
+			// before it returns (consumer.RunHandled).
+			ctx, end := t.begin(ctx, ds[0])
+			defer end()
+			t.next.ProcessBatch(ctx, ds)
+			return
+		}
 		for _, d := range ds {
 			t.Process(ctx, d)
 		}

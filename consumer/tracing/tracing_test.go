@@ -2,6 +2,7 @@ package tracing_test
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/consumertest"
@@ -208,5 +210,58 @@ func TestEnabledFollowsOTELEnvironment(t *testing.T) {
 	tr, stop, err := tracing.FromEnv(context.Background(), "test")
 	if err != nil || tr != nil || stop(context.Background()) != nil {
 		t.Fatalf("off: tracer %v err %v", tr, err)
+	}
+}
+
+// plainProc is a Processor whose handler does not batch: it records
+// whether each delivery came through ProcessBatch or Process, and whether
+// a span was open in the context it came with.
+type plainProc struct {
+	calls []string
+}
+
+func (p *plainProc) Prepare(context.Context, []consumer.Delivery) {}
+func (p *plainProc) Batching() bool                               { return false }
+
+func (p *plainProc) Process(ctx context.Context, d consumer.Delivery) {
+	p.calls = append(p.calls, "Process span="+strconv.FormatBool(trace.SpanFromContext(ctx).SpanContext().IsValid()))
+	_ = d.Ack(ctx)
+}
+
+func (p *plainProc) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
+	p.calls = append(p.calls, "ProcessBatch("+strconv.Itoa(len(ds))+") span="+strconv.FormatBool(trace.SpanFromContext(ctx).SpanContext().IsValid()))
+	for _, d := range ds {
+		_ = d.Ack(ctx)
+	}
+}
+
+// A processor that does not batch still gets a run of one through
+// ProcessBatch (a Kafka lane's run, which the engine reports handled before
+// it stores the result), inside the delivery's span; a longer run is taken
+// a delivery at a time through Process, each in its own span.
+func TestPlainRunOfOneStaysARun(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	next := &plainProc{}
+	proc := tracing.New(tp).Wrap("plain", next)
+
+	one := []consumer.Delivery{consumertest.NewDelivery(consumertest.NewMessage("k1", "v"), 1)}
+	proc.ProcessBatch(context.Background(), one)
+	two := []consumer.Delivery{
+		consumertest.NewDelivery(consumertest.NewMessage("k2", "v"), 1),
+		consumertest.NewDelivery(consumertest.NewMessage("k3", "v"), 1),
+	}
+	proc.ProcessBatch(context.Background(), two)
+
+	want := []string{"ProcessBatch(1) span=true", "Process span=true", "Process span=true"}
+	if !slices.Equal(next.calls, want) {
+		t.Fatalf("calls %q, want %q", next.calls, want)
+	}
+	if n := len(exp.GetSpans()); n != 3 {
+		t.Fatalf("%d spans ended, want 3: one a delivery", n)
+	}
+	for _, d := range append(one, two...) {
+		d.(*consumertest.Delivery).ExpectAcked(t)
 	}
 }
