@@ -43,7 +43,9 @@
 // holds one Concurrency slot for the whole call. A processor that knows when
 // a run's handlers are done, before it has stored their results, tells the
 // run's source (RunHandledNotifier): the Kafka source then starts the lane's
-// next run while the first call stores them.
+// next run while the first call stores them. So that a lane of a plain
+// handler overlaps the same way, the Kafka source hands a processor that is
+// not Batching runs of one delivery through ProcessBatch.
 //
 // Every message of a run is settled on its own from its Result: one failed
 // message is retried or dead-lettered alone. On Kafka a nakked message holds

@@ -37,7 +37,8 @@
 // below on how partitions share them).
 //
 // With a batch handler (Runner.Batching), a lane hands its queued messages
-// to Runner.ProcessBatch in runs of up to BatchSize. A run's call may tell
+// to Runner.ProcessBatch in runs of up to BatchSize; with any other
+// handler, in runs of one message. A run's call may tell
 // the source that the run's handlers are done while their results are
 // still being stored (consumer.RunHandledNotifier; the deduplication engine
 // does when every message of the run has a result to store): the lane then

@@ -13,14 +13,18 @@ import (
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
-// overlapping is a batching Processor that tells the source when a run's
+// overlapping is a Processor that tells the source when a run's
 // handlers are done (consumer.RunHandled) and then holds the run in
 // ProcessBatch, as a result being stored would, until the lane's next run
 // has started. The run that holds the partition's last offset is not held.
 // It naks the offsets of nakOnce on their first attempt after the notice,
-// as the engine naks a result it could not store.
+// as the engine naks a result it could not store. It reports that it
+// batches unless single is set; the lane then hands it runs of one, which
+// the engine reports handled as it does runs (a plain handler's run of one,
+// idempotency's ProcessBatch).
 type overlapping struct {
 	t       *testing.T
+	single  bool
 	last    int64 // the partition's last offset
 	nakOnce map[int64]bool
 	// committed reads the group's committed offset of the partition.
@@ -71,7 +75,7 @@ func (p *overlapping) settle(t *testing.T, e *env, r *testenv.Running, n int64) 
 
 func (p *overlapping) Prepare(context.Context, []consumer.Delivery) {}
 
-func (p *overlapping) Batching() bool { return true }
+func (p *overlapping) Batching() bool { return !p.single }
 
 func (p *overlapping) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	offs := make([]int64, len(ds))
@@ -85,6 +89,9 @@ func (p *overlapping) ProcessBatch(ctx context.Context, ds []consumer.Delivery) 
 		if offs[0] <= prev[len(prev)-1] {
 			p.problems = append(p.problems, fmt.Sprintf("run %d %v does not follow run %d %v", k, offs, k-1, prev))
 		}
+	}
+	if p.single && len(offs) != 1 {
+		p.problems = append(p.problems, fmt.Sprintf("run %d %v of a processor that does not batch, want one delivery", k, offs))
 	}
 	p.runs = append(p.runs, offs)
 	p.active++
@@ -154,19 +161,26 @@ func (p *overlapping) ack(ctx context.Context, d consumer.Delivery) {
 // and never has more than two calls at once. A delivery nakked after the
 // notice is retried in place after the run that started meanwhile and
 // before any later one; the committed offset does not pass it before its
-// retry is acked; every offset is acked once.
+// retry is acked; every offset is acked once. A processor that does not
+// batch gets runs of one delivery, and they overlap the same way.
 func TestLaneOverlapsStoringResults(t *testing.T) {
 	t.Parallel()
 	for _, ordering := range []string{kafkasource.OrderingPartition, kafkasource.OrderingKey} {
-		t.Run(ordering, func(t *testing.T) {
-			t.Parallel()
-			testLaneOverlap(t, ordering)
-		})
+		for _, single := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/single=%v", ordering, single), func(t *testing.T) {
+				t.Parallel()
+				testLaneOverlap(t, ordering, single)
+			})
+		}
 	}
 }
 
-func testLaneOverlap(t *testing.T, ordering string) {
-	const n, batch = 40, 10
+func testLaneOverlap(t *testing.T, ordering string, single bool) {
+	const batch = 10
+	n := 40
+	if single {
+		n = 12 // a run a delivery
+	}
 	e := newRealEnv(t, 1)
 	var ms []msg
 	for i := range n {
@@ -174,12 +188,13 @@ func testLaneOverlap(t *testing.T, ordering string) {
 		ms = append(ms, msg{key: "entity", value: fmt.Sprint(i)})
 	}
 	e.produce(e.topic, ms)
-	proc := newOverlapping(t, e, n-1, map[int64]bool{3: true})
+	proc := newOverlapping(t, e, int64(n-1), map[int64]bool{3: true})
+	proc.single = single
 	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 	// Room for the next run while one stores its results.
 	src := e.source(func(c *kafkasource.Config) { c.Ordering, c.BatchSize, c.MaxUnfinished = ordering, batch, 4*batch })
 	r := run(t, worker(t, "overlap", src, ignore, consumer.WithProcessor(newProc), consumer.WithConcurrency(4)))
-	proc.settle(t, e, r, n)
+	proc.settle(t, e, r, int64(n))
 	if proc.maxActive != 2 {
 		t.Errorf("at most %d ProcessBatch calls of the lane at once, want 2: a run overlaps the storing of the one before, and no more", proc.maxActive)
 	}
@@ -203,6 +218,9 @@ func testLaneOverlap(t *testing.T, ordering string) {
 		if proc.acked[off] != 1 {
 			t.Errorf("offset %d acked %d times, want once", off, proc.acked[off])
 		}
+	}
+	if single && len(proc.runs) != n {
+		t.Errorf("%d runs of a processor that does not batch, want %d: one a delivery", len(proc.runs), n)
 	}
 	for off := range proc.retries {
 		if off != 3 {

@@ -568,10 +568,10 @@ func (p *partition) enqueue(ds []*delivery) {
 
 // ---- lanes ----
 
-// runLane runs l's queue in order until it is empty. When the runner
-// batches, it takes the queue in runs of up to BatchSize, each in one
-// ProcessBatch call, and a run's storing of its results overlaps the next
-// run: once a call reports that its handlers are done
+// runLane runs l's queue in order until it is empty. It takes the queue in
+// runs, each in one ProcessBatch call: of up to BatchSize when the runner
+// batches, else of one delivery. A run's storing of its results overlaps
+// the next run: once a call reports that its handlers are done
 // (consumer.RunHandledNotifier), the lane starts its next run, at once or
 // as soon as deliveries are queued to it, then waits for the first call to
 // return and retries that call's nakked deliveries before it starts a
@@ -579,8 +579,10 @@ func (p *partition) enqueue(ds []*delivery) {
 // before, since a call whose handler failed reports nothing before it
 // returns.
 func (p *partition) runLane(l *lane, registered bool) {
-	batching := p.g.m.r.Batching()
-	limit := p.g.m.s.cfg.BatchSize
+	limit := 1
+	if p.g.m.r.Batching() {
+		limit = p.g.m.s.cfg.BatchSize
+	}
 	// prev is a call whose handlers are done and which has not returned.
 	var prev *procCall
 	for {
@@ -601,14 +603,6 @@ func (p *partition) runLane(l *lane, registered bool) {
 			}
 			p.mu.Unlock()
 			return
-		}
-		if !batching {
-			d := l.queue[0]
-			l.queue[0] = nil
-			l.queue = l.queue[1:]
-			p.mu.Unlock()
-			p.deliver(d)
-			continue
 		}
 		n := min(len(l.queue), limit)
 		run := make([]*delivery, n)
