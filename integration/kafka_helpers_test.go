@@ -167,6 +167,8 @@ type kafkaWorkerSpec struct {
 	opts        []idempotency.Option
 	source      func(*kafkasource.Config)
 	spy         *kafkaAckSpy
+	// store, when set, wraps the harness's store for the engine.
+	store func(idempotency.Store) idempotency.Store
 }
 
 func (h *kafkaHarness) sourceConfig(t testing.TB) kafkasource.Config {
@@ -194,7 +196,11 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *testenv.Runnin
 	if err != nil {
 		t.Fatal(err)
 	}
-	engine, err := idempotency.New(h.redis, idempotency.Config{Logger: testenv.Logger(t), Hooks: spec.hooks})
+	var store idempotency.Store = h.redis
+	if spec.store != nil {
+		store = spec.store(store)
+	}
+	engine, err := idempotency.New(store, idempotency.Config{Logger: testenv.Logger(t), Hooks: spec.hooks})
 	if err != nil {
 		t.Fatal(err)
 	}

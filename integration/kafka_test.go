@@ -344,6 +344,99 @@ func TestKafkaFailingHandler(t *testing.T) {
 	})
 }
 
+// heldCompletion is a Store whose Complete of the key named hold waits
+// until release is closed (or 4 s, within the engine's 5 s store timeout), as a
+// slow store would.
+type heldCompletion struct {
+	idempotency.Store
+	hold    string        // the raw key, the effective key's suffix
+	entered chan struct{} // closed when a Complete of hold starts waiting
+	release chan struct{}
+
+	once     sync.Once
+	mu       sync.Mutex
+	released bool // a Complete of hold was let go by release, not by the timeout
+}
+
+func (s *heldCompletion) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
+	for _, c := range cs {
+		if !strings.HasSuffix(c.Key, ":"+s.hold) {
+			continue
+		}
+		s.once.Do(func() { close(s.entered) })
+		select {
+		case <-s.release:
+			s.mu.Lock()
+			s.released = true
+			s.mu.Unlock()
+		case <-time.After(4 * time.Second):
+		}
+	}
+	return s.Store.Complete(ctx, cs)
+}
+
+// TestKafkaPlainHandlerOverlapsCompletion: a plain handler (not a batch
+// handler, as the binary's http and exec actions) on a partition starts the
+// next message while the last one's completion is still being stored, and
+// never before the last one's handler returned; every record is then
+// COMPLETED, and the committed offset reaches the end.
+func TestKafkaPlainHandlerOverlapsCompletion(t *testing.T) {
+	kafkaEachBroker(t, func(t *testing.T, h *kafkaHarness) {
+		h.createTopic(t, h.topic, 1)
+		h.produce(t, h.topic, kafkaPlan{
+			{key: "c1", idem: "m-1", value: "m-1"},
+			{key: "c1", idem: "m-2", value: "m-2"},
+			{key: "c1", idem: "m-3", value: "m-3"},
+		})
+		held := &heldCompletion{hold: "m-1", entered: make(chan struct{}), release: make(chan struct{})}
+		var mu sync.Mutex
+		var order []string
+		running := 0
+		handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+			mu.Lock()
+			running++
+			order = append(order, fmt.Sprintf("%s running=%d", m.Payload, running))
+			mu.Unlock()
+			if string(m.Payload) == "m-2" {
+				// m-1's completion may linger a moment before its store
+				// call: wait for the call, then let it go. A lane that
+				// waited for that call starts m-2 only after it gave up.
+				select {
+				case <-held.entered:
+				case <-time.After(10 * time.Second):
+				}
+				close(held.release)
+			}
+			mu.Lock()
+			running--
+			mu.Unlock()
+			return []byte("done"), nil
+		})
+		r := h.start(t, kafkaWorkerSpec{handler: handler, concurrency: 4,
+			store: func(s idempotency.Store) idempotency.Store { held.Store = s; return held }})
+		h.atEnds(t, 60*time.Second)
+		if err := r.Stop(t, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if want := []string{"m-1 running=1", "m-2 running=1", "m-3 running=1"}; !slices.Equal(order, want) {
+			t.Errorf("handled %q, want %q: in offset order, one at a time", order, want)
+		}
+		held.mu.Lock()
+		defer held.mu.Unlock()
+		if !held.released {
+			t.Error("m-2's handler did not start while m-1's completion was being stored: the lane waited for it")
+		}
+		for _, k := range []string{"m-1", "m-2", "m-3"} {
+			rec, err := h.redis.Get(context.Background(), idempotency.EffectiveKey("orders", k))
+			if err != nil || rec == nil || rec.State != idempotency.StateCompleted {
+				t.Errorf("%s: record %+v, %v; want COMPLETED", k, rec, err)
+			}
+		}
+	})
+}
+
 // TestKafkaKcat checks the whole path with an independent client: kcat
 // (librdkafka) produces messages with headers, including a repeated
 // Idempotency-Key; the worker forwards each unique one to an output topic;
