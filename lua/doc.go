@@ -1,12 +1,12 @@
 // Package lua holds the Redis Lua scripts behind every state change of the
-// deduplication store (SPEC §4.2), embedded from the .lua files beside this
+// deduplication store, embedded from the .lua files beside this
 // file. Each exported string is a complete script body: the shared helpers of
 // lib.lua followed by one script. Package redisbackend wraps each once in
 // redis.NewScript and runs it with EVALSHA, reloading on NOSCRIPT.
 //
 // # Storage
 //
-// One Redis string per effective key, a JSON object (SPEC §4.1):
+// One Redis string per effective key, a JSON object:
 //
 //	{"v":1,"state":"CLAIMED"|"COMPLETED","fp":"…","fpv":1,"token":"…","fence":N,
 //	 "claimed_at_ms":…,"lease_until_ms":…,"completed_at_ms":…,"outcome":"ok",
@@ -20,7 +20,7 @@
 // object of strings, steps an object of base64 strings. Anything else (not
 // JSON, a JSON array or scalar, a missing or ill-typed field, a Redis value of
 // another type) is not a record: absent to readers and replaced by the next
-// claim (SPEC §4.8). The Go decoder in redisbackend applies the same rule, so
+// claim. The Go decoder in redisbackend applies the same rule, so
 // the two never disagree on what is a record. The v field is written as 1 and
 // not interpreted.
 //
@@ -76,7 +76,7 @@
 //     once per call that deleted any.
 //
 // Complete, Renew, Release and Step change nothing unless the key holds a
-// CLAIMED, unreleased record with the given token (SPEC §4.5).
+// CLAIMED, unreleased record with the given token.
 //
 // A claim that finds a live claim under its own token, and a completion
 // that finds the key completed under its own token, are the same call sent
@@ -98,7 +98,7 @@
 // # Attempts
 //
 // attempts counts the claims that made a new owner of a key, and the
-// engine dead-letters a key whose claim is past max_attempts (SPEC §7.2).
+// engine dead-letters a key whose claim is past max_attempts.
 // The count lives in the record, so it lasts as long as the record does.
 // SPEC §4.1 gives a CLAIMED key lease + grace; §11.3, which is newer and
 // takes precedence, asks that the count survive a worker that dies on the
@@ -119,7 +119,7 @@
 // # Fences
 //
 // Every claim that makes a new owner sets the fence to max(stored fence + 1,
-// TIME in microseconds), read once per script call (SPEC §11.3); a key
+// TIME in microseconds), read once per script call; a key
 // without a record gets TIME in microseconds. So fences grow strictly per
 // key while the record lives, and keep growing after it is lost (expired,
 // deleted, evicted, FLUSHALL, a failover to a replica without it), as long
@@ -189,7 +189,7 @@ var forget string
 
 // The scripts, each a complete EVAL body (lib.lua's helpers + one script).
 var (
-	// Claim claims a batch of keys (SPEC §4.3, §4.4).
+	// Claim claims a batch of keys.
 	Claim = lib + claim
 	// Complete completes a batch of owned claims and publishes their keys.
 	Complete = lib + complete

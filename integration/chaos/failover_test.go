@@ -19,8 +19,8 @@ import (
 
 // TestFailover kills the Redis primary of a Sentinel pair with SIGKILL while
 // two workers process a steady stream of NATS messages, lets Sentinel
-// promote the replica and brings the old primary back as a replica (SPEC
-// §11.1). Once without redis.durability and once with replicas: 1, it
+// promote the replica and brings the old primary back as a replica
+// (docs/GUARANTEES.md, "Failover"). Once without redis.durability and once with replicas: 1, it
 // reports the keys that ran more than once, the keys lost (none may be) and
 // how long no key completed around the kill. With replicas: 1 no key may
 // run twice: every claim and completion was on the replica before the

@@ -15,12 +15,12 @@
 //
 // Partitions assigned to the member run in parallel; inside a partition
 // messages run in offset order (Ordering "partition"), or, with Ordering
-// "key", distinct message keys run in parallel, each key in offset order
-// (SPEC §8.1). At most Runner.Concurrency() deliveries are in Process at once
+// "key", distinct message keys run in parallel, each key in offset order.
+// At most Runner.Concurrency() deliveries are in Process at once
 // across the member. Messages without a key have no order to keep: under
 // key ordering each runs on its own. Every fetched batch (up to BatchSize
 // messages) goes to Runner.Prepare once before its messages run, so the
-// deduplication engine claims the batch in one store round trip (SPEC §4.4).
+// deduplication engine claims the batch in one store round trip.
 // A partition fetches ahead only while fewer than MaxUnfinished of its
 // messages are unfinished, counted from the oldest unfinished one, so a slow
 // key cannot make the member claim and buffer without bound. Across all
@@ -52,7 +52,7 @@
 //
 // Kafka cannot redeliver one message, so a Nak is a retry in place: the
 // lane (the partition, or the key) waits the requested delay and processes
-// the message again with Attempt()+1 (SPEC §7.1). Attempts are counted by
+// the message again with Attempt()+1. Attempts are counted by
 // this member; a message that moves to another member after a rebalance
 // starts again at 1. DeadLetter produces the message, with its key, payload
 // and headers plus the consumer.DeadLetter headers, to DeadLetterTopic and
@@ -66,14 +66,14 @@
 // is delivered again to the next owner; the deduplication engine turns those
 // redeliveries into acknowledged duplicates.
 //
-// Rebalance (SPEC §8.2): when the generation ends, the member stops
+// Rebalance: when the generation ends, the member stops
 // fetching, hands deliveries that were fetched but not started to Process
 // with a cancelled context (cause ErrStopping, so the engine releases their
 // claims), lets in-flight deliveries finish for up to RevokeTimeout, then
 // cancels their context with cause ErrRevoked, commits what finished, and
 // only then lets the group move to the next generation.
 //
-// Shutdown (SPEC §8.3): when Consume's context is cancelled the member
+// Shutdown: when Consume's context is cancelled the member
 // stops fetching, waits for in-flight deliveries (the Worker bounds them
 // with its drain timeout), commits, and leaves the group; Consume returns
 // nil. Heartbeats continue while it drains, so the commit is accepted.
@@ -116,7 +116,7 @@
 // or a broken connection, re-resolve the position on OffsetOutOfRange, fail
 // Consume on refused credentials or a topic that stays unknown.
 //
-// # Transactions (SPEC §11.3)
+// # Transactions
 //
 // Isolation is read_committed by default. kafka-go's own fetch paths do not
 // implement it (segmentio/kafka-go#1332): Conn.ReadBatchWith sends the
@@ -174,7 +174,7 @@
 //
 // MaxWait 250ms (kafka-go: 10s, which makes every stop of an idle member take
 // seconds), HeartbeatInterval SessionTimeout/10 (kafka-go: 3s, which delays
-// every rebalance), SessionTimeout 10s (SPEC §9.2), dead-letter writes with
+// every rebalance), SessionTimeout 10s, dead-letter writes with
 // a 2ms batch timeout (kafka-go: 1s per synchronous write).
 //
 // # Limits

@@ -5,8 +5,8 @@
 // and creates it when it does not (AckExplicit, AckWait from Config,
 // MaxDeliver unlimited because the worker counts attempts, and MaxAckPending
 // from Config or the handler's concurrency, times Config.Batch for a batch
-// handler; SPEC §9.2). An existing consumer
-// follows Config's AckWait and a larger MaxAckPending (SPEC §11.5).
+// handler). An existing consumer
+// follows Config's AckWait and a larger MaxAckPending.
 //
 // It keeps one pull subscription open for the whole of Consume (jetstream's
 // Consume, whose callback only hands each message on): the server pushes
@@ -39,7 +39,7 @@
 // batch waits up to 2ms for slots in use to come free, so that a busy handler
 // is fed in batches of useful size. It shows each batch to the processor once
 // (consumer.Runner.Prepare, so the deduplication engine claims a whole batch
-// in one Redis round trip, SPEC §4.4) and runs each delivery on a pool of at
+// in one Redis round trip) and runs each delivery on a pool of at
 // most Runner.Concurrency goroutines. A batch handler's slot is a run, not a
 // message (consumer.Runner.ProcessBatch): each batch is one ProcessBatch call
 // under one slot, so up to concurrency × Config.Batch messages are in its

@@ -3,7 +3,7 @@ package natssource
 import "testing"
 
 // TestDefaultAckPending: without batching the window is the concurrency
-// (SPEC §9.2); a batching runner's is concurrency × batch, capped at
+//; a batching runner's is concurrency × batch, capped at
 // maxDefaultAckPending, never under the concurrency.
 func TestDefaultAckPending(t *testing.T) {
 	for _, c := range []struct {
