@@ -14,7 +14,7 @@ import (
 )
 
 // records, forget --state and stats work over TLS as the
-// README's least-privilege ACL user (secACL), and each of +scan, +pttl and
+// least-privilege ACL user of docs/SECURITY.md (secACL), and each of +scan, +pttl and
 // +memory|usage is needed: without it the command fails, exit 1, with the
 // server's refusal.
 func TestSecurityRecordsForgetStatsAsTheACLUser(t *testing.T) {

@@ -38,7 +38,7 @@ import (
 
 // SecACL is the least-privilege ACL of a dedupworker Redis user, for the
 // namespace NS: its keys, its notification channel, and the commands the
-// store and its scripts run (README "## Security"). Found by running the
+// store and its scripts run (docs/SECURITY.md, "Redis"). Found by running the
 // store conformance suite under it and removing what nothing needed; +info
 // is for the store health checks and the eviction count,
 // which read INFO where CONFIG GET is refused; +scan and +pttl are for

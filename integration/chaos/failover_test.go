@@ -26,8 +26,8 @@ import (
 // run twice: every claim and completion was on the replica before the
 // worker acted on it, and a handler that finished while no primary answered
 // has its result held until its completion lands on the promoted replica.
-// That takes a lease longer than the failover (README, "When Redis fails
-// over", has the figures): a claim whose lease ran out while nothing could
+// That takes a lease longer than the failover (docs/SECURITY.md, "When Redis fails over",
+// has the figures): a claim whose lease ran out while nothing could
 // renew it is another worker's to take, as a crashed worker's would be.
 // Without durability the repeats are the writes the replica had not
 // received; the test reports them and asserts nothing about their number.
