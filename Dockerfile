@@ -23,7 +23,7 @@ FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/dedupworker /usr/local/bin/dedupworker
 # distroless "nonroot": uid/gid 65532, home /home/nonroot, no shell.
 USER 65532:65532
-# /metrics, /healthz, /readyz (SPEC §8.4).
+# /metrics, /healthz, /readyz.
 EXPOSE 9464
 ENTRYPOINT ["/usr/local/bin/dedupworker"]
 CMD ["run", "-c", "/etc/dedupworker/config.yaml"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Apache Kafka in KRaft mode on loopback, from its Maven Central jars, for the
-# tests (SPEC §10). Two deployments:
+# tests. Two deployments:
 #
 #   single   one combined broker+controller (node 1) for the default suite:
 #              127.0.0.1:9092  PLAINTEXT

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A replicated Redis pair watched by three Sentinels, on loopback, for the
-# Sentinel and failover tests (SPEC §4.7, §11.1):
+# Sentinel and failover tests:
 #
 #   127.0.0.1:6390         the first primary
 #   127.0.0.1:6391         its replica

@@ -135,7 +135,7 @@ func TestHostileEmptyKey(t *testing.T) {
 
 // A 1 MiB key and keys that are not UTF-8 deduplicate like any other: the
 // first runs, the repeat is a duplicate, a key differing in one byte is its
-// own key, and no Redis key grows past the hashed form (SPEC §2).
+// own key, and no Redis key grows past the hashed form.
 func TestHostileHugeAndBinaryKeys(t *testing.T) {
 	t.Parallel()
 	f := newHostileFix(t)
@@ -176,8 +176,8 @@ func TestHostileHugeAndBinaryKeys(t *testing.T) {
 	}
 }
 
-// A payload that is not JSON with a json: key source is a missing key
-// (SPEC §3.2), not a crash and not an error: dead-lettered missing_key and
+// A payload that is not JSON with a json: key source is a missing key,
+// not a crash and not an error: dead-lettered missing_key and
 // acked; a header source listed first still wins.
 func TestHostileNonJSONPayload(t *testing.T) {
 	t.Parallel()
@@ -291,8 +291,8 @@ func TestHostileBinaryHeaders(t *testing.T) {
 }
 
 // A record overwritten with garbage, or with JSON of the wrong shape, is
-// absent to readers and replaced by the next claim (SPEC §4.3 RECOVERED,
-// §4.8), counted as corrupt: the handler runs (the only safe choice when the
+// absent to readers and replaced by the next claim (a RECOVERED
+// claim), counted as corrupt: the handler runs (the only safe choice when the
 // stored state is unknown), the record is whole again, and the next delivery
 // is a duplicate.
 func TestHostileCorruptRecord(t *testing.T) {

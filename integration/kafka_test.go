@@ -1,6 +1,6 @@
 package integration_test
 
-// Integration tests of SPEC §5–§8 over Kafka: the deduplication engine on
+// Integration tests of processing, failures and running over Kafka: the deduplication engine on
 // real Redis behind the Kafka consumer-group Source, on real Apache Kafka
 // (the local KRaft node of .ci/kafka.sh, or $KAFKA_BROKERS).
 

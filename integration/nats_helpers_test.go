@@ -22,7 +22,7 @@ import (
 )
 
 // natsEachServer runs f against the system nats-server and an embedded
-// current one (SPEC §10), in parallel.
+// current one, in parallel.
 func natsEachServer(t *testing.T, f func(t *testing.T, h *natsHarness)) {
 	t.Helper()
 	testenv.EachNATSServer(t, func(t *testing.T, url string) { f(t, newNATSHarness(t, url)) })

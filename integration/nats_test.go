@@ -1,6 +1,6 @@
 package integration_test
 
-// Integration tests of issue 3 (SPEC §5–§8 over NATS JetStream): the
+// Integration tests of processing, failures and running over NATS JetStream: the
 // deduplication engine on real Redis behind the JetStream Source, on the
 // system nats-server and an embedded current one.
 
@@ -385,7 +385,7 @@ func TestNATSShutdownInFlight(t *testing.T) {
 }
 
 // TestNATSWaitingDuplicateHeartbeats: a duplicate that waits for the owner
-// of its key (SPEC §4.6) for 3× AckWait is heartbeated like the running
+// of its key for 3× AckWait is heartbeated like the running
 // handler, so it is not redelivered, and it is acked as a duplicate once the
 // owner completes.
 func TestNATSWaitingDuplicateHeartbeats(t *testing.T) {

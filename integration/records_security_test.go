@@ -13,8 +13,8 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 )
 
-// records, forget --state and stats (SPEC §11.6) work over TLS as the
-// README's least-privilege ACL user (secACL), and each of +scan, +pttl and
+// records, forget --state and stats work over TLS as the
+// least-privilege ACL user of docs/SECURITY.md (secACL), and each of +scan, +pttl and
 // +memory|usage is needed: without it the command fails, exit 1, with the
 // server's refusal.
 func TestSecurityRecordsForgetStatsAsTheACLUser(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
-// redrive needs no Redis command beyond the README's least-privilege ACL:
+// redrive needs no Redis command beyond the least-privilege ACL of docs/SECURITY.md:
 // as that user, over TLS with password_file, it forgets a dead_lettered
 // record and republishes its dead letter, and the user's password shows
 // nowhere in its output.

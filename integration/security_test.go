@@ -38,12 +38,12 @@ import (
 
 // SecACL is the least-privilege ACL of a dedupworker Redis user, for the
 // namespace NS: its keys, its notification channel, and the commands the
-// store and its scripts run (README "## Security"). Found by running the
+// store and its scripts run (docs/SECURITY.md, "Redis"). Found by running the
 // store conformance suite under it and removing what nothing needed; +info
-// is for the store health checks and the eviction count (SPEC §11.2),
+// is for the store health checks and the eviction count,
 // which read INFO where CONFIG GET is refused; +scan and +pttl are for
-// dedupworker records and forget --state, +memory|usage for stats (SPEC
-// §11.6; records_security_test.go runs them as this user).
+// dedupworker records and forget --state, +memory|usage for stats
+// (records_security_test.go runs them as this user).
 const secACL = "reset on >%s ~%s:* resetchannels &%s:dedup:done &%s:dedup:forget -@all " +
 	"+evalsha +eval +script|load +get +set +del +publish +time +ping +subscribe +unsubscribe +info +scan +pttl +memory|usage"
 
@@ -201,7 +201,7 @@ func TestSecurityRedisTLSLeastPrivilege(t *testing.T) {
 				t.Fatalf("claim/renew/complete/get/wait without %s: %v, want the refusal", missing[1:], err)
 			}
 			if !errors.Is(err, idempotency.ErrStoreUnavailable) {
-				t.Errorf("error %v does not wrap ErrStoreUnavailable (fail-closed, SPEC §7.3)", err)
+				t.Errorf("error %v does not wrap ErrStoreUnavailable (fail-closed)", err)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
--- claim: claims a batch of keys atomically (SPEC §4.3).
+-- claim: claims a batch of keys atomically.
 --
 -- KEYS:    the Redis keys of the batch (all in one hash slot on Cluster).
 -- ARGV[1]: grace in ms.
@@ -19,7 +19,7 @@
 -- nobody completed or released (its worker died) is found and RECLAIMED,
 -- its attempt counted, for as long as the key's completion would be
 -- remembered, so a key that kills its worker on every run reaches
--- max_attempts however slowly the worker restarts (SPEC §11.3).
+-- max_attempts however slowly the worker restarts.
 -- Returns an array: first a string of one outcome code a key, in KEYS
 -- order: n NEW with no record in the reply, N NEW, R RECLAIMED, V
 -- RECOVERED, D DUPLICATE, I IN_FLIGHT, M MISMATCH; then, in KEYS order, one
@@ -45,7 +45,7 @@ local now, now_us = clock()
 local now_s = string.format('%d', now)
 -- The fence of a key without a record: new_fence(nil, now_us), the server
 -- time in microseconds, so that a key whose record was lost starts above
--- every fence it had before (SPEC §11.3).
+-- every fence it had before.
 local fresh_fence = int_s(now_us)
 -- out[1] is the codes (written last, from codes), then the records.
 local out = { '' }
@@ -147,7 +147,7 @@ for i = 1, #KEYS do
       -- as much as the claim and completion of a new key. The client reads
       -- every DUPLICATE's record, and claims a key whose record it cannot
       -- read again in the long form, which never takes this path and
-      -- recovers what valid refuses (SPEC §4.8).
+      -- recovers what valid refuses.
       outcome = 'DUPLICATE'
     else
       state, pfp, pfpv, ptoken, pfence, _, plu, pattempts = parse(raw)

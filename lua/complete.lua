@@ -1,4 +1,4 @@
--- complete: stores the results of a batch of owned claims (SPEC §4.5).
+-- complete: stores the results of a batch of owned claims.
 --
 -- KEYS:    the Redis keys (all in one hash slot on Cluster).
 -- ARGV[1]: the notification channel.
@@ -18,7 +18,7 @@
 -- none). One string rather than an integer a key: each entry of a reply
 -- is a value the server converts and writes, and the client reads. The keys
 -- completed are published on the channel in one message for the whole call:
--- the key alone when there is one (as SPEC §4.5 says), else "\n" key "\n"
+-- the key alone when there is one, else "\n" key "\n"
 -- key ... "\n". Waiters are rare (only for keys in flight), so one PUBLISH a
 -- call rather than one a key.
 

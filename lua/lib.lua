@@ -8,7 +8,7 @@ local function now_ms()
 end
 
 -- clock reads TIME once and returns it in milliseconds (for leases) and in
--- microseconds (the floor of every new fence, SPEC §11.3). Microseconds
+-- microseconds (the floor of every new fence). Microseconds
 -- since 1970 are about 1.8e15, below 2^53: an exact integer in Lua's double
 -- and in Go's int64 until the year 2255.
 local function clock()
@@ -112,7 +112,7 @@ local function slow()
   -- old (nil when there was none): max(old + 1, now_us). Taking the server's
   -- clock as the floor keeps fences growing when the record is lost (expired,
   -- deleted, evicted, a wiped or failed-over Redis), as long as the clock did
-  -- not go back by more than the time since the last claim (SPEC §11.3).
+  -- not go back by more than the time since the last claim.
   local function new_fence(old, now_us)
     if type(old) == 'number' and old > -1e308 and old < 1e308 then
       return math.max(math.floor(old) + 1, now_us)
@@ -178,7 +178,7 @@ local function slow()
   end
 
   -- valid mirrors the Go decoder in redisbackend: what it rejects is not a
-  -- record (SPEC §4.8) and is replaced by the next claim.
+  -- record and is replaced by the next claim.
   local function valid(r)
     local s = r.state
     return (s == 'CLAIMED' or s == 'COMPLETED')

@@ -1,5 +1,5 @@
--- release: gives up an owned claim so the key can be claimed again at once
--- (SPEC §7.1). The record stays, CLAIMED with released = true and an expired
+-- release: gives up an owned claim so the key can be claimed again at once.
+-- The record stays, CLAIMED with released = true and an expired
 -- lease, so its fence, attempts and steps carry over to the next claim.
 --
 -- KEYS[1]: the Redis key.

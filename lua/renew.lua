@@ -1,4 +1,4 @@
--- renew: extends an owned claim's lease (SPEC §6).
+-- renew: extends an owned claim's lease.
 --
 -- KEYS[1]: the Redis key.
 -- ARGV:    token, lease in ms, grace in ms.
@@ -8,7 +8,7 @@
 -- retention), see claim.lua): the new TTL is the new lease plus the time
 -- the key had left after the old lease's end, and at least lease + grace.
 -- So a worker that dies after renewals leaves its attempt counted as long
--- as one that died before the first (SPEC §11.3). Renew need not be told
+-- as one that died before the first. Renew need not be told
 -- the retention, and costs one PTTL more, once per lease/3 per running
 -- handler.
 

@@ -1,4 +1,4 @@
--- step: stores the result of a finished step in an owned claim (SPEC §5.4).
+-- step: stores the result of a finished step in an owned claim.
 --
 -- KEYS[1]: the Redis key.
 -- ARGV:    token, step name, result (base64).

@@ -150,7 +150,7 @@ func runChaos(t *testing.T, p params, store string) {
 		sent = testenv.StartSentinel(t)
 		durability := ""
 		if os.Getenv("CHAOS_DURABILITY") != "" {
-			// Every claim and completion waits for the replica (SPEC §11.1):
+			// Every claim and completion waits for the replica:
 			// a failover then explains no repeat.
 			durability = "durability: {replicas: 1, timeout: 200ms}, "
 		}
@@ -183,7 +183,7 @@ func runChaos(t *testing.T, p params, store string) {
 
 	// The durable consumer, made here so that several workers share an ack
 	// window of workers × concurrency: the binary creates it with
-	// MaxAckPending = one worker's concurrency (SPEC §9.2), which starves
+	// MaxAckPending = one worker's concurrency, which starves
 	// all but one worker of a shared durable, and binds to an existing one
 	// unchanged.
 	if _, err := js.CreateOrUpdateConsumer(ctx, "CHAOS", jetstream.ConsumerConfig{
@@ -624,7 +624,7 @@ func analyse(t *testing.T, path string, kp keyPlan, lease time.Duration) *analys
 // claimedByFailover reports whether a failover can explain the CLAIMED
 // record of hk, a key whose handler completed: one came after its last
 // completed run began, so the replica Sentinel promoted may have had the
-// claim and not the completion (asynchronous replication, SPEC §11.1). A
+// claim and not the completion (asynchronous replication). A
 // duplicate that claims the key again repairs such a record; one answered
 // by the local cache of the process that completed it (which is right: the
 // key was completed) leaves it.

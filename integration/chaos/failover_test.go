@@ -19,15 +19,15 @@ import (
 
 // TestFailover kills the Redis primary of a Sentinel pair with SIGKILL while
 // two workers process a steady stream of NATS messages, lets Sentinel
-// promote the replica and brings the old primary back as a replica (SPEC
-// §11.1). Once without redis.durability and once with replicas: 1, it
+// promote the replica and brings the old primary back as a replica
+// (docs/GUARANTEES.md, "Failover"). Once without redis.durability and once with replicas: 1, it
 // reports the keys that ran more than once, the keys lost (none may be) and
 // how long no key completed around the kill. With replicas: 1 no key may
 // run twice: every claim and completion was on the replica before the
 // worker acted on it, and a handler that finished while no primary answered
 // has its result held until its completion lands on the promoted replica.
-// That takes a lease longer than the failover (README, "When Redis fails
-// over", has the figures): a claim whose lease ran out while nothing could
+// That takes a lease longer than the failover (docs/SECURITY.md, "When Redis fails over",
+// has the figures): a claim whose lease ran out while nothing could
 // renew it is another worker's to take, as a crashed worker's would be.
 // Without durability the repeats are the writes the replica had not
 // received; the test reports them and asserts nothing about their number.

@@ -1,7 +1,7 @@
 // Package crashloop_test runs the dedupworker binary on a key whose handler
 // kills its worker (kill -9) on every run, restarting the worker each time
 // it dies, later than lease + grace, as Kubernetes does under
-// CrashLoopBackOff. SPEC §11.3: the key's attempts survive the restarts and
+// CrashLoopBackOff. The key's attempts survive the restarts and
 // it is dead-lettered after max_attempts runs, not run for ever.
 package crashloop_test
 

@@ -1,5 +1,5 @@
 // Package metrics adapts dedupworker's hooks (consumer.Hook*) to Prometheus
-// metrics with the names of SPEC §8.4, and serves /metrics, /healthz and
+// metrics listed in docs/OPERATIONS.md, and serves /metrics, /healthz and
 // /readyz.
 package metrics
 
@@ -28,9 +28,9 @@ var Outcomes = []consumer.Outcome{
 }
 
 // StoreOps lists the op label values of the store metrics. wait is the
-// Redis store's WAIT for replicas (SPEC §11.1), reported from inside its
+// Redis store's WAIT for replicas, reported from inside its
 // claims, completions, releases and steps when durability is on; inflight
-// is a wait for a key in flight elsewhere (SPEC §4.6).
+// is a wait for a key in flight elsewhere.
 var StoreOps = []string{"claim", "complete", "renew", "release", "step", "inflight", "get", "delete", "ping", "wait"}
 
 // DurableOps lists the op label values of dedup_durability_shortfalls_total:
@@ -103,7 +103,7 @@ type transportSeries struct {
 }
 
 // StoreRiskChecks lists the check label values of dedup_store_risk: the
-// store health checks of SPEC §11.2.
+// store health checks (docs/SECURITY.md, "Store health checks").
 var StoreRiskChecks = []string{"eviction", "persistence", "replicas", "appendfsync", "failover"}
 
 var (
@@ -123,7 +123,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedup_messages_total",
-			Help: "Deliveries settled, by transport, handler and outcome (SPEC §8.4).",
+			Help: "Deliveries settled, by transport, handler and outcome.",
 		}, []string{"transport", "handler", "outcome"}),
 		handlerDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "dedup_handler_duration_seconds",
@@ -149,19 +149,19 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"handler"}),
 		corrupt: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dedup_corrupt_records_total",
-			Help: "Stored values that were not valid records and were replaced by a claim (SPEC §4.8).",
+			Help: "Stored values that were not valid records and were replaced by a claim.",
 		}),
 		shortfalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedup_durability_shortfalls_total",
-			Help: "Store writes that fewer replicas than redis.durability.replicas acknowledged in time, by operation; each failed closed (SPEC §11.1).",
+			Help: "Store writes that fewer replicas than redis.durability.replicas acknowledged in time, by operation; each failed closed.",
 		}, []string{"op"}),
 		storeRisk: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dedup_store_risk",
-			Help: "1 when the store health check found the Redis settings risk running a key twice (eviction, persistence, replicas, appendfsync), else 0, also when the setting could not be read (SPEC §11.2).",
+			Help: "1 when the store health check found the Redis settings risk running a key twice (eviction, persistence, replicas, appendfsync), else 0, also when the setting could not be read.",
 		}, []string{"check"}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dedup_store_evictions_total",
-			Help: "Keys Redis evicted since the worker started (INFO stats evicted_keys, summed over primaries): an evicted record lets a duplicate run again (SPEC §11.2).",
+			Help: "Keys Redis evicted since the worker started (INFO stats evicted_keys, summed over primaries): an evicted record lets a duplicate run again.",
 		}),
 	}
 	for _, c := range []prometheus.Collector{

@@ -21,7 +21,7 @@ type Check struct {
 	Fn   func(ctx context.Context) error
 }
 
-// Server serves /metrics, /healthz and /readyz (SPEC §8.4).
+// Server serves /metrics, /healthz and /readyz.
 type Server struct {
 	srv    *http.Server
 	ln     net.Listener

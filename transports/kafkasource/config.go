@@ -23,7 +23,7 @@ const (
 	StartLatest   = "latest"
 )
 
-// Ordering modes (SPEC §8.1).
+// Ordering modes.
 const (
 	// OrderingPartition processes each partition in offset order, one
 	// message at a time; partitions run in parallel.
@@ -35,7 +35,7 @@ const (
 )
 
 // Isolation levels: which records of transactional producers a Source
-// reads (SPEC §11.3).
+// reads.
 const (
 	// IsolationReadCommitted reads records of committed transactions and
 	// non-transactional records; records of aborted transactions are
@@ -92,11 +92,11 @@ type Config struct {
 	// Default 250ms (kafka-go's own default of 10s makes every stop slow).
 	MaxWait time.Duration
 	// Isolation is "read_committed" (default) or "read_uncommitted": whether
-	// records of aborted transactions are skipped (SPEC §11.3). Transaction
+	// records of aborted transactions are skipped. Transaction
 	// markers (control records) are never handed to the Runner under
 	// either level; their offsets are committed like any other.
 	Isolation string
-	// Ordering is "partition" (default) or "key" (SPEC §8.1).
+	// Ordering is "partition" (default) or "key".
 	Ordering string
 	// CommitInterval is how often finished offsets are committed (also on
 	// revoke and shutdown). Default 1s.

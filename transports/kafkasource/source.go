@@ -21,7 +21,7 @@ import (
 )
 
 // ErrRevoked is the cause of a Process context cancelled because its
-// partition was revoked in a rebalance and RevokeTimeout ran out (SPEC §8.2).
+// partition was revoked in a rebalance and RevokeTimeout ran out.
 var ErrRevoked = errors.New("kafka: partition revoked")
 
 // ErrStopping is the cause of the already-cancelled context with which
@@ -228,7 +228,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 		s:   s,
 		r:   r,
 		dlq: dlq,
-		// Member-wide cap on deliveries in Process (SPEC §8.1).
+		// Member-wide cap on deliveries in Process.
 		sem:        make(chan struct{}, max(r.Concurrency(), 1)),
 		base:       context.WithoutCancel(ctx),
 		unfinished: s.unfinishedFor(r.Batching()),
@@ -627,7 +627,7 @@ func (g *generation) refreshEnds(ctx context.Context, tr *kafka.Transport) *kafk
 }
 
 // commit commits, for every partition whose watermark moved, the lowest
-// offset not yet finished (SPEC §8.1).
+// offset not yet finished.
 func (g *generation) commit() {
 	g.commitMu.Lock()
 	defer g.commitMu.Unlock()

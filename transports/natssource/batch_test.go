@@ -260,7 +260,7 @@ func btoi(b bool) int {
 	return 0
 }
 
-// TestBatchExistingConsumerRaised (SPEC §11.5): a durable that exists with
+// TestBatchExistingConsumerRaised: a durable that exists with
 // the concurrency as its MaxAckPending is raised to a batching runner's
 // window, concurrency × Batch, with the Info line naming old and new values;
 // an explicit MaxAckPending still wins over that default.

@@ -108,7 +108,7 @@ func (s *Source) create(ctx context.Context, defaultPending int) (jetstream.Cons
 }
 
 // reconcile checks an existing consumer (checkExisting) and makes it follow
-// Config (SPEC §11.5): a different AckWait, or a MaxAckPending below the
+// Config: a different AckWait, or a MaxAckPending below the
 // configured one (Config.MaxAckPending, else defaultPending), is updated
 // with an Info line naming the old and new values; a MaxAckPending above
 // the configured one is kept, with a warning, because other workers on the

@@ -18,7 +18,7 @@ type Config struct {
 	// Consumer is the durable name of the pull consumer. Required. It is
 	// created when it does not exist (unless BindOnly); when it does, its
 	// AckWait and MaxAckPending are updated to follow AckWait and
-	// MaxAckPending (SPEC §11.5; not with BindOnly) and the rest is used as
+	// MaxAckPending (not with BindOnly) and the rest is used as
 	// it is.
 	Consumer string
 	// Subject is the filter subject of a consumer the Source creates; empty
@@ -29,7 +29,7 @@ type Config struct {
 	// and updated when an existing one differs: how long the
 	// server waits for an ack before redelivering. Heartbeats
 	// (Delivery.Heartbeat) reset it. Default 30s, the default lease. Set it
-	// to the deduplication lease (SPEC §9.2): the engine heartbeats on every
+	// to the deduplication lease: the engine heartbeats on every
 	// lease renewal, a third of the lease apart, and as often while a
 	// duplicate waits for the key's owner, so an AckWait shorter than that
 	// redelivers a message while its handler still runs or while it waits.
@@ -38,12 +38,12 @@ type Config struct {
 	// Source creates it and raised when an existing one is lower (a higher
 	// one is kept, with a warning: other workers may need it): how many
 	// messages the server lets be unacknowledged across every worker bound
-	// to the consumer. Default (0): the handler's concurrency (SPEC §8.1),
+	// to the consumer. Default (0): the handler's concurrency,
 	// which suits one worker; when the runner batches (a batch handler),
 	// where each of the concurrency's slots is a run of up to Batch
 	// messages, concurrency × Batch, at most 4096 and at least the
 	// concurrency. For N workers sharing the durable consumer set N times
-	// that, or they share one worker's capacity (SPEC §11.5).
+	// that, or they share one worker's capacity.
 	MaxAckPending int
 	// Batch caps how many messages go into one batch claim
 	// (Runner.Prepare) and, without batching, how many the pull

@@ -14,8 +14,8 @@ import (
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
-// The NATS Source passes the Source conformance suite on every server of
-// SPEC §10, with dead letters captured by a stream of their own and an
+// The NATS Source passes the Source conformance suite on every NATS server the
+// tests use (docs/TESTING.md), with dead letters captured by a stream of their own and an
 // AckWait short enough that the heartbeat check outlasts it.
 func TestSourceConformance(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {

@@ -15,7 +15,8 @@ import (
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
-// forEachServer runs f as a subtest against every NATS server of SPEC §10.
+// forEachServer runs f as a subtest against every NATS server the tests use
+// (docs/TESTING.md).
 func forEachServer(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Helper()
 	testenv.EachNATSServer(t, func(t *testing.T, url string) { f(t, newEnv(t, url)) })

@@ -2,8 +2,8 @@ package natssource
 
 import "testing"
 
-// TestDefaultAckPending: without batching the window is the concurrency
-// (SPEC §9.2); a batching runner's is concurrency × batch, capped at
+// TestDefaultAckPending: without batching the window is the concurrency;
+// a batching runner's is concurrency × batch, capped at
 // maxDefaultAckPending, never under the concurrency.
 func TestDefaultAckPending(t *testing.T) {
 	for _, c := range []struct {

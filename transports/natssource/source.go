@@ -221,7 +221,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 
 	// After the last Process returned: push the acks and naks still
 	// buffered in the connection out to the server, so that work done
-	// before the stop is not redelivered (SPEC §8.3).
+	// before the stop is not redelivered.
 	defer s.flush()
 	buf := s.startBuffer()
 	defer s.endBuffer() // after every Process returned
@@ -470,7 +470,7 @@ func (rc *receiver) delivery(r received, room int) *delivery {
 
 // defaultAckPending is the consumer's MaxAckPending when
 // Config.MaxAckPending is 0: the concurrency, which is how many messages
-// are in calls at once without batching (SPEC §8.1, §11.5); when the
+// are in calls at once without batching; when the
 // runner batches, concurrency × batch, the most there can be in calls,
 // capped at maxDefaultAckPending (and never under the concurrency).
 func defaultAckPending(concurrency, batch int, batching bool) int {

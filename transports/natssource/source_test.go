@@ -141,7 +141,7 @@ func TestFetchAck(t *testing.T) {
 	})
 }
 
-// TestExistingConsumerFollowsConfig (SPEC §11.5): an existing consumer
+// TestExistingConsumerFollowsConfig: an existing consumer
 // gets the configured AckWait and a MaxAckPending raised to the configured
 // one, with an Info line naming old and new values; its filter is kept.
 func TestExistingConsumerFollowsConfig(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package dashboardtest checks deploy/grafana/dedupworker.json against the
-// metrics a running dedupworker really exports (SPEC §8.4).
+// metrics a running dedupworker really exports.
 package dashboardtest
 
 import (
@@ -130,7 +130,7 @@ var metricName = regexp.MustCompile(`dedup_[a-z_]+`)
 
 // TestDashboardShape: the JSON parses, has the variables the panels use,
 // every panel queries Prometheus through ${datasource}, and the dashboard
-// covers each metric family of SPEC §8.4 the issue asks for.
+// covers each metric family the worker exports (docs/OPERATIONS.md).
 func TestDashboardShape(t *testing.T) {
 	d := loadDashboard(t)
 	if d.UID == "" || d.Title == "" {

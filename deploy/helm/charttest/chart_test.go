@@ -834,7 +834,7 @@ func TestDefaultGracePeriod(t *testing.T) {
 	}
 }
 
-// TestNATSMaxAckPending (SPEC §11.5): every pod binds to one durable, so the
+// TestNATSMaxAckPending: every pod binds to one durable, so the
 // chart sets its max_ack_pending to the most pods there can be times each
 // pod's window, unless the config sets it. A pod's window is its concurrency,
 // or for a forward action (a batch handler, whose slots are runs of up to

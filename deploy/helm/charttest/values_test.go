@@ -64,7 +64,7 @@ var (
 )
 
 // TestSchemaMatchesConfig: the schema of `config` has exactly the fields of
-// the binary's config types (SPEC §9.2) at every level, and rejects others,
+// the binary's config types at every level, and rejects others,
 // so values map one-to-one onto the config and a misspelt field fails at
 // helm time.
 func TestSchemaMatchesConfig(t *testing.T) {

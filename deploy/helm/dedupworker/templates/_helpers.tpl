@@ -214,7 +214,7 @@ literal secret (which would otherwise be stored in the ConfigMap).
 {{- if not (hasKey . "max_ack_pending") -}}
 {{- /* Every pod binds to one durable: its MaxAckPending is the pods at most
        (keda.maxReplicaCount, autoscaling.maxReplicas or replicaCount) times
-       each pod's window, SPEC §11.5. A pod's window is its concurrency (the
+       each pod's window. A pod's window is its concurrency (the
        binary's default 16); a forward action is a batch handler, whose
        concurrency counts runs of up to max(concurrency, 128) messages each,
        so its window is concurrency × max(concurrency, 128), at most 4096
