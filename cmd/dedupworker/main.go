@@ -66,12 +66,21 @@ func main() {
 }
 
 func runMain(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		printUsage(stderr)
-		if len(args) == 0 {
-			return exitUsage
-		}
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		printUsage(stdout)
 		return exitOK
+	case "help":
+		if len(args) == 1 {
+			printUsage(stdout)
+			return exitOK
+		}
+		// help CMD is CMD -h.
+		args = []string{args[1], "-h"}
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {
@@ -108,27 +117,52 @@ func printUsage(w io.Writer) {
 	fmt.Fprint(w, "\nRun 'dedupworker <command> -h' for a command's flags and examples.\n")
 }
 
-// newFlagSet returns a FlagSet whose -h prints the usage line, the flags and
-// examples.
-func newFlagSet(name, usage, examples string, stderr io.Writer) *flag.FlagSet {
+// newFlagSet returns a FlagSet whose -h (or -help, --help) prints the usage
+// line, the flags and examples to stdout; a flag it does not know prints
+// the error and the same text to stderr.
+func newFlagSet(name, usage, examples string, stdout, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	help := &helpFlag{out: stdout}
+	fs.Var(help, "h", "show this help and exit")
+	fs.Var(help, "help", "show this help and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: dedupworker %s\n\nFlags:\n", usage)
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: dedupworker %s\n\nFlags:\n", usage)
 		fs.PrintDefaults()
 		if examples != "" {
-			fmt.Fprintf(stderr, "\nExamples:\n%s", examples)
+			fmt.Fprintf(w, "\nExamples:\n%s", examples)
 		}
 	}
 	return fs
 }
 
-// parseFlags parses args; bad flags are usage errors.
+// helpFlag is the -h and -help flag of every command: asked for, the
+// command prints its usage to out and exits 0.
+type helpFlag struct {
+	asked bool
+	out   io.Writer
+}
+
+func (h *helpFlag) String() string   { return "" }
+func (h *helpFlag) IsBoolFlag() bool { return true }
+func (h *helpFlag) Set(v string) error {
+	h.asked = v == "true"
+	return nil
+}
+
+// parseFlags parses args; bad flags are usage errors. With -h, the usage
+// goes to stdout and the error is flag.ErrHelp (exit 0).
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
+	err := fs.Parse(args)
+	if h, ok := fs.Lookup("h").Value.(*helpFlag); ok && h.asked && err == nil {
+		stderr := fs.Output()
+		fs.SetOutput(h.out)
+		fs.Usage()
+		fs.SetOutput(stderr)
+		return flag.ErrHelp
+	}
+	if err != nil {
 		return usageError{err}
 	}
 	return nil

@@ -196,7 +196,7 @@ func cmdRedrive(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("redrive", "redrive -c FILE --handler NAME [--limit N] [--dry-run] [-o table|json]", `  dedupworker redrive -c config.yaml --handler orders --dry-run     # what would go back, changes nothing
   dedupworker redrive -c config.yaml --handler orders               # forget, republish, ack each dead letter
   dedupworker redrive -c config.yaml --handler orders --limit 10 -o json
-`, stderr)
+`, stdout, stderr)
 	file := fs.String("c", "", "the config `file`: the handler's source, dead_letter and the redis section (required)")
 	handler := fs.String("handler", "", "the handler `name` whose dead letters go back (required)")
 	limit := fs.Int("limit", 0, "stop after `N` dead letters (0: all of them)")

@@ -287,8 +287,15 @@ type KafkaOut struct {
 // NATSOut is a NATS destination. URL and credentials default to the
 // handler's NATS source.
 type NATSOut struct {
-	URL      string `yaml:"url"`
-	Subject  string `yaml:"subject"`
+	URL     string `yaml:"url"`
+	Subject string `yaml:"subject"`
+	// Core, in a dead_letter only, says that dead letters are meant for
+	// core NATS subscribers: the worker then starts although no JetStream
+	// stream captures Subject, and a dead letter published while no
+	// subscriber listens is gone. Without it (the default), run and
+	// validate --online refuse a dead-letter subject that no stream
+	// captures, since a dead-lettered message is acked.
+	Core     bool `yaml:"core,omitempty"`
 	NATSAuth `yaml:",inline"`
 }
 
@@ -760,6 +767,9 @@ func validateOut(p string, k *KafkaOut, n *NATSOut, h *Handler, fail failFunc) e
 		}
 		if n.Subject == "" {
 			return fail(p+".nats.subject", "required")
+		}
+		if n.Core && !strings.HasSuffix(p, ".dead_letter") {
+			return fail(p+".nats.core", "core is for a dead_letter only: a forward is published through JetStream, whose stream acknowledges it")
 		}
 	}
 	return nil
