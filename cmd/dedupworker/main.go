@@ -1,9 +1,11 @@
 // Command dedupworker runs effectively-once workers over Kafka and NATS
-// JetStream from a YAML configuration (SPEC §9).
+// JetStream from a YAML configuration.
 //
 //	dedupworker run -c config.yaml        run the handlers of a config
 //	dedupworker demo                      see it work, with nothing installed
 //	dedupworker validate -c config.yaml   check a config (--print, --strict, --online)
+//	dedupworker setup -c config.yaml      create the streams or topics it names, if missing
+//	dedupworker publish -c config.yaml --handler orders --key order-1 '{"id":"order-1"}'
 //	dedupworker inspect -c config.yaml --handler orders KEY
 //	dedupworker forget  -c config.yaml --handler orders KEY --yes
 //	dedupworker records -c config.yaml --handler orders --state claimed --older-than 10m
@@ -26,7 +28,7 @@ import (
 	"github.com/idemkit/dedupworker/internal/app"
 )
 
-// Exit codes (SPEC §9.1).
+// Exit codes.
 const (
 	exitOK      = 0
 	exitRuntime = 1
@@ -52,6 +54,8 @@ func commands() []command {
 		{"run", "run the handlers of a config until SIGTERM/SIGINT", cmdRun},
 		{"demo", "run a self-contained demo: embedded NATS and Kafka, duplicates on both", cmdDemo},
 		{"validate", "check a config file; --print shows it with defaults", cmdValidate},
+		{"setup", "create the NATS streams or Kafka topics a config reads and writes, if missing", cmdSetup},
+		{"publish", "publish a test message, with headers and a key, to a handler's source", cmdPublish},
 		{"inspect", "show the stored record of a key", cmdInspect},
 		{"forget", "delete the record of a key, or of every key in a state (--state), so it is processed again", cmdForget},
 		{"records", "list the records of a handler, by state and age", cmdRecords},
