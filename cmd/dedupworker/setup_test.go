@@ -93,7 +93,7 @@ handlers:
 
 	for _, args := range [][]string{
 		{"--key", "order-1", `{"n":1}`},
-		{"--key", "order-1", `{"n":1}`}, // the same order again
+		{"--key", "order-1", `{"n":1}`},      // the same order again
 		{"--header", "Trace=t-3", `{"n":3}`}, // no key: dead-lettered
 	} {
 		code, out, stderr := runCmd(t, append([]string{"publish", "-c", cfg, "--handler", "orders"}, args...)...)
@@ -283,4 +283,3 @@ func partitionOf(t *testing.T, c *kafka.Client, topic string) int {
 	t.Fatalf("no partition of %s holds a message", topic)
 	return 0
 }
-
