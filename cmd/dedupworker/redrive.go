@@ -119,7 +119,7 @@ type redriveReport struct {
 }
 
 // cmdRedrive is "dedupworker redrive": it sends a handler's dead letters
-// back through the worker (SPEC §11.6). For each dead letter, in the order
+// back through the worker. For each dead letter, in the order
 // its source delivers them:
 //
 //  1. it reads the record of the dead letter's key (Dedup-Dlq-Key) and, if

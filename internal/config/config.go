@@ -1,5 +1,5 @@
-// Package config reads the dedupworker binary's YAML configuration
-// (SPEC §9.2): strict decoding (unknown fields, wrong types and bad durations
+// Package config reads the dedupworker binary's YAML configuration:
+// strict decoding (unknown fields, wrong types and bad durations
 // are errors naming the field path and line), ${ENV} expansion, defaults, and
 // validation.
 package config
@@ -31,7 +31,7 @@ type Config struct {
 	Handlers        []Handler `yaml:"handlers"`
 }
 
-// Redis says where the deduplication store is (SPEC §4.7, §11.2): exactly
+// Redis says where the deduplication store is: exactly
 // one of URL, Addrs or Sentinel. Username, Password, PasswordFile and TLS
 // are those of the data nodes, whichever of the three finds them.
 type Redis struct {
@@ -55,8 +55,8 @@ type Redis struct {
 	Grace          Duration `yaml:"grace"`
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	// Durability makes every claim and completion wait for replicas
-	// before the worker acts on it (SPEC §11.1). The zero value waits for
-	// none.
+	// before the worker acts on it, so that a failover to a replica keeps
+	// them. The zero value waits for none.
 	Durability Durability `yaml:"durability"`
 	// LocalCache answers the duplicates of keys this worker completed from
 	// memory, without Redis; on by default (see LocalCache).
@@ -120,7 +120,7 @@ func (l LocalCache) TTLOrDefault() time.Duration {
 
 // Durability is redis.durability: WAIT Replicas Timeout after every claim,
 // completion, release and step; a write fewer replicas acknowledged in time
-// fails closed (SPEC §7.3, §11.1).
+// fails closed: the message is not acked, and is delivered again.
 type Durability struct {
 	// Replicas is how many replicas must acknowledge each write; 0 (the
 	// default) sends no WAIT.
@@ -152,7 +152,8 @@ type TLS struct {
 	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
 }
 
-// HTTP configures the metrics and health server (SPEC §8.4).
+// HTTP configures the metrics and health server: /metrics, /healthz and
+// /readyz.
 type HTTP struct {
 	// Addr is host:port; nil means the default 127.0.0.1:9464 and "" turns
 	// the server off.
@@ -209,7 +210,7 @@ type KafkaSource struct {
 	SASL           *SASL    `yaml:"sasl"`
 	TLS            *TLS     `yaml:"tls"`
 	// Isolation is read_committed (default: records of aborted
-	// transactions are never handled) or read_uncommitted (SPEC §11.3).
+	// transactions are never handled) or read_uncommitted.
 	Isolation string `yaml:"isolation"`
 	// FetchBufferBytes caps the heap the source holds in fetched messages
 	// not yet done, across its partitions (kafkasource.Config's field of
@@ -262,7 +263,7 @@ type NATSAuth struct {
 	TLS       *TLS   `yaml:"tls"`
 }
 
-// Action is exactly one of Forward, HTTP or Exec (SPEC §9.3).
+// Action is exactly one of Forward, HTTP or Exec: what runs once per key.
 type Action struct {
 	Forward *Forward    `yaml:"forward"`
 	HTTP    *HTTPAction `yaml:"http"`
