@@ -1,7 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -282,4 +288,55 @@ func partitionOf(t *testing.T, c *kafka.Client, topic string) int {
 	}
 	t.Fatalf("no partition of %s holds a message", topic)
 	return 0
+}
+
+// runCmdEnv is runCmd with env added to the environment.
+func runCmdEnv(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, binPath, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	return testenv.ExitCode(err), stdout.String(), stderr.String()
+}
+
+// After the steps the examples' comments give (setup), every example's
+// dead-letter destination stores what it is sent: validate --online, which
+// refuses one that does not, passes. Each runs on servers of its own (an
+// embedded nats-server, kfake), so the examples' fixed names disturb no
+// other test; the Kafka example's HTTP service is a local test server.
+func TestExampleConfigsSetUp(t *testing.T) {
+	t.Parallel()
+	_, brokers := testenv.KFake(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	t.Cleanup(srv.Close)
+	for _, c := range []struct{ file, stores string }{
+		{"nats-relay.yaml", "dead_letter stream DLQ_ORDERS created"},
+		{"exec.yaml", "dead_letter stream DLQ_INVOICES created"},
+		{"kafka-http.yaml", "dead_letter topic payments.dlq created"},
+	} {
+		t.Run(c.file, func(t *testing.T) {
+			t.Parallel()
+			env := []string{
+				"REDIS_URL=" + testenv.Redis(t),
+				"NATS_URL=" + testenv.EmbeddedNATS(t),
+				"KAFKA_BROKER=" + brokers[0],
+				"CHARGE_URL=" + srv.URL + "/charge",
+			}
+			path := filepath.Join("..", "..", "examples", "config", c.file)
+			if code, _, stderr := runCmdEnv(t, env, "validate", "-c", path, "--online"); code == 0 || !strings.Contains(stderr, "'dedupworker setup -c FILE' does") {
+				t.Fatalf("validate --online before setup: exit %d, stderr %q; want a failure pointing at setup", code, stderr)
+			}
+			code, out, stderr := runCmdEnv(t, env, "setup", "-c", path)
+			if code != 0 || !strings.Contains(out, c.stores) {
+				t.Fatalf("setup: exit %d, stdout lacks %q\n%s%s", code, c.stores, out, stderr)
+			}
+			if code, _, stderr := runCmdEnv(t, env, "validate", "-c", path, "--online"); code != 0 {
+				t.Fatalf("validate --online after setup: exit %d\n%s", code, stderr)
+			}
+		})
+	}
 }

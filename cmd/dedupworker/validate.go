@@ -207,6 +207,9 @@ func natsSourceChecks(ctx context.Context, i int, h *config.Handler, ws []string
 	}
 	defer done()
 	st, err := js.Stream(ctx, n.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, "", ws, fmt.Errorf("handlers[%d].source.nats.stream %q: %w: create it ('dedupworker setup -c FILE' does, capturing source.nats.subject)", i, n.Stream, err)
+	}
 	if err != nil {
 		return 0, "", ws, fmt.Errorf("handlers[%d].source.nats.stream %q: %w", i, n.Stream, err)
 	}
