@@ -140,7 +140,7 @@ func (s *setup) natsSource(ctx context.Context, js jetstream.JetStream, i int, h
 	case err == nil:
 		s.existed++
 		c := st.CachedInfo().Config
-		s.printf(i, h, "source stream %s exists (subjects %s, max_age %s): left alone", n.Stream, strings.Join(c.Subjects, " "), maxAgeText(c.MaxAge))
+		s.printf(i, h, "source stream %s exists (subjects %s, max_age %s, %s): left alone", n.Stream, strings.Join(c.Subjects, " "), maxAgeText(c.MaxAge), messages(st.CachedInfo().State.Msgs))
 		if n.Subject != "" && !slices.ContainsFunc(c.Subjects, func(f string) bool { return subjectMatches(f, n.Subject) }) {
 			s.printf(i, h, "note: stream %s does not capture source.nats.subject %s: the durable consumer would see nothing", n.Stream, n.Subject)
 		}
@@ -185,7 +185,7 @@ func (s *setup) natsStream(ctx context.Context, js jetstream.JetStream, i int, h
 		if err != nil {
 			return fmt.Errorf("%s %q: reading stream %q: %w", field, subject, name, err)
 		}
-		s.printf(i, h, "%s subject %s is captured by stream %s: left alone", out, subject, name)
+		s.printf(i, h, "%s subject %s is captured by stream %s (%s): left alone", out, subject, name, messages(st.CachedInfo().State.Msgs))
 		if dw := st.CachedInfo().Config.Duplicates; window > 0 && dw < forwardWindow(h) {
 			s.printf(i, h, "note: stream %s has a duplicate window of %s, shorter than lease %s plus the retry horizon: a forward repeated after it is stored twice; raise it to at least %s",
 				name, durText(dw), durText(h.Lease.D()), durText(forwardWindow(h)))
@@ -239,6 +239,14 @@ func subjectMatches(f, s string) bool {
 		}
 	}
 	return len(ft) == len(st)
+}
+
+// messages is "1 message" or "n messages".
+func messages(n uint64) string {
+	if n == 1 {
+		return "1 message"
+	}
+	return strconv.FormatUint(n, 10) + " messages"
 }
 
 func maxAgeText(d time.Duration) string {

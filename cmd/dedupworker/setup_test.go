@@ -142,6 +142,17 @@ handlers:
 	if n := msgs(fwd); n != 1 {
 		t.Errorf("forward stream holds %d messages, want 1: order-1 once", n)
 	}
+	// setup, run again, shows how many messages each stream holds.
+	code, out, _ = runCmd(t, "setup", "-c", cfg)
+	for _, want := range []string{
+		"source stream " + in + " exists (subjects su." + id + ".new, max_age 1h, 3 messages): left alone",
+		"action.forward subject su." + id + ".unique is captured by stream " + fwd + " (1 message): left alone",
+		"dead_letter subject su." + id + ".dlq is captured by stream " + dlq + " (1 message): left alone",
+	} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("setup after the run: exit %d, stdout lacks %q:\n%s", code, want, out)
+		}
+	}
 	dead, err := js.OrderedConsumer(ctx, dlq, jetstream.OrderedConsumerConfig{})
 	if err != nil {
 		t.Fatal(err)
