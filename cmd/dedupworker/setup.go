@@ -309,9 +309,37 @@ func (s *setup) kafkaTopic(ctx context.Context, c *kafka.Client, i int, h *confi
 	if err != nil {
 		return fmt.Errorf("%s %q: creating it: %w", field, topic, err)
 	}
+	if err := waitTopicLeaders(ctx, c, topic, s.partitions); err != nil {
+		return fmt.Errorf("%s %q: created, but its partitions have no leader yet: %w", field, topic, err)
+	}
 	s.created++
 	s.printf(i, h, "%s topic %s created (%s)", out, topic, what)
 	return nil
+}
+
+// waitTopicLeaders polls the metadata of a topic just created until each
+// of its partitions has a leader, so that a publish right after setup
+// finds it, within 10s and ctx.
+func waitTopicLeaders(ctx context.Context, c *kafka.Client, topic string, partitions int) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions &&
+			!slices.ContainsFunc(md.Topics[0].Partitions, func(p kafka.Partition) bool { return p.Leader.ID < 0 || p.Error != nil }) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = ctx.Err()
+			}
+			return err
+		case <-tick.C:
+		}
+	}
 }
 
 // kafkaRetention is a topic's retention.ms; 0 when unlimited.

@@ -212,7 +212,11 @@ func TestSetupPublishKafka(t *testing.T) {
 	brokers := testenv.Kafka(t)
 	id := testenv.RandID()
 	in, dlq, out := "su-"+id, "su-"+id+".dlq", "su-"+id+".out"
-	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	// A transport of its own: kafka-go's default one caches the metadata
+	// other tests' clients read before these topics existed.
+	tr := &kafka.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	c := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
