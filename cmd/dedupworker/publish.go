@@ -30,7 +30,12 @@ func (h *headerFlags) Set(v string) error {
 }
 
 func cmdPublish(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("publish", "publish -c FILE --handler NAME [--key K] [--header NAME=VALUE ...] [--subject S] PAYLOAD", `  dedupworker publish -c config.yaml --handler orders --key order-1 '{"id":"order-1"}'
+	fs := newFlagSet("publish", `publish -c FILE --handler NAME [--key K] [--header NAME=VALUE ...] [--subject S] PAYLOAD
+
+Publishes one test message to the handler's source, as its producers would:
+on NATS through JetStream to source.nats.subject (the stream's acknowledgement
+is printed), on Kafka to the source topic. PAYLOAD is the message body; - reads
+it from stdin. No Nats-Msg-Id is set, so publishing twice stores two messages.`, `  dedupworker publish -c config.yaml --handler orders --key order-1 '{"id":"order-1"}'
   dedupworker publish -c config.yaml --handler orders --header Idempotency-Key=order-1 --header Trace=t1 '{"id":"order-1"}'
   echo '{"id":"order-2"}' | dedupworker publish -c config.yaml --handler orders -   # the payload from stdin
 `, stdout, stderr)

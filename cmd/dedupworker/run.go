@@ -17,7 +17,12 @@ import (
 )
 
 func cmdRun(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("run", "run -c FILE", `  dedupworker run -c /etc/dedupworker/config.yaml
+	fs := newFlagSet("run", `run -c FILE
+
+Before it consumes, run checks that every handler's dead letters are stored:
+a dead-letter subject must be captured by a JetStream stream (unless
+dead_letter.nats.core: true), a dead-letter topic must exist ('dedupworker
+setup -c FILE' creates both); else it exits 2 naming the field.`, `  dedupworker run -c /etc/dedupworker/config.yaml
   REDIS_URL=redis://cache:6379/0 dedupworker run -c config.yaml   # with ${REDIS_URL} in the file
 `, stdout, stderr)
 	file := fs.String("c", "", "the config `file` (required)")

@@ -21,7 +21,19 @@ import (
 const defaultDuplicateWindow = 2 * time.Minute
 
 func cmdSetup(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("setup", "setup -c FILE [--partitions N] [--replication-factor N]", `  dedupworker setup -c config.yaml                 # create what is missing, report what exists
+	fs := newFlagSet("setup", `setup -c FILE [--partitions N] [--replication-factor N]
+
+Creates what the config's handlers read and write, where it is missing:
+  NATS   the source stream (source.nats.stream, capturing source.nats.subject,
+         max_age the handler's retention); a stream capturing the forward
+         subject, with a duplicate window of at least the lease plus the retry
+         horizon (2m at least); a stream capturing the dead-letter subject
+         (unless dead_letter.nats.core). Streams it names are the subject in
+         upper case, '.' as '_': orders.unique gives ORDERS_UNIQUE.
+  Kafka  the source topic (retention.ms the handler's retention), the forward
+         topic and the dead-letter topic.
+A stream or topic that exists is left alone; setup says how many messages it
+holds and notes what does not fit the config. Running it again is harmless.`, `  dedupworker setup -c config.yaml                 # create what is missing, report what exists
   dedupworker setup -c kafka.yaml --partitions 6   # Kafka topics with 6 partitions
 `, stdout, stderr)
 	file := fs.String("c", "", "the config `file` (required)")
