@@ -288,15 +288,8 @@ type KafkaOut struct {
 // NATSOut is a NATS destination. URL and credentials default to the
 // handler's NATS source.
 type NATSOut struct {
-	URL     string `yaml:"url"`
-	Subject string `yaml:"subject"`
-	// Core, in a dead_letter only, says that dead letters are meant for
-	// core NATS subscribers: the worker then starts although no JetStream
-	// stream captures Subject, and a dead letter published while no
-	// subscriber listens is gone. Without it (the default), run and
-	// validate --online refuse a dead-letter subject that no stream
-	// captures, since a dead-lettered message is acked.
-	Core     bool `yaml:"core,omitempty"`
+	URL      string `yaml:"url"`
+	Subject  string `yaml:"subject"`
 	NATSAuth `yaml:",inline"`
 }
 
@@ -325,8 +318,29 @@ type ExecAction struct {
 
 // DeadLetter is exactly one of Kafka or NATS.
 type DeadLetter struct {
-	Kafka *KafkaOut `yaml:"kafka"`
-	NATS  *NATSOut  `yaml:"nats"`
+	Kafka *KafkaOut       `yaml:"kafka"`
+	NATS  *DeadLetterNATS `yaml:"nats"`
+}
+
+// DeadLetterNATS is a dead-letter subject on the source's server.
+type DeadLetterNATS struct {
+	NATSOut `yaml:",inline"`
+	// Core says that dead letters are meant for core NATS subscribers: the
+	// worker then starts although no JetStream stream captures Subject, and
+	// a dead letter published while no subscriber listens is gone. Without
+	// it (the default), run and validate --online refuse a dead-letter
+	// subject that no stream captures, since a dead-lettered message is
+	// acked.
+	Core bool `yaml:"core,omitempty"`
+}
+
+// natsOut is the destination of a NATS dead letter, nil when there is
+// none.
+func (dl *DeadLetter) natsOut() *NATSOut {
+	if dl.NATS == nil {
+		return nil
+	}
+	return &dl.NATS.NATSOut
 }
 
 // Defaults.
@@ -448,7 +462,7 @@ func (h *Handler) defaultOutputs() {
 		outsK, outsN = appendNonNil(outsK, f.Kafka), appendNonNil(outsN, f.NATS)
 	}
 	if dl := h.DeadLetter; dl != nil {
-		outsK, outsN = appendNonNil(outsK, dl.Kafka), appendNonNil(outsN, dl.NATS)
+		outsK, outsN = appendNonNil(outsK, dl.Kafka), appendNonNil(outsN, dl.natsOut())
 	}
 	if k := h.Source.Kafka; k != nil {
 		for _, o := range outsK {
@@ -667,7 +681,7 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 	}
 	if dl := h.DeadLetter; dl != nil {
 		dp := p + ".dead_letter"
-		if err := validateOut(dp, dl.Kafka, dl.NATS, h, fail); err != nil {
+		if err := validateOut(dp, dl.Kafka, dl.natsOut(), h, fail); err != nil {
 			return err
 		}
 		// The transport publishes dead letters on its own connection.
@@ -769,9 +783,6 @@ func validateOut(p string, k *KafkaOut, n *NATSOut, h *Handler, fail failFunc) e
 		if n.Subject == "" {
 			return fail(p+".nats.subject", "required")
 		}
-		if n.Core && !strings.HasSuffix(p, ".dead_letter") {
-			return fail(p+".nats.core", "core is for a dead_letter only: a forward is published through JetStream, whose stream acknowledges it")
-		}
 	}
 	return nil
 }
@@ -825,7 +836,11 @@ func (c *Config) Print() ([]byte, error) {
 		}
 		if dl := h.DeadLetter; dl != nil {
 			dl2 := *dl
-			dl2.NATS = redactNATS(dl2.NATS)
+			if dl2.NATS != nil {
+				n := *dl2.NATS
+				n.NATSOut = *redactNATS(&n.NATSOut)
+				dl2.NATS = &n
+			}
 			h.DeadLetter = &dl2
 		}
 	}
