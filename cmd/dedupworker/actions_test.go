@@ -87,13 +87,13 @@ handlers:
     max_attempts: 3
     backoff: {initial: 50ms, max: 100ms}
     action: {http: {url: %q, timeout: 5s}}
-    dead_letter: {nats: {subject: dlq.%s.hook}}
+    dead_letter: {nats: {subject: dlq.%s.hook, core: true}} # the test subscribes
   - name: script
     source: {nats: {url: %q, stream: XIN_%s, consumer: script}}
     max_attempts: 3
     backoff: {initial: 50ms, max: 100ms}
     action: {exec: {command: [%q], timeout: 10s}}
-    dead_letter: {nats: {subject: dlq.%s.script}}
+    dead_letter: {nats: {subject: dlq.%s.script, core: true}}
 `, testenv.Redis(t), id, url, id, srv.URL, id, url, id, script, id)
 
 	good := dupPlan("g", 50)

@@ -2,7 +2,7 @@ package main
 
 // inspect and forget connect through app.OpenStore, as run does: with the
 // config's credentials, to a Cluster from one node's URL, and through
-// Sentinel (SPEC §11.2).
+// Sentinel.
 
 import (
 	"context"

@@ -16,7 +16,7 @@ func cmdDemo(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "demo [--messages N] [--redis URL|inprocess]", `  go run ./cmd/dedupworker demo
   dedupworker demo --messages 1000
   dedupworker demo --redis inprocess     # ignore any local Redis
-`, stderr)
+`, stdout, stderr)
 	n := fs.Int("messages", 200, "unique keys published on each transport (30% more are duplicates)")
 	redisURL := fs.String("redis", "", "Redis `URL`, or inprocess (default: $REDIS_URL, else 127.0.0.1:6379 if it answers, else in-process)")
 	verbose := fs.Bool("v", false, "show the worker's info logs")

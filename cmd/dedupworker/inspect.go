@@ -152,7 +152,7 @@ func cmdInspect(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("inspect", "inspect (-c FILE | --redis URL [--namespace NS]) --handler NAME [-o table|json] KEY", `  dedupworker inspect -c config.yaml --handler orders order-1042
   dedupworker inspect --redis redis://127.0.0.1:6379/0 --namespace dedup --handler orders -o json order-1042
   dedupworker inspect -c config.yaml --handler orders order-1042 -o json   # flags may also follow KEY
-`, stderr)
+`, stdout, stderr)
 	sf := addStoreFlags(fs)
 	output := fs.String("o", "table", "output `format`: table or json")
 	if err := parseInterspersed(fs, args); err != nil {
@@ -222,7 +222,7 @@ func cmdForget(args []string, stdout, stderr io.Writer) error {
   dedupworker forget -c config.yaml --handler orders --yes order-1042    # in scripts
   dedupworker forget -c config.yaml --handler orders --state dead_lettered --dry-run
   dedupworker forget -c config.yaml --handler orders --state claimed --older-than 1h --yes
-`, stderr)
+`, stdout, stderr)
 	sf := addStoreFlags(fs)
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
 	bf := addBulkFlags(fs)

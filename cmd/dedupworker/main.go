@@ -1,9 +1,11 @@
 // Command dedupworker runs effectively-once workers over Kafka and NATS
-// JetStream from a YAML configuration (SPEC §9).
+// JetStream from a YAML configuration.
 //
 //	dedupworker run -c config.yaml        run the handlers of a config
 //	dedupworker demo                      see it work, with nothing installed
 //	dedupworker validate -c config.yaml   check a config (--print, --strict, --online)
+//	dedupworker setup -c config.yaml      create the streams or topics it names, if missing
+//	dedupworker publish -c config.yaml --handler orders --key order-1 '{"id":"order-1"}'
 //	dedupworker inspect -c config.yaml --handler orders KEY
 //	dedupworker forget  -c config.yaml --handler orders KEY --yes
 //	dedupworker records -c config.yaml --handler orders --state claimed --older-than 10m
@@ -26,7 +28,7 @@ import (
 	"github.com/idemkit/dedupworker/internal/app"
 )
 
-// Exit codes (SPEC §9.1).
+// Exit codes.
 const (
 	exitOK      = 0
 	exitRuntime = 1
@@ -52,6 +54,8 @@ func commands() []command {
 		{"run", "run the handlers of a config until SIGTERM/SIGINT", cmdRun},
 		{"demo", "run a self-contained demo: embedded NATS and Kafka, duplicates on both", cmdDemo},
 		{"validate", "check a config file; --print shows it with defaults", cmdValidate},
+		{"setup", "create the NATS streams or Kafka topics a config reads and writes, if missing", cmdSetup},
+		{"publish", "publish a test message, with headers and a key, to a handler's source", cmdPublish},
 		{"inspect", "show the stored record of a key", cmdInspect},
 		{"forget", "delete the record of a key, or of every key in a state (--state), so it is processed again", cmdForget},
 		{"records", "list the records of a handler, by state and age", cmdRecords},
@@ -66,12 +70,21 @@ func main() {
 }
 
 func runMain(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		printUsage(stderr)
-		if len(args) == 0 {
-			return exitUsage
-		}
+		return exitUsage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		printUsage(stdout)
 		return exitOK
+	case "help":
+		if len(args) == 1 {
+			printUsage(stdout)
+			return exitOK
+		}
+		// help CMD is CMD -h.
+		args = []string{args[1], "-h"}
 	}
 	for _, c := range commands() {
 		if c.name != args[0] {
@@ -108,27 +121,52 @@ func printUsage(w io.Writer) {
 	fmt.Fprint(w, "\nRun 'dedupworker <command> -h' for a command's flags and examples.\n")
 }
 
-// newFlagSet returns a FlagSet whose -h prints the usage line, the flags and
-// examples.
-func newFlagSet(name, usage, examples string, stderr io.Writer) *flag.FlagSet {
+// newFlagSet returns a FlagSet whose -h (or -help, --help) prints the usage
+// line, the flags and examples to stdout; a flag it does not know prints
+// the error and the same text to stderr.
+func newFlagSet(name, usage, examples string, stdout, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	help := &helpFlag{out: stdout}
+	fs.Var(help, "h", "show this help and exit")
+	fs.Var(help, "help", "show this help and exit")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: dedupworker %s\n\nFlags:\n", usage)
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: dedupworker %s\n\nFlags:\n", usage)
 		fs.PrintDefaults()
 		if examples != "" {
-			fmt.Fprintf(stderr, "\nExamples:\n%s", examples)
+			fmt.Fprintf(w, "\nExamples:\n%s", examples)
 		}
 	}
 	return fs
 }
 
-// parseFlags parses args; bad flags are usage errors.
+// helpFlag is the -h and -help flag of every command: asked for, the
+// command prints its usage to out and exits 0.
+type helpFlag struct {
+	asked bool
+	out   io.Writer
+}
+
+func (h *helpFlag) String() string   { return "" }
+func (h *helpFlag) IsBoolFlag() bool { return true }
+func (h *helpFlag) Set(v string) error {
+	h.asked = v == "true"
+	return nil
+}
+
+// parseFlags parses args; bad flags are usage errors. With -h, the usage
+// goes to stdout and the error is flag.ErrHelp (exit 0).
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
+	err := fs.Parse(args)
+	if h, ok := fs.Lookup("h").Value.(*helpFlag); ok && h.asked && err == nil {
+		stderr := fs.Output()
+		fs.SetOutput(h.out)
+		fs.Usage()
+		fs.SetOutput(stderr)
+		return flag.ErrHelp
+	}
+	if err != nil {
 		return usageError{err}
 	}
 	return nil

@@ -134,7 +134,7 @@ func cmdRecords(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("records", "records (-c FILE | --redis URL [--namespace NS]) --handler NAME [--state S] [--older-than D] [--limit N] [-o table|json]", `  dedupworker records -c config.yaml --handler orders                        # 100 records, any state
   dedupworker records -c config.yaml --handler orders --state claimed --older-than 10m
   dedupworker records -c config.yaml --handler orders --state dead_lettered --limit 0 -o json > dlq.json
-`, stderr)
+`, stdout, stderr)
 	sf := addStoreFlags(fs)
 	selF := addSelectFlags(fs, string(redisbackend.ClassAll))
 	limit := fs.Int("limit", 100, "stop after `N` records (0: no limit); the scan stops there too")

@@ -1,6 +1,6 @@
 package main
 
-// records and the bulk forget (SPEC §11.6) on standalone Redis and on the
+// records and the bulk forget on standalone Redis and on the
 // Cluster.
 
 import (

@@ -119,7 +119,7 @@ type redriveReport struct {
 }
 
 // cmdRedrive is "dedupworker redrive": it sends a handler's dead letters
-// back through the worker (SPEC §11.6). For each dead letter, in the order
+// back through the worker. For each dead letter, in the order
 // its source delivers them:
 //
 //  1. it reads the record of the dead letter's key (Dedup-Dlq-Key) and, if
@@ -196,7 +196,7 @@ func cmdRedrive(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("redrive", "redrive -c FILE --handler NAME [--limit N] [--dry-run] [-o table|json]", `  dedupworker redrive -c config.yaml --handler orders --dry-run     # what would go back, changes nothing
   dedupworker redrive -c config.yaml --handler orders               # forget, republish, ack each dead letter
   dedupworker redrive -c config.yaml --handler orders --limit 10 -o json
-`, stderr)
+`, stdout, stderr)
 	file := fs.String("c", "", "the config `file`: the handler's source, dead_letter and the redis section (required)")
 	handler := fs.String("handler", "", "the handler `name` whose dead letters go back (required)")
 	limit := fs.Int("limit", 0, "stop after `N` dead letters (0: all of them)")

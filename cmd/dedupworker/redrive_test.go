@@ -1,6 +1,6 @@
 package main
 
-// redrive (SPEC §11.6) against real NATS and Redis with hand-made dead
+// redrive against real NATS and Redis with hand-made dead
 // letters: each record state, a failed republish and its rerun, --limit,
 // and the usage errors.
 

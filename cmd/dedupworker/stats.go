@@ -63,7 +63,7 @@ const memSample = 200
 func cmdStats(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("stats", "stats -c FILE [--rate R/s] [--sample N] [-o table|json]", `  dedupworker stats -c config.yaml
   dedupworker stats -c config.yaml --rate 500/s        # will a day of retention at 500 new keys/s fit?
-`, stderr)
+`, stdout, stderr)
 	file := fs.String("c", "", "the config `file`: its redis section and its handlers' retention")
 	rateS := fs.String("rate", "", "new keys per second of each handler (`R/s`, or R/m, R/h): project the memory its retention holds")
 	sample := fs.Int("sample", 10000, "read at most `N` keys (SCAN) for the counts by state")

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
@@ -22,11 +21,11 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("validate", "validate -c FILE [--print] [--strict] [--online]", `  dedupworker validate -c config.yaml
   dedupworker validate -c config.yaml --print          # with every default filled in, secrets redacted
   dedupworker validate -c config.yaml --online --strict # also ask Redis and the brokers; warnings fail
-`, stderr)
+`, stdout, stderr)
 	file := fs.String("c", "", "the config `file` (required)")
 	printCfg := fs.Bool("print", false, "print the config with defaults filled in (secrets redacted)")
 	strict := fs.Bool("strict", false, "treat warnings as errors (exit 2)")
-	online := fs.Bool("online", false, "also connect to Redis and the brokers: check the deduplication horizon against the source's retention, and that each dead_letter and forward destination connects and exists (a JetStream stream captures the NATS subject, the Kafka topic exists); warn on a NATS AckWait below lease/3 plus one renewal, a forward stream's duplicate window below lease plus the retry horizon, and missing_key: reject without a dead_letter")
+	online := fs.Bool("online", false, "also connect to Redis and the brokers: check the deduplication horizon against the source's retention, that each dead_letter destination stores what it is sent (a JetStream stream captures the NATS subject unless dead_letter.nats.core is set, the Kafka topic exists: else exit 2, as run refuses to start), that an http action's host accepts a TCP connection, and that each forward destination connects; warn on a forward subject no stream captures or a forward topic that does not exist, on a NATS AckWait below lease/3 plus one renewal, a forward stream's duplicate window below lease plus the retry horizon, and missing_key: reject without a dead_letter")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -43,8 +42,9 @@ func cmdValidate(args []string, stdout, stderr io.Writer) error {
 		ws, notes, err := onlineChecks(cfg)
 		if err != nil {
 			// A server that does not answer or refuses the credentials
-			// is a runtime failure (exit 1, SPEC §9.1), as in run: the
-			// file itself parsed and validated.
+			// is a runtime failure (exit 1), as in run: the file itself
+			// parsed and validated. A dead-letter destination that
+			// stores nothing is a usage error (exit 2).
 			return err
 		}
 		warnings = append(warnings, ws...)
@@ -105,24 +105,27 @@ func horizonWarnings(cfg *config.Config) []string {
 //
 //   - dead_letter: on the source's connection, as the transport publishes
 //     them (the config keeps dead letters on the source's server or
-//     cluster). A NATS subject that no JetStream stream captures is a
-//     warning: dead letters are then published on core NATS and lost
-//     unless a subscriber listens. A Kafka topic that does not exist is a
-//     warning: writes fail unless the brokers auto-create topics.
+//     cluster), the checks of run (checkDeadLetters): a NATS subject that
+//     no JetStream stream captures, unless dead_letter.nats.core says core
+//     NATS delivery is meant, or a Kafka topic that does not exist, is an
+//     error (exit 2): an acked dead letter would be kept nowhere.
 //   - action.forward: its own connection (URL or brokers and credentials,
 //     defaulted from the source) must connect, else an error. A NATS
 //     subject that no stream captures is a warning (the JetStream publish
 //     fails, so every message is retried, then dead-lettered); a missing
-//     Kafka topic is the same warning as for dead letters.
+//     Kafka topic is a warning too (writes fail unless the brokers
+//     auto-create topics).
+//   - action.http: a TCP connection to the URL's host and port must open
+//     within 5s, else an error naming the url.
 //
-// For NATS it also warns (SPEC §11.5) when the configured ack_wait, or an
+// For NATS it also warns when the configured ack_wait, or an
 // existing durable's AckWait, is shorter than lease/3 plus one renewal
 // (heartbeatGap), and when the stream of a forward subject keeps
 // Nats-Msg-Id for less than the lease plus the retry horizon
 // (duplicateWindowCheck). Any handler with missing_key: reject and no
 // dead_letter is warned about: its keyless messages are acked and lost.
 //
-// It runs the store health checks of run (SPEC §11.2): each risky Redis
+// It runs the store health checks of run: each risky Redis
 // setting is a warning; what the user may not read (CONFIG, INFO refused)
 // is a note, not a warning, so that --strict passes for a least-privilege
 // user whose settings could not be judged.
@@ -181,6 +184,11 @@ func onlineChecks(cfg *config.Config) (warnings, notes []string, _ error) {
 			}
 			ws = appendNonEmpty(ws, w)
 		}
+		if h.Action.HTTP != nil {
+			if err := httpDialCheck(ctx, i, h); err != nil {
+				return nil, nil, err
+			}
+		}
 	}
 	if len(ws) == 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return nil, nil, ctx.Err()
@@ -199,15 +207,16 @@ func natsSourceChecks(ctx context.Context, i int, h *config.Handler, ws []string
 	}
 	defer done()
 	st, err := js.Stream(ctx, n.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, "", ws, fmt.Errorf("handlers[%d].source.nats.stream %q: %w: create it ('dedupworker setup -c FILE' does, capturing source.nats.subject)", i, n.Stream, err)
+	}
 	if err != nil {
 		return 0, "", ws, fmt.Errorf("handlers[%d].source.nats.stream %q: %w", i, n.Stream, err)
 	}
-	if dl := h.DeadLetter; dl != nil && dl.NATS != nil {
-		w, err := natsSubjectCheck(ctx, js, i, h.Name, "dead_letter", dl.NATS.Subject)
-		if err != nil {
+	if dl := h.DeadLetter; dl != nil && dl.NATS != nil && !dl.NATS.Core {
+		if err := natsDeadLetterCheck(ctx, js, i, dl.NATS.Subject); err != nil {
 			return 0, "", ws, err
 		}
-		ws = appendNonEmpty(ws, w)
 	}
 	w, err := ackWaitCheck(ctx, st, i, h)
 	if err != nil {
@@ -269,11 +278,9 @@ func kafkaSourceChecks(ctx context.Context, i int, h *config.Handler, ws []strin
 		return 0, "", ws, fmt.Errorf("%s.brokers: %w", field, err)
 	}
 	if dl := h.DeadLetter; dl != nil && dl.Kafka != nil {
-		w, err := kafkaTopicCheck(ctx, c, i, h.Name, "dead_letter", dl.Kafka.Topic)
-		if err != nil {
+		if err := kafkaDeadLetterCheck(ctx, c, i, dl.Kafka.Topic); err != nil {
 			return 0, "", ws, err
 		}
-		ws = appendNonEmpty(ws, w)
 	}
 	for _, r := range resp.Resources {
 		if r.Error != nil {
@@ -300,7 +307,7 @@ func forwardCheck(ctx context.Context, i int, h *config.Handler) (string, error)
 			return "", err
 		}
 		defer done()
-		w, err := natsSubjectCheck(ctx, js, i, h.Name, "action.forward", f.NATS.Subject)
+		w, err := natsForwardCheck(ctx, js, i, h.Name, f.NATS.Subject)
 		if w != "" || err != nil {
 			return w, err
 		}
@@ -312,7 +319,7 @@ func forwardCheck(ctx context.Context, i int, h *config.Handler) (string, error)
 			return "", err
 		}
 		defer done()
-		return kafkaTopicCheck(ctx, c, i, h.Name, "action.forward", k.Topic)
+		return kafkaForwardCheck(ctx, c, i, h.Name, k.Topic)
 	}
 	return "", nil
 }
@@ -323,7 +330,7 @@ func forwardCheck(ctx context.Context, i int, h *config.Handler) (string, error)
 // before its completion, is reclaimed after it) plus the handler's retry
 // horizon (retryHorizon: a publish whose PubAck was lost is retried with
 // the same Nats-Msg-Id after each backoff, up to max_attempts). Only within
-// the window does JetStream drop the second publish (SPEC §9.3).
+// the window does JetStream drop the second publish.
 func duplicateWindowCheck(ctx context.Context, js jetstream.JetStream, i int, h *config.Handler) (string, error) {
 	subject := h.Action.Forward.NATS.Subject
 	name, err := js.StreamNameBySubject(ctx, subject)
@@ -372,47 +379,29 @@ func openKafka(ctx context.Context, field string, brokers []string, s *config.SA
 	return &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second, Transport: tr}, tr.CloseIdleConnections, nil
 }
 
-// natsSubjectCheck asks JetStream which stream captures subject, as the
-// dead-letter publisher does (transports/natssource resolveDeadLetter): none, or
-// no JetStream at all, is a warning. out is "dead_letter" or
-// "action.forward".
-func natsSubjectCheck(ctx context.Context, js jetstream.JetStream, i int, handler, out, subject string) (string, error) {
-	_, err := js.StreamNameBySubject(ctx, subject)
+// natsForwardCheck asks JetStream which stream captures a forward subject:
+// none, or no JetStream at all, is a warning, as actions.ForwardNATS
+// publishes through JetStream and no stream would acknowledge the publish.
+func natsForwardCheck(ctx context.Context, js jetstream.JetStream, i int, handler, subject string) (string, error) {
+	captured, err := natsCaptured(ctx, js, subject)
 	switch {
-	case err == nil:
-		return "", nil
-	case errors.Is(err, jetstream.ErrStreamNotFound),
-		errors.Is(err, nats.ErrNoResponders),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabled),
-		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
-		why := "dead letters are published on core NATS and lost unless a subscriber is listening"
-		if out == "action.forward" {
-			// actions.ForwardNATS publishes through JetStream: without a
-			// stream no one acknowledges the publish.
-			why = "forwarded messages are published through JetStream and no stream acknowledges them: every forward fails, is retried, then dead-lettered"
-		}
-		return fmt.Sprintf("handlers[%d] (%s): %s.nats.subject %q is not captured by any JetStream stream: %s", i, handler, out, subject, why), nil
-	default:
-		return "", fmt.Errorf("handlers[%d].%s.nats.subject %q: looking up the stream that captures it: %w", i, out, subject, err)
+	case err != nil:
+		return "", fmt.Errorf("handlers[%d].action.forward.nats.subject %q: looking up the stream that captures it: %w", i, subject, err)
+	case !captured:
+		return fmt.Sprintf("handlers[%d] (%s): action.forward.nats.subject %q is not captured by any JetStream stream: forwarded messages are published through JetStream and no stream acknowledges them: every forward fails, is retried, then dead-lettered; create one ('dedupworker setup -c FILE' does)", i, handler, subject), nil
 	}
+	return "", nil
 }
 
-// kafkaTopicCheck asks the cluster's metadata for topic (without asking
-// the broker to create it): a missing topic is a warning.
-func kafkaTopicCheck(ctx context.Context, c *kafka.Client, i int, handler, out, topic string) (string, error) {
-	field := fmt.Sprintf("handlers[%d].%s.kafka", i, out)
-	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-	if err != nil {
-		return "", fmt.Errorf("%s.brokers: %w", field, err)
-	}
-	for _, t := range md.Topics {
-		if t.Name != topic || t.Error == nil {
-			continue
-		}
-		if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
-			return fmt.Sprintf("handlers[%d] (%s): %s.kafka.topic %q does not exist: writes fail unless the brokers auto-create topics", i, handler, out, topic), nil
-		}
-		return "", fmt.Errorf("%s.topic %q: %w", field, topic, t.Error)
+// kafkaForwardCheck asks the cluster's metadata for a forward topic
+// (without asking the broker to create it): a missing topic is a warning.
+func kafkaForwardCheck(ctx context.Context, c *kafka.Client, i int, handler, topic string) (string, error) {
+	exists, err := kafkaTopicExists(ctx, c, topic)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("handlers[%d].action.forward.kafka.topic %q: %w", i, topic, err)
+	case !exists:
+		return fmt.Sprintf("handlers[%d] (%s): action.forward.kafka.topic %q does not exist: writes fail unless the brokers auto-create topics; create it ('dedupworker setup -c FILE' does)", i, handler, topic), nil
 	}
 	return "", nil
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -43,42 +45,58 @@ func createTopic(t *testing.T, brokers []string, topic string) {
 	})
 }
 
-func TestValidateOnlineNATSDeadLetterSubject(t *testing.T) {
+// A dead-letter subject that no stream captures is refused by validate
+// --online and by run (a dead letter is acked: on core NATS with no
+// subscriber it would be gone), unless dead_letter.nats.core says core
+// delivery is meant.
+func TestDeadLetterNATSSubjectMustBeStored(t *testing.T) {
 	t.Parallel()
 	url, js := natsSetup(t)
 	redis := safeRedis(t) // --strict: a store the health checks pass
 	id := testenv.RandID()
 	createStreamMaxAge(t, js, "VDL_"+id, "vdl."+id, time.Minute)
 	createStreamMaxAge(t, js, "VDLQ_"+id, "vdlq."+id, time.Minute)
-	config := func(subject string) string {
+	config := func(deadLetter string) string {
 		return writeConfig(t, `
 redis: {url: %q}
+http: {addr: ""}
 handlers:
   - name: orders
     source: {nats: {url: %q, stream: VDL_%s}}
     retention: 1h
     action: {exec: {command: [/bin/true]}}
-    dead_letter: {nats: {subject: %s}}
-`, redis, url, id, subject)
+    dead_letter: {nats: %s}
+`, redis, url, id, deadLetter)
 	}
 
-	captured := config("vdlq." + id)
+	captured := config("{subject: vdlq." + id + "}")
 	if code, _, stderr := runCmd(t, "validate", "-c", captured, "--online", "--strict"); code != 0 || strings.Contains(stderr, "warning") {
 		t.Fatalf("dead-letter subject captured by stream VDLQ_%s: exit %d, stderr %q; want exit 0 and no warning", id, code, stderr)
 	}
 
-	lost := config("vdl.nowhere." + id)
-	want := `handlers[0] (orders): dead_letter.nats.subject "vdl.nowhere.` + id + `" is not captured by any JetStream stream: dead letters are published on core NATS and lost`
-	code, _, stderr := runCmd(t, "validate", "-c", lost)
-	if code != 0 || strings.Contains(stderr, "dead_letter") {
+	lost := config("{subject: vdl.nowhere." + id + "}")
+	want := `handlers[0].dead_letter.nats.subject "vdl.nowhere.` + id + `": no JetStream stream captures it, so a dead letter would be acked and kept nowhere: create a stream that captures it ('dedupworker setup -c FILE' does), or, if core NATS subscribers are meant to receive the dead letters, say so with dead_letter: {nats: {subject: vdl.nowhere.` + id + `, core: true}}`
+	if code, _, stderr := runCmd(t, "validate", "-c", lost); code != 0 || strings.Contains(stderr, "dead_letter") {
 		t.Fatalf("offline validate must not ask the broker: exit %d %q", code, stderr)
 	}
-	code, _, stderr = runCmd(t, "validate", "-c", lost, "--online")
-	if code != 0 || !strings.Contains(stderr, "warning: "+want) {
-		t.Fatalf("dead-letter subject no stream captures: exit %d, stderr %q; want exit 0 and a warning containing %q", code, stderr, want)
+	if code, _, stderr := runCmd(t, "validate", "-c", lost, "--online"); code != exitUsage || !strings.Contains(stderr, want) {
+		t.Fatalf("validate --online, dead-letter subject no stream captures: exit %d, stderr %q; want 2 and %q", code, stderr, want)
 	}
-	if code, _, stderr := runCmd(t, "validate", "-c", lost, "--online", "--strict"); code != exitUsage || !strings.Contains(stderr, want) {
-		t.Fatalf("--strict with the dead-letter warning: exit %d, stderr %q; want 2", code, stderr)
+	// run refuses it before consuming anything.
+	if code, _, stderr := runCmd(t, "run", "-c", lost); code != exitUsage || !strings.Contains(stderr, want) {
+		t.Fatalf("run, dead-letter subject no stream captures: exit %d, stderr %q; want 2 and %q", code, stderr, want)
+	}
+
+	core := config("{subject: vdl.nowhere." + id + ", core: true}")
+	if code, _, stderr := runCmd(t, "validate", "-c", core, "--online", "--strict"); code != 0 || strings.Contains(stderr, "warning") {
+		t.Fatalf("core: true: exit %d, stderr %q; want exit 0 and no warning", code, stderr)
+	}
+	p := start(t, nil, "run", "-c", core)
+	testenv.Eventually(t, 30*time.Second, "run with core: true starts", func() bool {
+		return strings.Contains(p.stderr.String(), "dedupworker running")
+	})
+	if code := p.term(30 * time.Second); code != 0 {
+		t.Fatalf("run with core: true: exit %d after SIGTERM\n%s", code, p.stderr.String())
 	}
 }
 
@@ -133,33 +151,71 @@ handlers:
 	}
 }
 
-func TestValidateOnlineKafkaDeadLetterTopic(t *testing.T) {
+// A dead-letter topic that does not exist is refused by validate --online
+// and by run.
+func TestDeadLetterKafkaTopicMustExist(t *testing.T) {
 	t.Parallel()
 	brokers := testenv.Kafka(t)
 	redis := testenv.Redis(t)
 	id := testenv.RandID()
 	in, dlq := "vin-"+id, "vdlq-"+id
 	createTopic(t, brokers, in)
-	config := func(topic string) string {
-		return writeConfig(t, `
+	path := writeConfig(t, `
 redis: {url: %q}
+http: {addr: ""}
 handlers:
   - name: orders
     source: {kafka: {brokers: [%q], topic: %s, group: g-%s}}
     action: {exec: {command: [/bin/true]}}
     dead_letter: {kafka: {topic: %s}}
-`, redis, brokers[0], in, id, topic)
+`, redis, brokers[0], in, id, dlq)
+	want := `handlers[0].dead_letter.kafka.topic "` + dlq + `" does not exist: create it ('dedupworker setup -c FILE' does)`
+	if code, _, stderr := runCmd(t, "validate", "-c", path, "--online"); code != exitUsage || !strings.Contains(stderr, want) {
+		t.Fatalf("validate --online, missing dead-letter topic: exit %d, stderr %q; want 2 and %q", code, stderr, want)
 	}
-	path := config(dlq)
-	want := `handlers[0] (orders): dead_letter.kafka.topic "` + dlq + `" does not exist: writes fail unless the brokers auto-create topics`
-	code, _, stderr := runCmd(t, "validate", "-c", path, "--online")
-	if code != 0 || !strings.Contains(stderr, "warning: "+want) {
-		t.Fatalf("missing dead-letter topic: exit %d, stderr %q; want exit 0 and a warning containing %q", code, stderr, want)
+	if code, _, stderr := runCmd(t, "run", "-c", path); code != exitUsage || !strings.Contains(stderr, want) {
+		t.Fatalf("run, missing dead-letter topic: exit %d, stderr %q; want 2 and %q", code, stderr, want)
 	}
 	createTopic(t, brokers, dlq)
-	code, _, stderr = runCmd(t, "validate", "-c", path, "--online")
-	if code != 0 || strings.Contains(stderr, "dead_letter") {
+	if code, _, stderr := runCmd(t, "validate", "-c", path, "--online"); code != 0 || strings.Contains(stderr, "dead_letter") {
 		t.Fatalf("existing dead-letter topic: exit %d, stderr %q; want exit 0 and no dead_letter warning", code, stderr)
+	}
+}
+
+// An http action's host must accept a TCP connection: validate --online
+// names the url and the fix when nothing listens, and passes when a server
+// does.
+func TestValidateOnlineHTTPAction(t *testing.T) {
+	t.Parallel()
+	url, js := natsSetup(t)
+	redis := testenv.Redis(t)
+	id := testenv.RandID()
+	createStreamMaxAge(t, js, "VHT_"+id, "vht."+id, time.Minute)
+	config := func(target string) string {
+		return writeConfig(t, `
+redis: {url: %q}
+handlers:
+  - name: hook
+    source: {nats: {url: %q, stream: VHT_%s}}
+    retention: 1h
+    missing_key: passthrough
+    action: {http: {url: %q}}
+`, redis, url, id, target)
+	}
+	closed := testenv.FreeAddr(t)
+	path := config("http://user:s3cret@" + closed + "/charge")
+	code, _, stderr := runCmd(t, "validate", "-c", path, "--online")
+	want := `handlers[0].action.http.url "http://` + closed + `/charge": connecting to ` + closed + `:`
+	if code != exitRuntime || !strings.Contains(stderr, want) || !strings.Contains(stderr, "start the server the action posts to, or correct the url") {
+		t.Fatalf("http action nobody listens on: exit %d, stderr %q; want 1 and %q", code, stderr, want)
+	}
+	if strings.Contains(stderr, "s3cret") {
+		t.Fatalf("the error shows the URL's password: %q", stderr)
+	}
+	srv := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
+	if code, _, stderr := runCmd(t, "validate", "-c", config(srv.URL+"/charge"), "--online"); code != 0 || strings.Contains(stderr, "action.http") {
+		t.Fatalf("http action with a listening server: exit %d, stderr %q; want 0", code, stderr)
 	}
 }
 
@@ -243,7 +299,7 @@ handlers:
 	}
 }
 
-// TestValidateOnlineNATSDurableAndWindows (SPEC §11.5): --online warns on an
+// TestValidateOnlineNATSDurableAndWindows: --online warns on an
 // existing durable whose AckWait is shorter than lease/3 plus one renewal,
 // on a configured ack_wait as short, on a forward stream whose duplicate
 // window is shorter than the lease plus the retry horizon, and on

@@ -33,7 +33,7 @@ func versionString() string {
 }
 
 func cmdVersion(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("version", "version", "", stderr)
+	fs := newFlagSet("version", "version", "", stdout, stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -86,7 +86,7 @@ handlers:
     max_attempts: %d
     backoff: {initial: 100ms, max: 200ms}
     action: {exec: {command: ["/bin/sh", "-c", %q], timeout: 30s}}
-    dead_letter: {nats: {subject: dlq.%s}}
+    dead_letter: {nats: {subject: dlq.%s, core: true}} # the test subscribes on core NATS
 `, redisURL, id, grace, natsURL, stream, lease, lease, maxAttempts, handler, id)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)

@@ -1,5 +1,6 @@
-// Package actions holds the dedupworker binary's built-in handlers
-// (SPEC §9.3): forward to Kafka or NATS, POST over HTTP, or exec a command.
+// Package actions holds the dedupworker binary's built-in handlers, the
+// action of a configured handler: forward to Kafka or NATS, POST over HTTP,
+// or exec a command.
 // Each is a consumer.Handler; the key, fence and attempt come from the claim
 // in the handler's context (idempotency.FromContext).
 //
@@ -106,7 +107,7 @@ func (c *capped) ReadFrom(r io.Reader) (int64, error) {
 }
 
 // Injector writes the trace context of ctx into outgoing headers (W3C
-// traceparent, SPEC §8.7). A nil Injector leaves the headers as they are.
+// traceparent). A nil Injector leaves the headers as they are.
 type Injector func(ctx context.Context, h consumer.Header)
 
 func (i Injector) into(ctx context.Context, h consumer.Header) {

@@ -40,7 +40,7 @@ const ExitDataErr = 65
 
 // Exec runs the command with the payload on stdin and DEDUP_KEY,
 // DEDUP_FENCE, DEDUP_ATTEMPT, DEDUP_HANDLER and DEDUP_SOURCE in its
-// environment (SPEC §9.3); of the worker's own environment it sees only
+// environment; of the worker's own environment it sees only
 // BaseEnv and cfg.Env. Exit 0 succeeds and stdout (up to MaxOutputBytes)
 // is the result; exit 65 is permanent; anything else is transient. The
 // process and its children are killed on timeout or when the handler's

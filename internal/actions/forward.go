@@ -44,7 +44,7 @@ func outgoing(ctx context.Context, m *consumer.Message, key string, inject Injec
 }
 
 // ForwardKafka publishes the payload unchanged, with the original key and
-// headers and Idempotency-Key set to the idempotency key (SPEC §9.3), and
+// headers and Idempotency-Key set to the idempotency key, and
 // waits for the write to be acknowledged. The writer decides the topic.
 //
 // It is a consumer.BatchHandler: a run is written in one WriteMessages
@@ -147,7 +147,7 @@ func isIdempotencyHeader(name string) bool {
 // with the original headers, Idempotency-Key and Nats-Msg-Id set to the key
 // (each replacing an incoming header of its name, in any case), so
 // JetStream's own duplicate window covers a crash between this publish and
-// the completion (SPEC §9.3). The result is "<stream>:<sequence>".
+// the completion. The result is "<stream>:<sequence>".
 //
 // It is a consumer.BatchHandler. When js is a *NATSJetStream every message
 // of a run is published asynchronously, then the run waits for each

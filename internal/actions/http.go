@@ -52,7 +52,7 @@ func HTTPClient(timeout time.Duration, concurrency int) *http.Client {
 
 // HTTP POSTs the payload with the original headers plus Idempotency-Key,
 // X-Dedup-Key, X-Dedup-Fence, X-Dedup-Attempt and X-Dedup-Handler
-// (SPEC §9.3). 2xx succeeds and its body (up to MaxResultBytes) is the
+// headers. 2xx succeeds and its body (up to MaxResultBytes) is the
 // result; 4xx other than 408 and 429 is permanent; 5xx, 408, 429, timeouts
 // and connection errors are transient (a Retry-After in seconds is honoured).
 func HTTP(cfg HTTPConfig) consumer.Handler {

@@ -1,5 +1,5 @@
-// Package config reads the dedupworker binary's YAML configuration
-// (SPEC §9.2): strict decoding (unknown fields, wrong types and bad durations
+// Package config reads the dedupworker binary's YAML configuration:
+// strict decoding (unknown fields, wrong types and bad durations
 // are errors naming the field path and line), ${ENV} expansion, defaults, and
 // validation.
 package config
@@ -31,7 +31,7 @@ type Config struct {
 	Handlers        []Handler `yaml:"handlers"`
 }
 
-// Redis says where the deduplication store is (SPEC §4.7, §11.2): exactly
+// Redis says where the deduplication store is: exactly
 // one of URL, Addrs or Sentinel. Username, Password, PasswordFile and TLS
 // are those of the data nodes, whichever of the three finds them.
 type Redis struct {
@@ -55,8 +55,8 @@ type Redis struct {
 	Grace          Duration `yaml:"grace"`
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	// Durability makes every claim and completion wait for replicas
-	// before the worker acts on it (SPEC §11.1). The zero value waits for
-	// none.
+	// before the worker acts on it, so that a failover to a replica keeps
+	// them. The zero value waits for none.
 	Durability Durability `yaml:"durability"`
 	// LocalCache answers the duplicates of keys this worker completed from
 	// memory, without Redis; on by default (see LocalCache).
@@ -120,7 +120,7 @@ func (l LocalCache) TTLOrDefault() time.Duration {
 
 // Durability is redis.durability: WAIT Replicas Timeout after every claim,
 // completion, release and step; a write fewer replicas acknowledged in time
-// fails closed (SPEC §7.3, §11.1).
+// fails closed: the message is not acked, and is delivered again.
 type Durability struct {
 	// Replicas is how many replicas must acknowledge each write; 0 (the
 	// default) sends no WAIT.
@@ -152,7 +152,8 @@ type TLS struct {
 	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
 }
 
-// HTTP configures the metrics and health server (SPEC §8.4).
+// HTTP configures the metrics and health server: /metrics, /healthz and
+// /readyz.
 type HTTP struct {
 	// Addr is host:port; nil means the default 127.0.0.1:9464 and "" turns
 	// the server off.
@@ -209,7 +210,7 @@ type KafkaSource struct {
 	SASL           *SASL    `yaml:"sasl"`
 	TLS            *TLS     `yaml:"tls"`
 	// Isolation is read_committed (default: records of aborted
-	// transactions are never handled) or read_uncommitted (SPEC §11.3).
+	// transactions are never handled) or read_uncommitted.
 	Isolation string `yaml:"isolation"`
 	// FetchBufferBytes caps the heap the source holds in fetched messages
 	// not yet done, across its partitions (kafkasource.Config's field of
@@ -262,7 +263,7 @@ type NATSAuth struct {
 	TLS       *TLS   `yaml:"tls"`
 }
 
-// Action is exactly one of Forward, HTTP or Exec (SPEC §9.3).
+// Action is exactly one of Forward, HTTP or Exec: what runs once per key.
 type Action struct {
 	Forward *Forward    `yaml:"forward"`
 	HTTP    *HTTPAction `yaml:"http"`
@@ -317,8 +318,29 @@ type ExecAction struct {
 
 // DeadLetter is exactly one of Kafka or NATS.
 type DeadLetter struct {
-	Kafka *KafkaOut `yaml:"kafka"`
-	NATS  *NATSOut  `yaml:"nats"`
+	Kafka *KafkaOut       `yaml:"kafka"`
+	NATS  *DeadLetterNATS `yaml:"nats"`
+}
+
+// DeadLetterNATS is a dead-letter subject on the source's server.
+type DeadLetterNATS struct {
+	NATSOut `yaml:",inline"`
+	// Core says that dead letters are meant for core NATS subscribers: the
+	// worker then starts although no JetStream stream captures Subject, and
+	// a dead letter published while no subscriber listens is gone. Without
+	// it (the default), run and validate --online refuse a dead-letter
+	// subject that no stream captures, since a dead-lettered message is
+	// acked.
+	Core bool `yaml:"core,omitempty"`
+}
+
+// natsOut is the destination of a NATS dead letter, nil when there is
+// none.
+func (dl *DeadLetter) natsOut() *NATSOut {
+	if dl.NATS == nil {
+		return nil
+	}
+	return &dl.NATS.NATSOut
 }
 
 // Defaults.
@@ -440,7 +462,7 @@ func (h *Handler) defaultOutputs() {
 		outsK, outsN = appendNonNil(outsK, f.Kafka), appendNonNil(outsN, f.NATS)
 	}
 	if dl := h.DeadLetter; dl != nil {
-		outsK, outsN = appendNonNil(outsK, dl.Kafka), appendNonNil(outsN, dl.NATS)
+		outsK, outsN = appendNonNil(outsK, dl.Kafka), appendNonNil(outsN, dl.natsOut())
 	}
 	if k := h.Source.Kafka; k != nil {
 		for _, o := range outsK {
@@ -659,7 +681,7 @@ func (h *Handler) validate(p string, fail failFunc, lines map[string]int) error 
 	}
 	if dl := h.DeadLetter; dl != nil {
 		dp := p + ".dead_letter"
-		if err := validateOut(dp, dl.Kafka, dl.NATS, h, fail); err != nil {
+		if err := validateOut(dp, dl.Kafka, dl.natsOut(), h, fail); err != nil {
 			return err
 		}
 		// The transport publishes dead letters on its own connection.
@@ -814,7 +836,11 @@ func (c *Config) Print() ([]byte, error) {
 		}
 		if dl := h.DeadLetter; dl != nil {
 			dl2 := *dl
-			dl2.NATS = redactNATS(dl2.NATS)
+			if dl2.NATS != nil {
+				n := *dl2.NATS
+				n.NATSOut = *redactNATS(&n.NATSOut)
+				dl2.NATS = &n
+			}
 			h.DeadLetter = &dl2
 		}
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -156,5 +157,37 @@ func TestParseDuration(t *testing.T) {
 	}
 	if Duration(48*time.Hour).String() != "2d" || Duration(90*time.Second).String() != "1m30s" {
 		t.Fatal("Duration.String must round-trip through ParseDuration")
+	}
+}
+
+// dead_letter.nats.core is read, and defaults the dead-letter URL and
+// credentials from the source like any destination; a forward has no core.
+func TestDeadLetterNATSCore(t *testing.T) {
+	const base = `
+handlers:
+  - name: a
+    source: {nats: {url: "nats://u:pw@127.0.0.1:4222", stream: S}}
+    action: {forward: {nats: {subject: out%s}}}
+    dead_letter: {nats: {subject: dlq.a%s}}
+`
+	c, err := Parse(fmt.Appendf(nil, base, "", ", core: true"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl := c.Handlers[0].DeadLetter.NATS
+	if !dl.Core || dl.Subject != "dlq.a" || dl.URL != "nats://u:pw@127.0.0.1:4222" {
+		t.Fatalf("dead_letter.nats: %+v; want core, subject dlq.a and the source's URL", dl)
+	}
+	if c, err := Parse(fmt.Appendf(nil, base, "", ""), env(nil)); err != nil || c.Handlers[0].DeadLetter.NATS.Core {
+		t.Fatalf("without core: %v, core %v; want false", err, c.Handlers[0].DeadLetter.NATS.Core)
+	}
+	out, err := c.Print()
+	if err != nil || !strings.Contains(string(out), "core: true") || strings.Contains(string(out), ":pw@") {
+		t.Fatalf("Print: %v\n%s\nwant core: true and the password redacted", err, out)
+	}
+	_, err = Parse(fmt.Appendf(nil, base, ", core: true", ""), env(nil))
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Path != "handlers[0].action.forward.nats.core" {
+		t.Fatalf("core on a forward: %v; want an error at handlers[0].action.forward.nats.core", err)
 	}
 }
