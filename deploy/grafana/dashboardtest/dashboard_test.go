@@ -61,13 +61,13 @@ type dashboard struct {
 }
 
 type panel struct {
-	ID         int          `json:"id"`
-	Type       string       `json:"type"`
+	ID          int          `json:"id"`
+	Type        string       `json:"type"`
 	Title       string       `json:"title"`
 	Description string       `json:"description"`
 	Datasource  *datasource  `json:"datasource"`
-	Targets    []panelQuery `json:"targets"`
-	Panels     []panel      `json:"panels"` // a collapsed row's panels
+	Targets     []panelQuery `json:"targets"`
+	Panels      []panel      `json:"panels"` // a collapsed row's panels
 }
 
 type panelQuery struct {
