@@ -182,6 +182,7 @@ func TestAlertsEndToEnd(t *testing.T) {
 			f := fault{name: "the store's redis-server stopped", hook: hook, expect: []match{
 				{alert: "DedupStoreUnavailable", labels: map[string]string{"handler": "stored"}},
 				{alert: "DedupHandlerStuck", labels: map[string]string{"handler": "stored"}},
+				{alert: "DedupWorkerNotReady", labels: map[string]string{"instance": wDown.addr, "check": "redis"}},
 			}}
 			record(f.run(t, ctx, rDown.Stop, rDown.Start)...)
 		})
