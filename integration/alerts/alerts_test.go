@@ -61,12 +61,14 @@ func TestMain(m *testing.M) {
 }
 
 // The rules' durations divided by speedup: for: as it comes out, range
-// windows no shorter than minWindow, so that a window holds several scrapes
-// (1 s apart) and more than one of the source's lag readings (5 s apart
-// while idle).
+// windows no shorter than minWindow. A window must hold several of the
+// source's lag readings (5 s apart while idle) and, while the store is down,
+// more than one redelivery of a message that backs off up to 15 s: with less,
+// a window can hold no delivery at all and the store alert resolves in the
+// middle of the outage.
 const (
 	speedup   = 20
-	minWindow = 10 * time.Second
+	minWindow = 30 * time.Second
 )
 
 var scale = alertrules.Scale{
@@ -126,7 +128,7 @@ func TestAlertsEndToEnd(t *testing.T) {
 			extra: "concurrency: 1"},
 	}}
 	wDown := &worker{name: "down", dir: dir, addr: testenv.FreeAddr(t), redis: rDown.URL(), nats: natsURL, handlers: []handler{
-		{name: "stored", stream: stream("ALDOWN"), rate: 4, command: "true", extra: "concurrency: 2"},
+		{name: "stored", stream: stream("ALDOWN"), rate: 4, command: "true", extra: "concurrency: 4"},
 	}}
 	wEvict := &worker{name: "evict", dir: dir, addr: testenv.FreeAddr(t), redis: rEvict.URL(), nats: natsURL, handlers: []handler{
 		{name: "evicted", stream: stream("ALEVICT"), rate: 2, command: "true"},
@@ -608,6 +610,14 @@ func (m match) String() string {
 	return m.alert + "{" + strings.Join(parts, ",") + "}"
 }
 
+// since is when m's cause began: from if set, else the fault's start t0.
+func (m match) since(t0 time.Time) time.Time {
+	if !m.from.IsZero() {
+		return m.from
+	}
+	return t0
+}
+
 func (m match) matches(l map[string]string) bool {
 	if l["alertname"] != m.alert {
 		return false
@@ -669,10 +679,7 @@ func (f fault) run(t *testing.T, ctx context.Context, cause, undo func()) []resu
 	res := make([]result, len(f.expect))
 	for i, m := range f.expect {
 		res[i] = result{fault: f.name, alert: m}
-		since := t0
-		if !m.from.IsZero() {
-			since = m.from
-		}
+		since := m.since(t0)
 		eventually(t, ctx, alertWait, fmt.Sprintf("%s reaches the webhook after: %s", m, f.name), func() (bool, string) {
 			if s, ok := f.hook.find(m, since); ok {
 				res[i].toWebhook = s.firing.Sub(since)
@@ -682,12 +689,15 @@ func (f fault) run(t *testing.T, ctx context.Context, cause, undo func()) []resu
 		})
 	}
 	t1 := time.Now()
+	for _, m := range f.expect {
+		if s, _ := f.hook.find(m, m.since(t0)); !s.resolved.IsZero() {
+			t.Fatalf("%s resolved %.1fs after %s began, before it was undone: the alert does not hold through the fault",
+				m, s.resolved.Sub(t0).Seconds(), f.name)
+		}
+	}
 	undo()
 	for i, m := range f.expect {
-		since := t0
-		if !m.from.IsZero() {
-			since = m.from
-		}
+		since := m.since(t0)
 		eventually(t, ctx, alertWait, fmt.Sprintf("%s resolves after undoing: %s", m, f.name), func() (bool, string) {
 			s, _ := f.hook.find(m, since)
 			if !s.resolved.IsZero() && s.resolved.After(t1) {
