@@ -11,6 +11,8 @@
 #   127.0.0.1:9092              Apache Kafka 3.9.2, one KRaft node (.ci/kafka.sh)
 #   127.0.0.1:19092-19094       Apache Kafka 3.9.2, three KRaft nodes
 #   kcat                        a librdkafka client (Debian)
+#   prometheus, promtool,       installed only (Debian): the alert tests start
+#   prometheus-alertmanager     their own on free loopback ports
 #
 # Each service's files live under ${TMPDIR:-/tmp}. `.ci/services.sh stop`
 # stops what the scripts started.
@@ -40,7 +42,8 @@ fi
 declare -A pkg=(
 	[redis-server]=redis-server [redis-cli]=redis-tools [redis-sentinel]=redis-sentinel
 	[nats-server]=nats-server [kcat]=kcat [openssl]=openssl [java]=openjdk-17-jre-headless
-	[mvn]=maven
+	[mvn]=maven [prometheus]=prometheus [promtool]=prometheus
+	[prometheus-alertmanager]=prometheus-alertmanager
 )
 missing=()
 for cmd in "${!pkg[@]}"; do
@@ -53,7 +56,17 @@ if [ ${#missing[@]} -gt 0 ]; then
 	fi
 	log "installing from Debian: ${missing[*]}"
 	apt-get update -qq
+	# Without systemd, a package's postinst starts its service through
+	# invoke-rc.d (prometheus on every interface's :9090, for one) unless
+	# policy-rc.d says no; the tests start what they need themselves.
+	policy=/usr/sbin/policy-rc.d
+	made_policy=
+	if [ ! -e "$policy" ]; then
+		printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+	fi
+	mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	if [ -n "$made_policy" ]; then rm -f "$policy"; fi
 fi
 
 # The Debian packages enable units that a machine without systemd never

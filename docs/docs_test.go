@@ -98,7 +98,6 @@ var (
 		"worker.go":                        true,
 	}
 	pendingPages = map[string]bool{
-		"docs/ALERTS.md": true,
 	}
 )
 

@@ -41,8 +41,16 @@ func Listen(addr string, gatherer prometheus.Gatherer, checks []Check, log *slog
 		return nil, err
 	}
 	s := &Server{ln: ln, checks: checks, log: log}
+	// dedup_ready comes from a registry of its own, beside gatherer's.
+	ready := prometheus.NewRegistry()
+	if len(checks) > 0 {
+		if err := ready.Register(&readyCollector{desc: readyDesc, checks: checks}); err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(prometheus.Gatherers{gatherer, ready}, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
@@ -71,25 +79,60 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
-func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
-	type result struct {
-		Name  string `json:"name"`
-		OK    bool   `json:"ok"`
-		Error string `json:"error,omitempty"`
-	}
-	results := make([]result, len(s.checks))
+// checkResult is one readiness check's outcome.
+type checkResult struct {
+	Name  string `json:"name"`
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// runChecks runs every check at once, each bounded by checkTimeout.
+func runChecks(ctx context.Context, checks []Check) []checkResult {
+	results := make([]checkResult, len(checks))
 	var wg sync.WaitGroup
-	for i, c := range s.checks {
+	for i, c := range checks {
 		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(r.Context(), checkTimeout)
+			ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 			defer cancel()
-			results[i] = result{Name: c.Name, OK: true}
+			results[i] = checkResult{Name: c.Name, OK: true}
 			if err := c.Fn(ctx); err != nil {
-				results[i] = result{Name: c.Name, Error: err.Error()}
+				results[i] = checkResult{Name: c.Name, Error: err.Error()}
 			}
 		})
 	}
 	wg.Wait()
+	return results
+}
+
+// readyDesc is dedup_ready{check}.
+var readyDesc = prometheus.NewDesc("dedup_ready",
+	"1 when the readiness check (the store, or a transport) passed, else 0: the checks of /readyz, run at each scrape, each bounded by 2s.",
+	[]string{"check"}, nil)
+
+// readyCollector exports dedup_ready: /readyz's checks run at each scrape,
+// so that Prometheus sees a worker that is up but not ready, whether or not
+// anything probes /readyz.
+type readyCollector struct {
+	desc   *prometheus.Desc
+	checks []Check
+}
+
+// Describe sends dedup_ready's description.
+func (c *readyCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect runs the checks and sends one series for each.
+func (c *readyCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range runChecks(context.Background(), c.checks) {
+		v := 0.0
+		if r.OK {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, r.Name)
+	}
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	results := runChecks(r.Context(), s.checks)
 	status := http.StatusOK
 	for _, res := range results {
 		if !res.OK {

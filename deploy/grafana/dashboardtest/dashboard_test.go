@@ -1,4 +1,5 @@
-// Package dashboardtest checks deploy/grafana/dedupworker.json against the
+// Package dashboardtest checks deploy/grafana/dedupworker.json, and the
+// alert rules of deploy/prometheus/dedupworker-rules.yaml, against the
 // metrics a running dedupworker really exports.
 package dashboardtest
 
@@ -24,6 +25,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/deploy/internal/deploytest"
+	"github.com/idemkit/dedupworker/internal/alertrules"
 	"github.com/idemkit/dedupworker/internal/metrics"
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
@@ -59,12 +61,13 @@ type dashboard struct {
 }
 
 type panel struct {
-	ID         int          `json:"id"`
-	Type       string       `json:"type"`
-	Title      string       `json:"title"`
-	Datasource *datasource  `json:"datasource"`
-	Targets    []panelQuery `json:"targets"`
-	Panels     []panel      `json:"panels"` // a collapsed row's panels
+	ID          int          `json:"id"`
+	Type        string       `json:"type"`
+	Title       string       `json:"title"`
+	Description string       `json:"description"`
+	Datasource  *datasource  `json:"datasource"`
+	Targets     []panelQuery `json:"targets"`
+	Panels      []panel      `json:"panels"` // a collapsed row's panels
 }
 
 type panelQuery struct {
@@ -213,6 +216,47 @@ func TestDashboardShape(t *testing.T) {
 	}
 }
 
+// alertRules is every alerting rule of the rules file.
+func alertRules(t *testing.T) []alertrules.Rule {
+	t.Helper()
+	path, err := alertrules.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := alertrules.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := f.Alerts()
+	if len(rules) == 0 {
+		t.Fatalf("%s has no alert", path)
+	}
+	return rules
+}
+
+// TestDashboardLeadsToEveryAlert: each alert is named in the description of
+// a panel that shows its condition, so an alert leads to its panel.
+func TestDashboardLeadsToEveryAlert(t *testing.T) {
+	d := loadDashboard(t)
+	for _, r := range alertRules(t) {
+		var panels []string
+		for _, p := range allPanels(d.Panels) {
+			if p.Type != "row" && regexp.MustCompile(`\b`+r.Alert+`\b`).MatchString(p.Description) {
+				panels = append(panels, p.Title)
+			}
+		}
+		if len(panels) == 0 {
+			t.Errorf("alert %s: no panel's description names it", r.Alert)
+		} else {
+			t.Logf("%s: %s", r.Alert, strings.Join(panels, "; "))
+		}
+	}
+}
+
 // balance is 0 when (), {} and [] pair up.
 func balance(s string) int {
 	n := 0
@@ -229,8 +273,8 @@ func balance(s string) int {
 
 // TestDashboardMetricsExported starts the real binary with a NATS source and
 // a Kafka source, lets each handler process one message, scrapes /metrics,
-// and checks that every metric name the dashboard queries is one the binary
-// exports.
+// and checks that every metric name the dashboard queries, and every one an
+// alert rule's expression names, is one the binary exports.
 func TestDashboardMetricsExported(t *testing.T) {
 	d := loadDashboard(t)
 	natsURL := testenv.NATS(t)
@@ -333,7 +377,11 @@ handlers:
 	// metrics package the binary uses.
 	registered := registeredVectors(t)
 	var names []string
-	for where, q := range queries(d) {
+	exprs := queries(d)
+	for _, r := range alertRules(t) {
+		exprs["alert rule "+r.Alert] = r.Expr
+	}
+	for where, q := range exprs {
 		for _, name := range metricName.FindAllString(q, -1) {
 			names = append(names, name)
 			if exposed[name] {

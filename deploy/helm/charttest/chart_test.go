@@ -171,6 +171,7 @@ type manifests struct {
 	hpas            []*autoscalingv2.HorizontalPodAutoscaler
 	serviceMonitors []map[string]any
 	scaledObjects   []map[string]any
+	prometheusRules []*prometheusRule
 }
 
 var docSep = regexp.MustCompile(`(?m)^---[ \t]*$`)
@@ -240,6 +241,9 @@ func decodeAll(t *testing.T, out string) manifests {
 		case "monitoring.coreos.com/v1/ServiceMonitor":
 			v := map[string]any{} // decoding fills this very map
 			m.serviceMonitors, target = append(m.serviceMonitors, v), &v
+		case "monitoring.coreos.com/v1/PrometheusRule":
+			v := &prometheusRule{}
+			m.prometheusRules, target = append(m.prometheusRules, v), v
 		case "keda.sh/v1alpha1/ScaledObject":
 			v := map[string]any{}
 			m.scaledObjects, target = append(m.scaledObjects, v), &v
@@ -337,6 +341,7 @@ func TestTemplate(t *testing.T) {
 			checkNoSecretInConfigMaps(t, m, vals)
 			checkService(t, m)
 			checkScaling(t, m, vals)
+			checkPrometheusRule(t, m, vals)
 			validate(t, cfgText, env)
 		})
 	}
