@@ -40,7 +40,11 @@ func kafkaDir() string {
 // cluster, whose pids .ci/kafka.sh records.
 func KafkaCluster(t testing.TB) *KafkaNodes {
 	t.Helper()
-	brokers, why := kafkaCluster.find("KAFKA_CLUSTER_BROKERS", localKafkaCluster, "run .ci/kafka.sh start cluster")
+	if why := onlyContainersWhy("a 3-node Kafka cluster", ".ci/kafka.sh start cluster"); why != "" {
+		Unavailable(t, "kafka cluster", why)
+	}
+	brokers, why := kafkaCluster.find("KAFKA_CLUSTER_BROKERS", localKafkaCluster,
+		"containers provide no 3-node Kafka cluster: run .ci/kafka.sh start cluster", false)
 	if why != "" {
 		Unavailable(t, "kafka cluster", why)
 	}
@@ -162,6 +166,10 @@ type KafkaSecurity struct {
 func RealKafkaSecurity(t testing.TB) *KafkaSecurity {
 	t.Helper()
 	RealKafka(t)
+	if kafkaSingle.node != nil {
+		Unavailable(t, "kafka security listeners", "the Kafka in use is a container, with PLAINTEXT listeners only; "+
+			"the SASL and TLS listeners are those of .ci/kafka.sh's single node (run .ci/kafka.sh start)")
+	}
 	s := &KafkaSecurity{
 		SASL:    []string{"127.0.0.1:9094"},
 		SASLTLS: []string{"127.0.0.1:9095"},
@@ -193,11 +201,15 @@ func RealKafkaSecurity(t testing.TB) *KafkaSecurity {
 }
 
 // KafkaCut is a proxy on the single node's advertised CUT address
-// (127.0.0.1:9097) in front of its CUT listener (9096): a client that
-// bootstraps from Addr reaches the broker only through the proxy, whose
+// (127.0.0.1:9097 for .ci/kafka.sh's node; ports of its own for a
+// container) in front of its CUT listener (9096): a client that
+// bootstraps from addr reaches the broker only through the proxy, whose
 // Cut closes every connection. Only one test at a time may hold it.
 func KafkaCut(t testing.TB) (addr string, p *Proxy) {
 	t.Helper()
 	RealKafka(t)
+	if n := kafkaSingle.node; n != nil {
+		return n.cutAdvertised, NewProxyOn(t, n.cutAdvertised, n.cut)
+	}
 	return "127.0.0.1:9097", NewProxyOn(t, "127.0.0.1:9097", "127.0.0.1:9096")
 }

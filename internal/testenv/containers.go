@@ -1,0 +1,505 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
+	"github.com/segmentio/kafka-go"
+	"github.com/testcontainers/testcontainers-go"
+	tclog "github.com/testcontainers/testcontainers-go/log"
+	tcredis "github.com/testcontainers/testcontainers-go/modules/redis"
+	"github.com/testcontainers/testcontainers-go/wait"
+)
+
+// The variables that steer the container path; doc.go describes them.
+const (
+	envContainers       = "DEDUP_TEST_CONTAINERS"
+	envContainerNetwork = "DEDUP_TEST_CONTAINER_NETWORK"
+	envRedisImage       = "DEDUP_REDIS_IMAGE"
+	envNATSImage        = "DEDUP_NATS_IMAGE"
+	envKafkaImage       = "DEDUP_KAFKA_IMAGE"
+	// envReaper marks the process that removes a test binary's containers
+	// when the binary exits (see startReaper).
+	envReaper = "DEDUP_TESTENV_REAPER"
+)
+
+// The default images: the official ones, at the versions CI's own servers
+// run (Debian's redis-server and nats-server, Kafka's Maven Central jars).
+const (
+	DefaultRedisImage = "redis:7.0.15"
+	DefaultNATSImage  = "nats:2.9.10"
+	DefaultKafkaImage = "apache/kafka:3.9.2"
+)
+
+// Deadlines of the container path: pulling an image and starting a
+// container, and a started server's first answer.
+const (
+	containerStartWithin = 5 * time.Minute
+	containerReadyWithin = 90 * time.Second
+	dockerProbeWithin    = 5 * time.Second
+)
+
+// containerMode is DEDUP_TEST_CONTAINERS: "" (containers when nothing else
+// answers), "only" (containers for Redis, NATS and Kafka, whatever the
+// environment names or the local defaults answer) or "off" (never).
+func containerMode() (string, error) {
+	switch v := os.Getenv(envContainers); v {
+	case "", "only", "off":
+		return v, nil
+	default:
+		return "", fmt.Errorf("%s=%q: want only, off or unset", envContainers, v)
+	}
+}
+
+// containersOnly reports whether DEDUP_TEST_CONTAINERS=only: Redis, NATS
+// and Kafka come from containers, and a container that cannot be started
+// fails the test instead of skipping it.
+func containersOnly() bool {
+	m, _ := containerMode()
+	return m == "only"
+}
+
+// onlyContainersWhy is why a topology is missing under
+// DEDUP_TEST_CONTAINERS=only, or "" when containers are not forced.
+func onlyContainersWhy(topology, script string) string {
+	if !containersOnly() {
+		return ""
+	}
+	return envContainers + "=only: containers provide one Redis, one NATS and one Kafka node, not " +
+		topology + " (start it with " + script + " and unset " + envContainers + ")"
+}
+
+// requireContainer fails t when DEDUP_TEST_CONTAINERS=only and the container
+// of service could not be started: forcing containers means expecting them.
+func requireContainer(t interface {
+	Helper()
+	Fatalf(string, ...any)
+}, service, why string) {
+	t.Helper()
+	if why != "" && containersOnly() {
+		t.Fatalf("testenv: %s unavailable (%s=only): %s", service, envContainers, why)
+	}
+}
+
+func imageOf(env, def string) string {
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	return def
+}
+
+// hostNetwork reports whether containers run with the host's network
+// (DEDUP_TEST_CONTAINER_NETWORK=host), each server on a free loopback port
+// of its own, instead of Docker's default bridge and mapped ports.
+func hostNetwork() bool { return os.Getenv(envContainerNetwork) == "host" }
+
+var (
+	dockerOnce sync.Once
+	dockerWhy  string
+)
+
+// dockerAvailable returns why no container can be started, or "": the
+// mode forbids it, or no Docker engine answers. It asks the engine once.
+func dockerAvailable() string {
+	mode, err := containerMode()
+	if err != nil {
+		return err.Error()
+	}
+	if mode == "off" {
+		return envContainers + "=off"
+	}
+	dockerOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), dockerProbeWithin)
+		defer cancel()
+		cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+		if err != nil {
+			dockerWhy = "no Docker engine for testcontainers-go: " + err.Error()
+			return
+		}
+		defer cli.Close()
+		if _, err := cli.Ping(ctx, client.PingOptions{}); err != nil {
+			dockerWhy = "no Docker engine answers: " + err.Error()
+		}
+	})
+	return dockerWhy
+}
+
+// containerOpts are the options every container of testenv starts with:
+// quiet, labelled, registered with the reaper as soon as it exists, and on
+// the host's network when hostNetwork says so.
+func containerOpts() []testcontainers.ContainerCustomizer {
+	opts := []testcontainers.ContainerCustomizer{
+		testcontainers.WithLogger(tclog.NewNoopLogger()),
+		testcontainers.WithLabels(map[string]string{"dedupworker.testenv": "1"}),
+		testcontainers.WithAdditionalLifecycleHooks(testcontainers.ContainerLifecycleHooks{
+			PostCreates: []testcontainers.ContainerHook{func(_ context.Context, c testcontainers.Container) error {
+				return reap(c.GetContainerID())
+			}},
+		}),
+	}
+	if hostNetwork() {
+		opts = append(opts, testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+			hc.NetworkMode = "host"
+			hc.PortBindings = nil
+			hc.PublishAllPorts = false
+		}))
+	}
+	return opts
+}
+
+// started handles what testcontainers.Run returned: a container that was
+// created but failed to start is removed at once.
+func started(ctr testcontainers.Container, err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	if ctr != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = ctr.Terminate(ctx)
+	}
+	return fmt.Errorf("starting a %s container: %w", what, err)
+}
+
+// freeLoopbackPort returns a port nothing listens on at 127.0.0.1 now.
+func freeLoopbackPort() (int, error) {
+	ps, err := freePorts(1)
+	if err != nil {
+		return 0, err
+	}
+	return ps[0], nil
+}
+
+// untilReady calls probe until it returns "" or the deadline passes.
+func untilReady(what string, probe func() string) error {
+	deadline := time.Now().Add(containerReadyWithin)
+	for {
+		why := probe()
+		if why == "" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not answer within %v: %s", what, containerReadyWithin, why)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// startRedisContainer starts a Redis container without persistence and
+// returns its URL.
+func startRedisContainer() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), containerStartWithin)
+	defer cancel()
+	image := imageOf(envRedisImage, DefaultRedisImage)
+	args := []string{"redis-server", "--save", "", "--appendonly", "no"}
+	port := 0
+	if hostNetwork() {
+		var err error
+		if port, err = freeLoopbackPort(); err != nil {
+			return "", err
+		}
+		args = append(args, "--port", strconv.Itoa(port), "--bind", "127.0.0.1")
+	} else {
+		args = append(args, "--protected-mode", "no")
+	}
+	opts := append(containerOpts(),
+		testcontainers.WithCmd(args...),
+		// The log line, not the port: with the host's network the port
+		// the module probes (6379) may be another server's.
+		testcontainers.WithWaitStrategy(wait.ForLog("Ready to accept connections").WithStartupTimeout(containerReadyWithin)),
+	)
+	ctr, err := tcredis.Run(ctx, image, opts...)
+	if err := started(ctr, err, "redis ("+image+")"); err != nil {
+		return "", err
+	}
+	url := "redis://127.0.0.1:" + strconv.Itoa(port) + "/0"
+	if !hostNetwork() {
+		if url, err = ctr.ConnectionString(ctx); err != nil {
+			return "", fmt.Errorf("redis container address: %w", err)
+		}
+	}
+	return url, untilReady("the redis container at "+url, func() string {
+		if err := pingRedisURL(url); err != nil {
+			return err.Error()
+		}
+		return ""
+	})
+}
+
+// startNATSContainer starts a nats-server container with JetStream and
+// returns its URL.
+func startNATSContainer() (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), containerStartWithin)
+	defer cancel()
+	image := imageOf(envNATSImage, DefaultNATSImage)
+	args := []string{"-js", "-sd", "/data"}
+	opts := containerOpts()
+	port := 0
+	if hostNetwork() {
+		var err error
+		if port, err = freeLoopbackPort(); err != nil {
+			return "", err
+		}
+		args = append(args, "-a", "127.0.0.1", "-p", strconv.Itoa(port))
+	} else {
+		args = append(args, "-p", "4222")
+		opts = append(opts, testcontainers.WithExposedPorts("4222/tcp"))
+	}
+	opts = append(opts,
+		testcontainers.WithCmd(args...),
+		testcontainers.WithWaitStrategy(wait.ForLog("Server is ready").WithStartupTimeout(containerReadyWithin)),
+	)
+	ctr, err := testcontainers.Run(ctx, image, opts...)
+	if err := started(ctr, err, "nats ("+image+")"); err != nil {
+		return "", err
+	}
+	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	if !hostNetwork() {
+		if url, err = ctr.PortEndpoint(ctx, "4222/tcp", "nats"); err != nil {
+			return "", fmt.Errorf("nats container address: %w", err)
+		}
+	}
+	return url, untilReady("the nats container at "+url, func() string { return probeNATS(url) })
+}
+
+// kafkaClusterID is the KRaft cluster id the Kafka container is formatted
+// with (base64 of "dedupworker-test").
+const kafkaClusterID = "ZGVkdXB3b3JrZXItdGVzdA"
+
+// kafkaNode is the Kafka container's PLAINTEXT address, and its CUT
+// listener with the address that listener advertises.
+type kafkaNode struct {
+	brokers            []string
+	cut, cutAdvertised string
+}
+
+// startKafkaContainer starts one combined broker and controller of Apache
+// Kafka in KRaft mode, configured through the official image's KAFKA_*
+// variables as .ci/kafka.sh configures its single node, and returns its
+// addresses. The broker listens on the same ports inside the container and
+// on the host, so the addresses it advertises are the ones clients dial.
+// Besides PLAINTEXT it has a CUT listener advertised on another port, where
+// KafkaCut puts a proxy.
+func startKafkaContainer() (kafkaNode, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), containerStartWithin)
+	defer cancel()
+	image := imageOf(envKafkaImage, DefaultKafkaImage)
+	ports, err := freePorts(4)
+	if err != nil {
+		return kafkaNode{}, err
+	}
+	port, cut, cutAdv := ports[0], strconv.Itoa(ports[2]), strconv.Itoa(ports[3])
+	host, listen, controller := "127.0.0.1", "127.0.0.1", "127.0.0.1:"+strconv.Itoa(ports[1])
+	opts := containerOpts()
+	if !hostNetwork() {
+		provider, err := testcontainers.NewDockerProvider(testcontainers.WithLogger(tclog.NewNoopLogger()))
+		if err != nil {
+			return kafkaNode{}, fmt.Errorf("docker provider: %w", err)
+		}
+		host, err = provider.DaemonHost(ctx)
+		_ = provider.Close()
+		if err != nil {
+			return kafkaNode{}, fmt.Errorf("docker host: %w", err)
+		}
+		listen, controller = "0.0.0.0", "localhost:9093"
+		p := network.MustParsePort(strconv.Itoa(port) + "/tcp")
+		c := network.MustParsePort(cut + "/tcp")
+		opts = append(opts,
+			testcontainers.WithExposedPorts(p.String(), c.String()),
+			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
+				hc.PortBindings = network.PortMap{
+					p: {{HostPort: strconv.Itoa(port)}},
+					c: {{HostPort: cut}},
+				}
+			}))
+	}
+	addr := host + ":" + strconv.Itoa(port)
+	env := map[string]string{
+		"CLUSTER_ID":                                     kafkaClusterID,
+		"KAFKA_NODE_ID":                                  "1",
+		"KAFKA_PROCESS_ROLES":                            "broker,controller",
+		"KAFKA_LISTENERS":                                "PLAINTEXT://" + listen + ":" + strconv.Itoa(port) + ",CONTROLLER://" + controller + ",CUT://" + listen + ":" + cut,
+		"KAFKA_ADVERTISED_LISTENERS":                     "PLAINTEXT://" + addr + ",CUT://" + host + ":" + cutAdv,
+		"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":           "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,CUT:PLAINTEXT",
+		"KAFKA_CONTROLLER_LISTENER_NAMES":                "CONTROLLER",
+		"KAFKA_CONTROLLER_QUORUM_VOTERS":                 "1@" + controller,
+		"KAFKA_INTER_BROKER_LISTENER_NAME":               "PLAINTEXT",
+		"KAFKA_LOG_DIRS":                                 "/tmp/kraft-combined-logs",
+		"KAFKA_NUM_PARTITIONS":                           "1",
+		"KAFKA_DEFAULT_REPLICATION_FACTOR":               "1",
+		"KAFKA_MIN_INSYNC_REPLICAS":                      "1",
+		"KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS":             "4",
+		"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":         "1",
+		"KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS":     "4",
+		"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+		"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":            "1",
+		"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":         "0",
+		"KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS":             "500",
+		"KAFKA_LOG_SEGMENT_BYTES":                        "16777216",
+		"KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE":           "2097152",
+		"KAFKA_NUM_NETWORK_THREADS":                      "2",
+		"KAFKA_NUM_IO_THREADS":                           "2",
+		"KAFKA_NUM_RECOVERY_THREADS_PER_DATA_DIR":        "1",
+		"KAFKA_BACKGROUND_THREADS":                       "2",
+		"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                "false",
+		"KAFKA_DELETE_TOPIC_ENABLE":                      "true",
+		// A fast start and little CPU, as .ci/kafka.sh's test nodes.
+		"KAFKA_HEAP_OPTS":            "-Xms128m -Xmx512m",
+		"KAFKA_JVM_PERFORMANCE_OPTS": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+	}
+	opts = append(opts,
+		testcontainers.WithEnv(env),
+		testcontainers.WithWaitStrategy(wait.ForLog("Kafka Server started").WithStartupTimeout(containerStartWithin)),
+	)
+	ctr, err := testcontainers.Run(ctx, image, opts...)
+	if err := started(ctr, err, "kafka ("+image+")"); err != nil {
+		return kafkaNode{}, err
+	}
+	node := kafkaNode{brokers: []string{addr}, cut: host + ":" + cut, cutAdvertised: host + ":" + cutAdv}
+	return node, untilReady("the kafka container at "+addr, func() string {
+		if why := probeKafka(node.brokers); why != "" {
+			return why
+		}
+		return kafkaCoordinatorWhy(node.brokers)
+	})
+}
+
+// fromContainer starts service's container with start, unless containers
+// are forbidden or no Docker engine answers; why then joins before (what
+// the earlier steps found) and the reason.
+func fromContainer[A any](service, before string, start func() (A, error)) (addr A, why string) {
+	join := func(reason string) string {
+		if before == "" {
+			return reason
+		}
+		return before + "; " + reason
+	}
+	if why := dockerAvailable(); why != "" {
+		return addr, join("no " + service + " container: " + why)
+	}
+	addr, err := start()
+	if err != nil {
+		return addr, join(err.Error())
+	}
+	return addr, ""
+}
+
+// kafkaCoordinatorWhy returns why the broker has no group coordinator yet,
+// or "". A new broker makes its offsets topic on the first group request
+// and answers such requests with an error until then; the local nodes of
+// .ci/kafka.sh have long had one, so the container is made ready the same
+// way before a test uses it.
+func kafkaCoordinatorWhy(brokers []string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	resp, err := cl.FindCoordinator(ctx, &kafka.FindCoordinatorRequest{Key: "dedupworker-testenv", KeyType: kafka.CoordinatorKeyTypeConsumer})
+	if err == nil {
+		err = resp.Error
+	}
+	if err != nil {
+		return "group coordinator: " + err.Error()
+	}
+	return ""
+}
+
+// The reaper: a child process of the test binary that removes the binary's
+// containers when the binary exits, however it exits (tests done, a
+// panic, a timeout, a kill). It reads container ids, one a line, from a
+// pipe whose other end only the test binary holds; the end of that input
+// is the binary's exit. It runs in a process group of its own, so the
+// interrupt that stops the tests does not stop it before its work.
+
+var (
+	reaperMu  sync.Mutex
+	reaperIn  io.WriteCloser // kept for the life of the test binary
+	reaperErr error
+)
+
+func init() {
+	if os.Getenv(envReaper) == "1" {
+		os.Exit(runReaper(os.Stdin))
+	}
+}
+
+// reap hands id to the reaper, starting the reaper first if need be.
+func reap(id string) error {
+	reaperMu.Lock()
+	defer reaperMu.Unlock()
+	if reaperIn == nil && reaperErr == nil {
+		reaperIn, reaperErr = startReaper()
+	}
+	if reaperErr != nil {
+		return fmt.Errorf("testenv: starting the container reaper: %w", reaperErr)
+	}
+	_, err := fmt.Fprintln(reaperIn, id)
+	return err
+}
+
+func startReaper() (io.WriteCloser, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self)
+	cmd.Env = append(os.Environ(), envReaper+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	// The reaper outlives this process by design; nothing waits for it.
+	go func() { _ = cmd.Wait() }()
+	return in, nil
+}
+
+// runReaper reads container ids until in ends, then removes each
+// container, with its volumes. It returns the exit code.
+func runReaper(in io.Reader) int {
+	var ids []string
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		if id := strings.TrimSpace(sc.Text()); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+	if err != nil {
+		return 1
+	}
+	defer cli.Close()
+	code := 0
+	for _, id := range ids {
+		_, err := cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !isNotFound(err) {
+			code = 1
+		}
+	}
+	return code
+}
+
+func isNotFound(err error) bool {
+	var nf interface{ NotFound() }
+	return errors.As(err, &nf) || strings.Contains(err.Error(), "No such container")
+}
