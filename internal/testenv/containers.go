@@ -379,8 +379,12 @@ func startKafkaContainer() (kafkaNode, error) {
 
 // fromContainer starts service's container with start, unless containers
 // are forbidden or no Docker engine answers; why then joins before (what
-// the earlier steps found) and the reason.
-func fromContainer[A any](service, before string, start func() (A, error)) (addr A, why string) {
+// the earlier steps found) and the reason. A started container's address
+// is also set as the service's variable (env; for a broker list, its
+// addresses joined by commas), so that what reads the variable rather than
+// asking testenv (a package's examples, a binary a test runs) uses the
+// same server.
+func fromContainer[A any](service, env, before string, start func() (A, error), text func(A) string) (addr A, why string) {
 	join := func(reason string) string {
 		if before == "" {
 			return reason
@@ -394,8 +398,13 @@ func fromContainer[A any](service, before string, start func() (A, error)) (addr
 	if err != nil {
 		return addr, join(err.Error())
 	}
+	if err := os.Setenv(env, text(addr)); err != nil {
+		return addr, join("setting " + env + ": " + err.Error())
+	}
 	return addr, ""
 }
+
+func sameString(s string) string { return s }
 
 // kafkaCoordinatorWhy returns why the broker has no group coordinator yet,
 // or "". A new broker makes its offsets topic on the first group request

@@ -59,7 +59,8 @@ func (f *found) find(env string, local []string, hint string, container bool) ([
 
 func (f *found) fromContainer(before string) {
 	var node kafkaNode
-	node, f.why = fromContainer("kafka", before, startKafkaContainer)
+	node, f.why = fromContainer("kafka", "KAFKA_BROKERS", before, startKafkaContainer,
+		func(n kafkaNode) string { return strings.Join(n.brokers, ",") })
 	f.addrs = node.brokers
 	if f.why == "" {
 		f.node = &node

@@ -91,9 +91,6 @@ func KafkaCommittedErr(brokers []string, group, topic string, partitions int) (m
 	}
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: kafkaRequestWithin}
 	resp, err := cl.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
-	if err == nil {
-		err = resp.Error
-	}
 	if err != nil {
 		return nil, fmt.Errorf("fetching the offsets group %s committed on %s: %w", group, topic, err)
 	}
