@@ -36,6 +36,10 @@ const (
 	envReaper = "DEDUP_TESTENV_REAPER"
 )
 
+// labelPid labels each container with the pid of the test binary that
+// started it.
+const labelPid = "dedupworker.testenv.pid"
+
 // The default images: the official ones, at the versions CI's own servers
 // run (Debian's redis-server and nats-server, Kafka's Maven Central jars).
 const (
@@ -143,7 +147,7 @@ func dockerAvailable() string {
 func containerOpts() []testcontainers.ContainerCustomizer {
 	opts := []testcontainers.ContainerCustomizer{
 		testcontainers.WithLogger(tclog.NewNoopLogger()),
-		testcontainers.WithLabels(map[string]string{"dedupworker.testenv": "1"}),
+		testcontainers.WithLabels(map[string]string{"dedupworker.testenv": "1", labelPid: strconv.Itoa(os.Getpid())}),
 		testcontainers.WithAdditionalLifecycleHooks(testcontainers.ContainerLifecycleHooks{
 			PostCreates: []testcontainers.ContainerHook{func(_ context.Context, c testcontainers.Container) error {
 				return reap(c.GetContainerID())
