@@ -290,6 +290,21 @@ type kafkaNode struct {
 	cut, cutAdvertised string
 }
 
+// String is the node as DEDUP_TESTENV_KAFKA_CONTAINER holds it:
+// "brokers;cut;cutAdvertised", the brokers comma-separated.
+func (n kafkaNode) String() string {
+	return strings.Join(n.brokers, ",") + ";" + n.cut + ";" + n.cutAdvertised
+}
+
+// parseKafkaNode is the inverse of kafkaNode.String.
+func parseKafkaNode(s string) kafkaNode {
+	f := strings.SplitN(s, ";", 3)
+	for len(f) < 3 {
+		f = append(f, "")
+	}
+	return kafkaNode{brokers: splitAddrs(f[0]), cut: f[1], cutAdvertised: f[2]}
+}
+
 // startKafkaContainer starts one combined broker and controller of Apache
 // Kafka in KRaft mode, configured through the official image's KAFKA_*
 // variables as .ci/kafka.sh configures its single node, and returns its
@@ -383,12 +398,21 @@ func startKafkaContainer() (kafkaNode, error) {
 
 // fromContainer starts service's container with start, unless containers
 // are forbidden or no Docker engine answers; why then joins before (what
-// the earlier steps found) and the reason. A started container's address
-// is also set as the service's variable (env; for a broker list, its
-// addresses joined by commas), so that what reads the variable rather than
-// asking testenv (a package's examples, a binary a test runs) uses the
-// same server.
-func fromContainer[A any](service, env, before string, start func() (A, error), text func(A) string) (addr A, why string) {
+// the earlier steps found) and the reason.
+//
+// A started container's address is also set as the service's variable
+// (env: REDIS_URL, NATS_URL, KAFKA_BROKERS; text writes it), so that what
+// reads the variable rather than asking testenv (a package's examples, a
+// binary a test runs) uses the same server; and, whole (encode), as
+// DEDUP_TESTENV_<SERVICE>_CONTAINER, which a test binary run by this one
+// (a test's child process) takes instead of starting a container of its
+// own, even under DEDUP_TEST_CONTAINERS=only: the two must share the
+// server, and the container lives as long as the binary that started it.
+func fromContainer[A any](service, env, before string, start func() (A, error), text, encode func(A) string, decode func(string) A) (addr A, why string) {
+	inherited := "DEDUP_TESTENV_" + strings.ToUpper(service) + "_CONTAINER"
+	if v := os.Getenv(inherited); v != "" {
+		return decode(v), ""
+	}
 	join := func(reason string) string {
 		if before == "" {
 			return reason
@@ -402,8 +426,10 @@ func fromContainer[A any](service, env, before string, start func() (A, error), 
 	if err != nil {
 		return addr, join(err.Error())
 	}
-	if err := os.Setenv(env, text(addr)); err != nil {
-		return addr, join("setting " + env + ": " + err.Error())
+	for name, value := range map[string]string{env: text(addr), inherited: encode(addr)} {
+		if err := os.Setenv(name, value); err != nil {
+			return addr, join("setting " + name + ": " + err.Error())
+		}
 	}
 	return addr, ""
 }

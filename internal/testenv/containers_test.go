@@ -75,7 +75,7 @@ func TestContainerLeavesWithItsBinary(t *testing.T) {
 			}
 			closed := "redis://127.0.0.1:" + strconv.Itoa(FreePort(t)) + "/0"
 			cmd := exec.Command(self)
-			cmd.Env = append(os.Environ(), envChild+"=1", envContainers+"=only", "REDIS_URL="+closed)
+			cmd.Env = append(childEnviron(), envChild+"=1", envContainers+"=only", "REDIS_URL="+closed)
 			stdin, err := cmd.StdinPipe()
 			if err != nil {
 				t.Fatal(err)
@@ -122,6 +122,41 @@ func TestContainerLeavesWithItsBinary(t *testing.T) {
 			Eventually(t, 30*time.Second, "the child's container removed", func() bool { return childContainers(t, pid) == 0 })
 		})
 	}
+}
+
+// TestContainerInherited checks that a test binary run by another takes
+// the container its parent names in DEDUP_TESTENV_REDIS_CONTAINER, even
+// under DEDUP_TEST_CONTAINERS=only, and starts none of its own: a test and
+// the process it runs must share one Redis.
+func TestContainerInherited(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parents := "redis://127.0.0.1:" + strconv.Itoa(FreePort(t)) + "/0"
+	cmd := exec.Command(self)
+	cmd.Env = append(childEnviron(), envChild+"=1", envContainers+"=only", "DEDUP_TESTENV_REDIS_CONTAINER="+parents)
+	cmd.Stdin = strings.NewReader("")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the child failed: %v", err)
+	}
+	if got := strings.TrimSpace(string(out)); got != "url "+parents {
+		t.Fatalf("the child printed %q; want %q, its parent's container", got, "url "+parents)
+	}
+}
+
+// childEnviron is this process's environment without the containers it
+// hands down to its children.
+func childEnviron() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DEDUP_TESTENV_") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // childURL waits up to 5 minutes (a first run may pull the image) for the

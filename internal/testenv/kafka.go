@@ -60,7 +60,7 @@ func (f *found) find(env string, local []string, hint string, container bool) ([
 func (f *found) fromContainer(before string) {
 	var node kafkaNode
 	node, f.why = fromContainer("kafka", "KAFKA_BROKERS", before, startKafkaContainer,
-		func(n kafkaNode) string { return strings.Join(n.brokers, ",") })
+		func(n kafkaNode) string { return strings.Join(n.brokers, ",") }, kafkaNode.String, parseKafkaNode)
 	f.addrs = node.brokers
 	if f.why == "" {
 		f.node = &node

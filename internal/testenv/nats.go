@@ -41,7 +41,7 @@ var (
 func findNATS() (url, why string) {
 	natsOnce.Do(func() {
 		if containersOnly() {
-			natsURL, natsWhy = fromContainer("nats", "NATS_URL", "", startNATSContainer, sameString)
+			natsURL, natsWhy = fromContainer("nats", "NATS_URL", "", startNATSContainer, sameString, sameString, sameString)
 			return
 		}
 		if env := os.Getenv("NATS_URL"); env != "" {
@@ -54,7 +54,7 @@ func findNATS() (url, why string) {
 		natsURL = DefaultNATSURL
 		if why := probeNATS(DefaultNATSURL); why != "" {
 			natsURL, natsWhy = fromContainer("nats", "NATS_URL", "NATS_URL is not set and "+why+"; start nats-server -js or set NATS_URL",
-				startNATSContainer, sameString)
+				startNATSContainer, sameString, sameString, sameString)
 		}
 	})
 	return natsURL, natsWhy

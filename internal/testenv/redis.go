@@ -74,7 +74,7 @@ func FindRedis() (url, why string) {
 // redisContainer starts the binary's Redis container, or says why there is
 // none after before, what the earlier steps found.
 func redisContainer(before string) (url, why string) {
-	return fromContainer("redis", "REDIS_URL", before, startRedisContainer, sameString)
+	return fromContainer("redis", "REDIS_URL", before, startRedisContainer, sameString, sameString, sameString)
 }
 
 // RedisClient returns a client on Redis(t), closed when the test ends.
