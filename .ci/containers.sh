@@ -10,9 +10,11 @@
 #      ldd lists, and Kafka from a JRE plus the jars .ci/kafka.sh uses;
 #   3. runs, with DEDUP_TEST_CONTAINERS=only (environment and local servers
 #      ignored, every service from a container) and host networking on ports
-#      of each container's own, the store conformance suite on the Redis
-#      store, both transports' source conformance suites, a Kafka
-#      consumer-group test and the engine's end-to-end tests;
+#      of each container's own, the packages of internal/testenv,
+#      idempotency, redisbackend, transports and integration: among them the
+#      store conformance suite on the Redis store, both transports' source
+#      conformance suites, the Kafka consumer-group tests and the engine's
+#      end-to-end tests;
 #   4. checks that no container is left, and stops the engine it started.
 #
 # Containers run with host networking here (DEDUP_TEST_CONTAINER_NETWORK=host)
@@ -235,7 +237,7 @@ run() {
 	fi
 }
 
-run ./idempotency/... ./redisbackend/... ./transports/... ./integration/
+run ./internal/testenv/ ./idempotency/... ./redisbackend/... ./transports/... ./integration/
 
 # --- 4. nothing left ---------------------------------------------------------
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,9 +37,18 @@ const (
 	envReaper = "DEDUP_TESTENV_REAPER"
 )
 
-// labelPid labels each container with the pid of the test binary that
-// started it.
-const labelPid = "dedupworker.testenv.pid"
+// Each container is labelled as testenv's, with the host name and the pid
+// of the test binary that started it.
+const (
+	labelTestenv = "dedupworker.testenv"
+	labelPid     = "dedupworker.testenv.pid"
+	labelHost    = "dedupworker.testenv.host"
+)
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}
 
 // The default images: the official ones, at the versions CI's own servers
 // run (Debian's redis-server and nats-server, Kafka's Maven Central jars).
@@ -136,7 +146,9 @@ func dockerAvailable() string {
 		defer cli.Close()
 		if _, err := cli.Ping(ctx, client.PingOptions{}); err != nil {
 			dockerWhy = "no Docker engine answers: " + err.Error()
+			return
 		}
+		removeOrphans(ctx, cli)
 	})
 	return dockerWhy
 }
@@ -147,7 +159,7 @@ func dockerAvailable() string {
 func containerOpts() []testcontainers.ContainerCustomizer {
 	opts := []testcontainers.ContainerCustomizer{
 		testcontainers.WithLogger(tclog.NewNoopLogger()),
-		testcontainers.WithLabels(map[string]string{"dedupworker.testenv": "1", labelPid: strconv.Itoa(os.Getpid())}),
+		testcontainers.WithLabels(map[string]string{labelTestenv: "1", labelPid: strconv.Itoa(os.Getpid()), labelHost: hostname()}),
 		testcontainers.WithAdditionalLifecycleHooks(testcontainers.ContainerLifecycleHooks{
 			PostCreates: []testcontainers.ContainerHook{func(_ context.Context, c testcontainers.Container) error {
 				return reap(c.GetContainerID())
@@ -436,6 +448,26 @@ func fromContainer[A any](service, env, before string, start func() (A, error), 
 
 func sameString(s string) string { return s }
 
+// removeOrphans removes the containers testenv started on this host for a
+// test binary that no longer runs and whose reaper could not remove them
+// (the reaper killed too, the engine busy past its deadline).
+func removeOrphans(ctx context.Context, cli *testcontainers.DockerClient) {
+	res, err := cli.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: client.Filters{}.Add("label", labelTestenv+"=1", labelHost+"="+hostname()),
+	})
+	if err != nil {
+		return
+	}
+	for _, c := range res.Items {
+		pid, err := strconv.Atoi(c.Labels[labelPid])
+		if err != nil || pid <= 0 || syscall.Kill(pid, 0) != syscall.ESRCH {
+			continue
+		}
+		_, _ = cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	}
+}
+
 // kafkaCoordinatorWhy returns why the broker has no group coordinator yet,
 // or "". A new broker makes its offsets topic on the first group request
 // and answers such requests with an error until then; the local nodes of
@@ -495,6 +527,11 @@ func startReaper() (io.WriteCloser, error) {
 	}
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), envReaper+"=1")
+	// What the reaper could not remove, it says in a log of its own.
+	if f, err := os.OpenFile(filepath.Join(os.TempDir(), "dedupworker-testenv-reaper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); err == nil {
+		cmd.Stderr = f
+		defer f.Close() // the child has its own copy once started
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -511,6 +548,7 @@ func startReaper() (io.WriteCloser, error) {
 // runReaper reads container ids until in ends, then removes each
 // container, with its volumes. It returns the exit code.
 func runReaper(in io.Reader) int {
+	parent := os.Getppid()
 	var ids []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
@@ -523,8 +561,13 @@ func runReaper(in io.Reader) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "%s testenv reaper (pid %d, for %d): "+format+"\n",
+			append([]any{time.Now().Format(time.RFC3339), os.Getpid(), parent}, args...)...)
+	}
 	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
 	if err != nil {
+		fail("no Docker client, containers %v left: %v", ids, err)
 		return 1
 	}
 	defer cli.Close()
@@ -532,6 +575,7 @@ func runReaper(in io.Reader) int {
 	for _, id := range ids {
 		_, err := cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !isNotFound(err) {
+			fail("removing container %s: %v", id, err)
 			code = 1
 		}
 	}

@@ -218,3 +218,52 @@ func containerChild() int {
 	_, _ = bufio.NewReader(os.Stdin).ReadString(0)
 	return 0
 }
+
+// TestRemoveOrphans checks that a container testenv started for a test
+// binary that no longer runs is removed by the next binary that looks for
+// a Docker engine, and that one whose binary still runs is left alone.
+func TestRemoveOrphans(t *testing.T) {
+	if why := dockerAvailable(); why != "" {
+		if containersOnly() {
+			t.Fatalf("testenv: %s", why)
+		}
+		t.Skipf("needs a Docker engine: %s", why)
+	}
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), containerStartWithin)
+	defer cancel()
+	start := func(pid int) string {
+		opts := append(containerOpts(),
+			testcontainers.WithLabels(map[string]string{labelPid: strconv.Itoa(pid)}),
+			// No TCP port: nothing to collide with on the host's network.
+			testcontainers.WithCmd("redis-server", "--port", "0"))
+		ctr, err := testcontainers.Run(ctx, imageOf(envRedisImage, DefaultRedisImage), opts...)
+		if err := started(ctr, err, "redis"); err != nil {
+			t.Fatal(err)
+		}
+		return ctr.GetContainerID()
+	}
+	orphan, live := start(gone.Process.Pid), start(os.Getpid())
+	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	removeOrphans(ctx, cli)
+	exists := func(id string) bool {
+		res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: client.Filters{}.Add("id", id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(res.Items) == 1
+	}
+	if exists(orphan) {
+		t.Errorf("the container of exited pid %d is still there", gone.Process.Pid)
+	}
+	if !exists(live) {
+		t.Errorf("the container of this running binary was removed")
+	}
+}
