@@ -140,7 +140,7 @@ func dockerAvailable() string {
 		defer cancel()
 		cli, err := testcontainers.NewDockerClientWithOpts(ctx)
 		if err != nil {
-			dockerWhy = "no Docker engine for testcontainers-go: " + err.Error()
+			dockerWhy = "no Docker engine found by testcontainers-go (start one, or set DOCKER_HOST): " + err.Error()
 			return
 		}
 		defer cli.Close()
@@ -565,6 +565,7 @@ func runReaper(in io.Reader) int {
 		fmt.Fprintf(os.Stderr, "%s testenv reaper (pid %d, for %d): "+format+"\n",
 			append([]any{time.Now().Format(time.RFC3339), os.Getpid(), parent}, args...)...)
 	}
+	tclog.SetDefault(tclog.NewNoopLogger()) // its log is for failures only
 	cli, err := testcontainers.NewDockerClientWithOpts(ctx)
 	if err != nil {
 		fail("no Docker client, containers %v left: %v", ids, err)
