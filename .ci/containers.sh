@@ -144,7 +144,7 @@ if [ ! -f .ci/kafka/lib/kafka_2.13-3.9.2.jar ]; then
 	log "copying the Kafka jars from Maven Central into .ci/kafka/lib"
 	mvn -B -q -Dstyle.color=never -f .ci/kafka/pom.xml \
 		org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-		-DincludeScope=runtime -DoutputDirectory="$root/.ci/kafka/lib"
+		-DincludeScope=runtime -DoutputDirectory="$root/.ci/kafka/lib" 2>&1 | sed 's/\x1b\[[0-9;]*m//g'
 fi
 command -v java >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q openjdk-17-jre-headless >/dev/null
 kafka_version=$(ls .ci/kafka/lib | sed -nE 's/^kafka_2\.13-([0-9.]+)\.jar$/\1/p')
@@ -254,5 +254,18 @@ if [ -n "$left" ]; then
 	die "containers left behind"
 fi
 log "no container left"
-log "done in $(($(date +%s) - start))s"
+# No container joined a network: testcontainers-go made none of its own,
+# and the default bridge has no member.
+nets=$(docker network ls --format '{{.Name}}' | sort | tr '\n' ' ')
+[ "$nets" = "bridge host none " ] || die "networks other than Docker's defaults exist: $nets"
+members=$(docker network inspect bridge --format '{{len .Containers}}')
+[ "$members" = 0 ] || die "$members containers on the default bridge network"
+log "no network but Docker's defaults, none with a container"
+stop_engine
+started_engine=
+if [ $status = 0 ]; then
+	log "passed in $(($(date +%s) - start))s"
+else
+	log "FAILED after $(($(date +%s) - start))s"
+fi
 exit $status
