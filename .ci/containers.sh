@@ -51,11 +51,17 @@ stop_engine() {
 	log "stopping dockerd (pid $pid)"
 	kill "$pid" 2>/dev/null || true
 	for _ in $(seq 1 100); do
-		kill -0 "$pid" 2>/dev/null || return 0
+		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.2
 	done
-	log "dockerd did not stop within 20s; killing it"
-	kill -9 "$pid" 2>/dev/null || true
+	if kill -0 "$pid" 2>/dev/null; then
+		log "dockerd did not stop within 20s; killing it"
+		kill -9 "$pid" 2>/dev/null || true
+	fi
+	# dockerd leaves the mount of its default network namespace behind.
+	if grep -q " $STATE/exec/netns/default " /proc/mounts; then
+		umount "$STATE/exec/netns/default" || true
+	fi
 }
 trap stop_engine EXIT
 
