@@ -43,6 +43,17 @@
 //     (TESTCONTAINERS_RYUK_DISABLED=true where the Ryuk image cannot be
 //     pulled).
 //
+// A started container's address is also set as REDIS_URL, NATS_URL or
+// KAFKA_BROKERS for the rest of the test binary, so that examples and the
+// binaries tests run, which read those, use the same server; and it is
+// handed to a test binary that a test runs again as a child process
+// (DEDUP_TESTENV_REDIS_CONTAINER and its like), which takes it instead of
+// starting its own. Containers are labelled with the host and the pid of
+// their test binary; a binary whose containers outlived it (its reaper
+// killed too) has them removed by the next test binary that starts one,
+// and what a reaper could not remove it writes to
+// $TMPDIR/dedupworker-testenv-reaper.log.
+//
 // The multi-node topologies come from .ci/services.sh only: a Redis Cluster
 // ([RedisCluster]: REDIS_CLUSTER_ADDRS or 127.0.0.1:7000-7002), a Sentinel
 // deployment ([RedisSentinel]: REDIS_SENTINEL_ADDRS or
