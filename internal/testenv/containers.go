@@ -2,10 +2,23 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/sha512"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+	"math/big"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -295,26 +308,37 @@ func startNATSContainer() (string, error) {
 // with (base64 of "dedupworker-test").
 const kafkaClusterID = "ZGVkdXB3b3JrZXItdGVzdA"
 
-// kafkaNode is the Kafka container's PLAINTEXT address, and its CUT
-// listener with the address that listener advertises.
+// kafkaNode is the Kafka container's PLAINTEXT address, its CUT listener
+// with the address that listener advertises, its SASL_PLAINTEXT and
+// SASL_SSL listeners, and the file of the CA that signed its certificate.
 type kafkaNode struct {
 	brokers            []string
 	cut, cutAdvertised string
+	sasl, saslTLS      string
+	caFile             string
 }
 
-// String is the node as DEDUP_TESTENV_KAFKA_CONTAINER holds it:
-// "brokers;cut;cutAdvertised", the brokers comma-separated.
+// String is the node as DEDUP_TESTENV_KAFKA_CONTAINER holds it: its fields
+// separated by ";", the brokers by ",".
 func (n kafkaNode) String() string {
-	return strings.Join(n.brokers, ",") + ";" + n.cut + ";" + n.cutAdvertised
+	return strings.Join([]string{strings.Join(n.brokers, ","), n.cut, n.cutAdvertised, n.sasl, n.saslTLS, n.caFile}, ";")
 }
 
 // parseKafkaNode is the inverse of kafkaNode.String.
 func parseKafkaNode(s string) kafkaNode {
-	f := strings.SplitN(s, ";", 3)
-	for len(f) < 3 {
+	f := strings.SplitN(s, ";", 6)
+	for len(f) < 6 {
 		f = append(f, "")
 	}
-	return kafkaNode{brokers: splitAddrs(f[0]), cut: f[1], cutAdvertised: f[2]}
+	return kafkaNode{brokers: splitAddrs(f[0]), cut: f[1], cutAdvertised: f[2], sasl: f[3], saslTLS: f[4], caFile: f[5]}
+}
+
+// The users of the container's SASL listeners, as .ci/kafka.sh formats its
+// node with.
+var kafkaUsers = map[string][2]string{
+	"PLAIN":         {"dedup-plain", "dedup-plain-pw"},
+	"SCRAM-SHA-256": {"dedup-scram256", "dedup-scram256-pw"},
+	"SCRAM-SHA-512": {"dedup-scram512", "dedup-scram512-pw"},
 }
 
 // startKafkaContainer starts one combined broker and controller of Apache
@@ -328,11 +352,16 @@ func startKafkaContainer() (kafkaNode, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), containerStartWithin)
 	defer cancel()
 	image := imageOf(envKafkaImage, DefaultKafkaImage)
-	ports, err := freePorts(4)
+	ports, err := freePorts(6)
 	if err != nil {
 		return kafkaNode{}, err
 	}
 	port, cut, cutAdv := ports[0], strconv.Itoa(ports[2]), strconv.Itoa(ports[3])
+	sasl, saslTLS := strconv.Itoa(ports[4]), strconv.Itoa(ports[5])
+	keystore, caFile, err := kafkaTLS()
+	if err != nil {
+		return kafkaNode{}, err
+	}
 	host, listen, controller := "127.0.0.1", "127.0.0.1", "127.0.0.1:"+strconv.Itoa(ports[1])
 	opts := containerOpts()
 	if !hostNetwork() {
@@ -347,64 +376,85 @@ func startKafkaContainer() (kafkaNode, error) {
 		}
 		listen, controller = "0.0.0.0", "localhost:9093"
 		p := network.MustParsePort(strconv.Itoa(port) + "/tcp")
-		c := network.MustParsePort(cut + "/tcp")
+		bindings := network.PortMap{p: {{HostPort: strconv.Itoa(port)}}}
+		exposed := []string{p.String()}
+		for _, other := range []string{cut, sasl, saslTLS} {
+			o := network.MustParsePort(other + "/tcp")
+			bindings[o] = []network.PortBinding{{HostPort: other}}
+			exposed = append(exposed, o.String())
+		}
 		opts = append(opts,
-			testcontainers.WithExposedPorts(p.String(), c.String()),
-			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) {
-				hc.PortBindings = network.PortMap{
-					p: {{HostPort: strconv.Itoa(port)}},
-					c: {{HostPort: cut}},
-				}
-			}))
+			testcontainers.WithExposedPorts(exposed...),
+			testcontainers.WithHostConfigModifier(func(hc *container.HostConfig) { hc.PortBindings = bindings }))
 	}
 	addr := host + ":" + strconv.Itoa(port)
 	env := map[string]string{
-		"CLUSTER_ID":                                     kafkaClusterID,
-		"KAFKA_NODE_ID":                                  "1",
-		"KAFKA_PROCESS_ROLES":                            "broker,controller",
-		"KAFKA_LISTENERS":                                "PLAINTEXT://" + listen + ":" + strconv.Itoa(port) + ",CONTROLLER://" + controller + ",CUT://" + listen + ":" + cut,
-		"KAFKA_ADVERTISED_LISTENERS":                     "PLAINTEXT://" + addr + ",CUT://" + host + ":" + cutAdv,
-		"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP":           "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,CUT:PLAINTEXT",
-		"KAFKA_CONTROLLER_LISTENER_NAMES":                "CONTROLLER",
-		"KAFKA_CONTROLLER_QUORUM_VOTERS":                 "1@" + controller,
-		"KAFKA_INTER_BROKER_LISTENER_NAME":               "PLAINTEXT",
-		"KAFKA_LOG_DIRS":                                 "/tmp/kraft-combined-logs",
-		"KAFKA_NUM_PARTITIONS":                           "1",
-		"KAFKA_DEFAULT_REPLICATION_FACTOR":               "1",
-		"KAFKA_MIN_INSYNC_REPLICAS":                      "1",
-		"KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS":             "4",
-		"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":         "1",
-		"KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS":     "4",
-		"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-		"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":            "1",
-		"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":         "0",
-		"KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS":             "500",
-		"KAFKA_LOG_SEGMENT_BYTES":                        "16777216",
-		"KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE":           "2097152",
-		"KAFKA_NUM_NETWORK_THREADS":                      "2",
-		"KAFKA_NUM_IO_THREADS":                           "2",
-		"KAFKA_NUM_RECOVERY_THREADS_PER_DATA_DIR":        "1",
-		"KAFKA_BACKGROUND_THREADS":                       "2",
-		"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                "false",
-		"KAFKA_DELETE_TOPIC_ENABLE":                      "true",
+		"CLUSTER_ID":          kafkaClusterID,
+		"KAFKA_NODE_ID":       "1",
+		"KAFKA_PROCESS_ROLES": "broker,controller",
+		"KAFKA_LISTENERS": "PLAINTEXT://" + listen + ":" + strconv.Itoa(port) + ",CONTROLLER://" + controller +
+			",CUT://" + listen + ":" + cut + ",SASL_PLAINTEXT://" + listen + ":" + sasl + ",SASL_SSL://" + listen + ":" + saslTLS,
+		"KAFKA_ADVERTISED_LISTENERS": "PLAINTEXT://" + addr + ",CUT://" + host + ":" + cutAdv +
+			",SASL_PLAINTEXT://" + host + ":" + sasl + ",SASL_SSL://" + host + ":" + saslTLS,
+		"KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,CUT:PLAINTEXT," +
+			"SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+		// The SASL listeners of .ci/kafka.sh's node: PLAIN and both SCRAMs
+		// in clear, SCRAM-SHA-256 over TLS. ___ is "-" and __ is "_" in a
+		// setting's name.
+		"KAFKA_SASL_ENABLED_MECHANISMS": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+		"KAFKA_LISTENER_NAME_SASL__PLAINTEXT_PLAIN_SASL_JAAS_CONFIG": "org.apache.kafka.common.security.plain.PlainLoginModule required user_" +
+			kafkaUsers["PLAIN"][0] + "=\"" + kafkaUsers["PLAIN"][1] + "\";",
+		"KAFKA_LISTENER_NAME_SASL__PLAINTEXT_SCRAM___SHA___256_SASL_JAAS_CONFIG": scramJAAS,
+		"KAFKA_LISTENER_NAME_SASL__PLAINTEXT_SCRAM___SHA___512_SASL_JAAS_CONFIG": scramJAAS,
+		"KAFKA_LISTENER_NAME_SASL__SSL_SASL_ENABLED_MECHANISMS":                  "SCRAM-SHA-256",
+		"KAFKA_LISTENER_NAME_SASL__SSL_SCRAM___SHA___256_SASL_JAAS_CONFIG":       scramJAAS,
+		"KAFKA_LISTENER_NAME_SASL__SSL_SSL_KEYSTORE_TYPE":                        "PEM",
+		"KAFKA_LISTENER_NAME_SASL__SSL_SSL_KEYSTORE_LOCATION":                    kafkaKeystorePath,
+		"KAFKA_CONTROLLER_LISTENER_NAMES":                                        "CONTROLLER",
+		"KAFKA_CONTROLLER_QUORUM_VOTERS":                                         "1@" + controller,
+		"KAFKA_INTER_BROKER_LISTENER_NAME":                                       "PLAINTEXT",
+		"KAFKA_LOG_DIRS":                                                         "/tmp/kraft-combined-logs",
+		"KAFKA_NUM_PARTITIONS":                                                   "1",
+		"KAFKA_DEFAULT_REPLICATION_FACTOR":                                       "1",
+		"KAFKA_MIN_INSYNC_REPLICAS":                                              "1",
+		"KAFKA_OFFSETS_TOPIC_NUM_PARTITIONS":                                     "4",
+		"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":                                 "1",
+		"KAFKA_TRANSACTION_STATE_LOG_NUM_PARTITIONS":                             "4",
+		"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR":                         "1",
+		"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":                                    "1",
+		"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":                                 "0",
+		"KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS":                                     "500",
+		"KAFKA_LOG_SEGMENT_BYTES":                                                "16777216",
+		"KAFKA_LOG_CLEANER_DEDUPE_BUFFER_SIZE":                                   "2097152",
+		"KAFKA_NUM_NETWORK_THREADS":                                              "2",
+		"KAFKA_NUM_IO_THREADS":                                                   "2",
+		"KAFKA_NUM_RECOVERY_THREADS_PER_DATA_DIR":                                "1",
+		"KAFKA_BACKGROUND_THREADS":                                               "2",
+		"KAFKA_AUTO_CREATE_TOPICS_ENABLE":                                        "false",
+		"KAFKA_DELETE_TOPIC_ENABLE":                                              "true",
 		// A fast start and little CPU, as .ci/kafka.sh's test nodes.
 		"KAFKA_HEAP_OPTS":            "-Xms128m -Xmx512m",
 		"KAFKA_JVM_PERFORMANCE_OPTS": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
 	}
 	opts = append(opts,
 		testcontainers.WithEnv(env),
+		testcontainers.WithFiles(testcontainers.ContainerFile{Reader: bytes.NewReader(keystore), ContainerFilePath: kafkaKeystorePath, FileMode: 0o644}),
 		testcontainers.WithWaitStrategy(wait.ForLog("Kafka Server started").WithStartupTimeout(containerStartWithin)),
 	)
 	ctr, err := testcontainers.Run(ctx, image, opts...)
 	if err := started(ctr, err, "kafka ("+image+")"); err != nil {
 		return kafkaNode{}, err
 	}
-	node := kafkaNode{brokers: []string{addr}, cut: host + ":" + cut, cutAdvertised: host + ":" + cutAdv}
+	node := kafkaNode{brokers: []string{addr}, cut: host + ":" + cut, cutAdvertised: host + ":" + cutAdv,
+		sasl: host + ":" + sasl, saslTLS: host + ":" + saslTLS, caFile: caFile}
 	return node, untilReady("the kafka container at "+addr, func() string {
 		if why := probeKafka(node.brokers); why != "" {
 			return why
 		}
-		return kafkaCoordinatorWhy(node.brokers)
+		if why := kafkaCoordinatorWhy(node.brokers); why != "" {
+			return why
+		}
+		return kafkaScramUsersWhy(node.brokers)
 	})
 }
 
@@ -468,6 +518,104 @@ func removeOrphans(ctx context.Context, cli *testcontainers.DockerClient) {
 	}
 }
 
+// Where the Kafka container finds its TLS key and certificates, and the
+// JAAS setting of a SCRAM listener (the users are the broker's metadata).
+const (
+	kafkaKeystorePath = "/tmp/dedup-server.pem"
+	scramJAAS         = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+)
+
+// kafkaTLS makes a CA and a server certificate for 127.0.0.1 and
+// localhost, valid for a day: the keystore (the key in PKCS#8 and the
+// certificate chain, PEM) for the container, and the CA's PEM file on this
+// host, in a directory the reaper removes with the container.
+func kafkaTLS() (keystore []byte, caFile string, err error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, "", err
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "dedupworker test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, "", err
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, "", err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, "", err
+	}
+	leaf := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leaf, caCert, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, "", err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, "", err
+	}
+	keystore = append(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leafDER})...)
+	keystore = append(keystore, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})...)
+	dir, err := os.MkdirTemp("", "dedupworker-testenv-kafka-")
+	if err != nil {
+		return nil, "", err
+	}
+	if err := reapDir(dir); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, "", err
+	}
+	caFile = filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o644); err != nil {
+		return nil, "", err
+	}
+	return keystore, caFile, nil
+}
+
+// kafkaScramUsersWhy makes the SCRAM users of kafkaUsers, and returns why
+// they cannot be made, or "".
+func kafkaScramUsersWhy(brokers []string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var ups []kafka.UserScramCredentialsUpsertion
+	for mech, m := range map[string]struct {
+		mech kafka.ScramMechanism
+		hash func() hash.Hash
+		size int
+	}{"SCRAM-SHA-256": {kafka.ScramMechanismSha256, sha256.New, sha256.Size}, "SCRAM-SHA-512": {kafka.ScramMechanismSha512, sha512.New, sha512.Size}} {
+		user := kafkaUsers[mech]
+		salt := []byte("dedupworker-" + user[0])
+		const iterations = 4096
+		salted, err := pbkdf2.Key(m.hash, user[1], salt, iterations, m.size)
+		if err != nil {
+			return err.Error()
+		}
+		ups = append(ups, kafka.UserScramCredentialsUpsertion{Name: user[0], Mechanism: m.mech, Iterations: iterations, Salt: salt, SaltedPassword: salted})
+	}
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	resp, err := cl.AlterUserScramCredentials(ctx, &kafka.AlterUserScramCredentialsRequest{Upsertions: ups})
+	if err != nil {
+		return "making the SCRAM users: " + err.Error()
+	}
+	for _, r := range resp.Results {
+		if r.Error != nil {
+			return "making the SCRAM user " + r.User + ": " + r.Error.Error()
+		}
+	}
+	return ""
+}
+
 // kafkaCoordinatorWhy returns why the broker has no group coordinator yet,
 // or "". A new broker makes its offsets topic on the first group request
 // and answers such requests with an error until then; the local nodes of
@@ -506,8 +654,15 @@ func init() {
 	}
 }
 
-// reap hands id to the reaper, starting the reaper first if need be.
-func reap(id string) error {
+// reap hands the container id to the reaper, starting the reaper first if
+// need be.
+func reap(id string) error { return toReaper(id) }
+
+// reapDir hands the reaper a directory of this host to remove with the
+// containers.
+func reapDir(dir string) error { return toReaper("dir " + dir) }
+
+func toReaper(line string) error {
 	reaperMu.Lock()
 	defer reaperMu.Unlock()
 	if reaperIn == nil && reaperErr == nil {
@@ -516,7 +671,7 @@ func reap(id string) error {
 	if reaperErr != nil {
 		return fmt.Errorf("testenv: starting the container reaper: %w", reaperErr)
 	}
-	_, err := fmt.Fprintln(reaperIn, id)
+	_, err := fmt.Fprintln(reaperIn, line)
 	return err
 }
 
@@ -549,12 +704,18 @@ func startReaper() (io.WriteCloser, error) {
 // container, with its volumes. It returns the exit code.
 func runReaper(in io.Reader) int {
 	parent := os.Getppid()
-	var ids []string
+	var ids, dirs []string
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
-		if id := strings.TrimSpace(sc.Text()); id != "" {
-			ids = append(ids, id)
+		line := strings.TrimSpace(sc.Text())
+		if dir, ok := strings.CutPrefix(line, "dir "); ok {
+			dirs = append(dirs, dir)
+		} else if line != "" {
+			ids = append(ids, line)
 		}
+	}
+	for _, d := range dirs {
+		_ = os.RemoveAll(d)
 	}
 	if len(ids) == 0 {
 		return 0

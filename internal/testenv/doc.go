@@ -54,13 +54,17 @@
 // and what a reaper could not remove it writes to
 // $TMPDIR/dedupworker-testenv-reaper.log.
 //
+// The Kafka container has the listeners of .ci/kafka.sh's single node, on
+// ports of its own: PLAINTEXT, a CUT listener for [KafkaCut], and for
+// [RealKafkaSecurity] SASL_PLAINTEXT (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)
+// and SASL_SSL (SCRAM-SHA-256, with a certificate of a CA made for it).
+//
 // The multi-node topologies come from .ci/services.sh only: a Redis Cluster
 // ([RedisCluster]: REDIS_CLUSTER_ADDRS or 127.0.0.1:7000-7002), a Sentinel
 // deployment ([RedisSentinel]: REDIS_SENTINEL_ADDRS or
-// 127.0.0.1:26390-26392), the 3-node Kafka cluster ([KafkaCluster]:
-// KAFKA_CLUSTER_BROKERS or 127.0.0.1:19092-19094), and the SASL and TLS
-// listeners of the local Kafka node ([RealKafkaSecurity]). A test that needs
-// one that is absent is skipped with a message naming it.
+// 127.0.0.1:26390-26392) and the 3-node Kafka cluster ([KafkaCluster]:
+// KAFKA_CLUSTER_BROKERS or 127.0.0.1:19092-19094). A test that needs one
+// that is absent is skipped with a message naming it.
 //
 // # Shared helpers
 //

@@ -159,26 +159,21 @@ type KafkaSecurity struct {
 	Users map[string][2]string
 }
 
-// RealKafkaSecurity returns the security listeners of the local single
-// node ($KAFKA_SASL_BROKERS and $KAFKA_SASL_TLS_BROKERS override the
-// addresses), skipping or failing (DEDUP_REQUIRE_SERVICES=1) the test
-// without them.
+// RealKafkaSecurity returns the security listeners of the Kafka node
+// [RealKafka] found: a container's own, or those of the local single node
+// ($KAFKA_SASL_BROKERS and $KAFKA_SASL_TLS_BROKERS override the addresses),
+// skipping or failing (DEDUP_REQUIRE_SERVICES=1) the test without them.
 func RealKafkaSecurity(t testing.TB) *KafkaSecurity {
 	t.Helper()
 	RealKafka(t)
-	if kafkaSingle.node != nil {
-		Unavailable(t, "kafka security listeners", "the Kafka in use is a container, with PLAINTEXT listeners only; "+
-			"the SASL and TLS listeners are those of .ci/kafka.sh's single node (run .ci/kafka.sh start)")
+	if n := kafkaSingle.node; n != nil {
+		return &KafkaSecurity{SASL: []string{n.sasl}, SASLTLS: []string{n.saslTLS}, CAFile: n.caFile, Users: kafkaUsers}
 	}
 	s := &KafkaSecurity{
 		SASL:    []string{"127.0.0.1:9094"},
 		SASLTLS: []string{"127.0.0.1:9095"},
 		CAFile:  filepath.Join(kafkaDir(), "tls", "ca.pem"),
-		Users: map[string][2]string{
-			"PLAIN":         {"dedup-plain", "dedup-plain-pw"},
-			"SCRAM-SHA-256": {"dedup-scram256", "dedup-scram256-pw"},
-			"SCRAM-SHA-512": {"dedup-scram512", "dedup-scram512-pw"},
-		},
+		Users:   kafkaUsers,
 	}
 	if v := os.Getenv("KAFKA_SASL_BROKERS"); v != "" {
 		s.SASL = splitAddrs(v)
