@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -99,6 +100,15 @@ func FreeAddr(t testing.TB) string {
 // FreePorts returns n distinct free loopback TCP ports (see FreePort).
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
+	ports, err := freePorts(n)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return ports
+}
+
+// freePorts is FreePorts without a test.
+func freePorts(n int) ([]int, error) {
 	ls := make([]net.Listener, 0, n)
 	ports := make([]int, 0, n)
 	defer func() {
@@ -109,12 +119,12 @@ func FreePorts(t testing.TB, n int) []int {
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			t.Fatalf("testenv: finding a free port: %v", err)
+			return nil, fmt.Errorf("finding a free port: %w", err)
 		}
 		ls = append(ls, l)
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	return ports
+	return ports, nil
 }
 
 // Logger returns a logger that writes to t's log, which go test shows for a

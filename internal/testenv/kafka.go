@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 )
 
-// The local Kafka that .ci/kafka.sh starts (SPEC §10).
+// The local Kafka that .ci/kafka.sh starts.
 var (
 	localKafka        = []string{"127.0.0.1:9092"}
 	localKafkaCluster = []string{"127.0.0.1:19092", "127.0.0.1:19093", "127.0.0.1:19094"}
@@ -23,14 +23,22 @@ type found struct {
 	once  sync.Once
 	addrs []string
 	why   string
+	// node is set when the addresses are a container's.
+	node *kafkaNode
 }
 
 var kafkaSingle, kafkaCluster found
 
-// findKafka resolves env (comma-separated) or, when it is unset, the local
-// default; why is non-empty when nothing answers.
-func (f *found) find(env string, local []string, hint string) ([]string, string) {
+// find resolves env (comma-separated) or, when it is unset, the local
+// default, once; why is non-empty when nothing answers. With container set,
+// a Kafka container is the last resort, and under DEDUP_TEST_CONTAINERS=only
+// the only one.
+func (f *found) find(env string, local []string, hint string, container bool) ([]string, string) {
 	f.once.Do(func() {
+		if container && containersOnly() {
+			f.fromContainer("")
+			return
+		}
 		if v := os.Getenv(env); v != "" {
 			f.addrs = splitAddrs(v)
 			if why := probeKafka(f.addrs); why != "" {
@@ -41,9 +49,22 @@ func (f *found) find(env string, local []string, hint string) ([]string, string)
 		f.addrs = local
 		if why := probeKafka(local); why != "" {
 			f.why = env + " is not set and " + why + "; " + hint
+			if container {
+				f.fromContainer(f.why)
+			}
 		}
 	})
 	return append([]string(nil), f.addrs...), f.why
+}
+
+func (f *found) fromContainer(before string) {
+	var node kafkaNode
+	node, f.why = fromContainer("kafka", "KAFKA_BROKERS", before, startKafkaContainer,
+		func(n kafkaNode) string { return strings.Join(n.brokers, ",") }, kafkaNode.String, parseKafkaNode)
+	f.addrs = node.brokers
+	if f.why == "" {
+		f.node = &node
+	}
 }
 
 func splitAddrs(v string) []string {
@@ -56,18 +77,21 @@ func splitAddrs(v string) []string {
 	return out
 }
 
-// Kafka returns the addresses of a real Apache Kafka for a test:
-// $KAFKA_BROKERS (comma-separated) when set, else 127.0.0.1:9092 (the single
-// KRaft node of .ci/kafka.sh) when it answers. Without one, the test runs on
-// an in-process kfake broker instead, except under DEDUP_REQUIRE_SERVICES=1,
-// where a missing Kafka fails the test. Topics are made with
-// CreateKafkaTopic; the broker creates none by itself.
+// Kafka returns the addresses of a real Apache Kafka for a test, found once
+// per test binary: $KAFKA_BROKERS (comma-separated) when set; else
+// 127.0.0.1:9092 (the single KRaft node of .ci/kafka.sh) when it answers;
+// else one Kafka node in a container when a Docker engine answers (see the
+// package documentation). Without one, the test runs on an in-process
+// kfake broker instead, except under DEDUP_REQUIRE_SERVICES=1 or
+// DEDUP_TEST_CONTAINERS=only, where a missing Kafka fails the test. Topics
+// are made with CreateKafkaTopic; the broker creates none by itself.
 func Kafka(t testing.TB) []string {
 	t.Helper()
-	brokers, why := kafkaSingle.find("KAFKA_BROKERS", localKafka, "run .ci/kafka.sh start")
+	brokers, why := findKafka()
 	if why == "" {
 		return brokers
 	}
+	requireContainer(t, "kafka", why)
 	if os.Getenv("DEDUP_REQUIRE_SERVICES") == "1" {
 		Unavailable(t, "kafka", why)
 	}
@@ -77,15 +101,21 @@ func Kafka(t testing.TB) []string {
 }
 
 // RealKafka is Kafka for a test that only means something on Apache Kafka
-// (broker-side security, a cut through the advertised listener): without
-// one it is skipped, or failed under DEDUP_REQUIRE_SERVICES=1.
+// (the group coordinator's behaviour, a broker's own limits): without one
+// it is skipped, or failed under DEDUP_REQUIRE_SERVICES=1 or
+// DEDUP_TEST_CONTAINERS=only.
 func RealKafka(t testing.TB) []string {
 	t.Helper()
-	brokers, why := kafkaSingle.find("KAFKA_BROKERS", localKafka, "run .ci/kafka.sh start")
+	brokers, why := findKafka()
 	if why != "" {
+		requireContainer(t, "kafka", why)
 		Unavailable(t, "kafka", why)
 	}
 	return brokers
+}
+
+func findKafka() ([]string, string) {
+	return kafkaSingle.find("KAFKA_BROKERS", localKafka, "run .ci/kafka.sh start", true)
 }
 
 // probeKafka returns why brokers do not answer, or "".

@@ -40,7 +40,11 @@ func kafkaDir() string {
 // cluster, whose pids .ci/kafka.sh records.
 func KafkaCluster(t testing.TB) *KafkaNodes {
 	t.Helper()
-	brokers, why := kafkaCluster.find("KAFKA_CLUSTER_BROKERS", localKafkaCluster, "run .ci/kafka.sh start cluster")
+	if why := onlyContainersWhy("a 3-node Kafka cluster", ".ci/kafka.sh start cluster"); why != "" {
+		Unavailable(t, "kafka cluster", why)
+	}
+	brokers, why := kafkaCluster.find("KAFKA_CLUSTER_BROKERS", localKafkaCluster,
+		"containers provide no 3-node Kafka cluster: run .ci/kafka.sh start cluster", false)
 	if why != "" {
 		Unavailable(t, "kafka cluster", why)
 	}
@@ -155,22 +159,21 @@ type KafkaSecurity struct {
 	Users map[string][2]string
 }
 
-// RealKafkaSecurity returns the security listeners of the local single
-// node ($KAFKA_SASL_BROKERS and $KAFKA_SASL_TLS_BROKERS override the
-// addresses), skipping or failing (DEDUP_REQUIRE_SERVICES=1) the test
-// without them.
+// RealKafkaSecurity returns the security listeners of the Kafka node
+// [RealKafka] found: a container's own, or those of the local single node
+// ($KAFKA_SASL_BROKERS and $KAFKA_SASL_TLS_BROKERS override the addresses),
+// skipping or failing (DEDUP_REQUIRE_SERVICES=1) the test without them.
 func RealKafkaSecurity(t testing.TB) *KafkaSecurity {
 	t.Helper()
 	RealKafka(t)
+	if n := kafkaSingle.node; n != nil {
+		return &KafkaSecurity{SASL: []string{n.sasl}, SASLTLS: []string{n.saslTLS}, CAFile: n.caFile, Users: kafkaUsers}
+	}
 	s := &KafkaSecurity{
 		SASL:    []string{"127.0.0.1:9094"},
 		SASLTLS: []string{"127.0.0.1:9095"},
 		CAFile:  filepath.Join(kafkaDir(), "tls", "ca.pem"),
-		Users: map[string][2]string{
-			"PLAIN":         {"dedup-plain", "dedup-plain-pw"},
-			"SCRAM-SHA-256": {"dedup-scram256", "dedup-scram256-pw"},
-			"SCRAM-SHA-512": {"dedup-scram512", "dedup-scram512-pw"},
-		},
+		Users:   kafkaUsers,
 	}
 	if v := os.Getenv("KAFKA_SASL_BROKERS"); v != "" {
 		s.SASL = splitAddrs(v)
@@ -193,11 +196,15 @@ func RealKafkaSecurity(t testing.TB) *KafkaSecurity {
 }
 
 // KafkaCut is a proxy on the single node's advertised CUT address
-// (127.0.0.1:9097) in front of its CUT listener (9096): a client that
-// bootstraps from Addr reaches the broker only through the proxy, whose
+// (127.0.0.1:9097 for .ci/kafka.sh's node; ports of its own for a
+// container) in front of its CUT listener (9096): a client that
+// bootstraps from addr reaches the broker only through the proxy, whose
 // Cut closes every connection. Only one test at a time may hold it.
 func KafkaCut(t testing.TB) (addr string, p *Proxy) {
 	t.Helper()
 	RealKafka(t)
+	if n := kafkaSingle.node; n != nil {
+		return n.cutAdvertised, NewProxyOn(t, n.cutAdvertised, n.cut)
+	}
 	return "127.0.0.1:9097", NewProxyOn(t, "127.0.0.1:9097", "127.0.0.1:9096")
 }

@@ -17,36 +17,47 @@ import (
 // DefaultNATSURL is where NATS looks for a server when NATS_URL is unset.
 const DefaultNATSURL = "nats://127.0.0.1:4222"
 
-// NATS returns the URL of a running nats-server with JetStream enabled:
-// $NATS_URL, else 127.0.0.1:4222 when it answers. Without one the test is
-// skipped, or failed under DEDUP_REQUIRE_SERVICES=1 (see Unavailable).
+// NATS returns the URL of a running nats-server with JetStream enabled,
+// found once per test binary: $NATS_URL; else nats://127.0.0.1:4222 when it
+// answers; else a NATS container when a Docker engine answers (see the
+// package documentation). Without one the test is skipped, or failed under
+// DEDUP_REQUIRE_SERVICES=1 (see Unavailable).
 func NATS(t testing.TB) string {
 	t.Helper()
-	url := os.Getenv("NATS_URL")
-	if url == "" {
-		url = DefaultNATSURL
-	}
-	if why := probeNATSOnce(url); why != "" {
+	url, why := findNATS()
+	if why != "" {
+		requireContainer(t, "nats", why)
 		Unavailable(t, "nats", why)
 	}
 	return url
 }
 
 var (
-	natsProbeMu sync.Mutex
-	natsProbes  = map[string]string{}
+	natsOnce sync.Once
+	natsURL  string
+	natsWhy  string
 )
 
-// probeNATSOnce is probeNATS, once per URL and test binary.
-func probeNATSOnce(url string) string {
-	natsProbeMu.Lock()
-	defer natsProbeMu.Unlock()
-	why, ok := natsProbes[url]
-	if !ok {
-		why = probeNATS(url)
-		natsProbes[url] = why
-	}
-	return why
+func findNATS() (url, why string) {
+	natsOnce.Do(func() {
+		if containersOnly() {
+			natsURL, natsWhy = fromContainer("nats", "NATS_URL", "", startNATSContainer, sameString, sameString, sameString)
+			return
+		}
+		if env := os.Getenv("NATS_URL"); env != "" {
+			natsURL, natsWhy = env, probeNATS(env)
+			if natsWhy != "" {
+				natsWhy = "NATS_URL is set but " + natsWhy
+			}
+			return
+		}
+		natsURL = DefaultNATSURL
+		if why := probeNATS(DefaultNATSURL); why != "" {
+			natsURL, natsWhy = fromContainer("nats", "NATS_URL", "NATS_URL is not set and "+why+"; start nats-server -js or set NATS_URL",
+				startNATSContainer, sameString, sameString, sameString)
+		}
+	})
+	return natsURL, natsWhy
 }
 
 // probeNATS returns why url is not a usable JetStream server, or "".
@@ -101,8 +112,8 @@ type NATSServer struct {
 	URL  func(testing.TB) string
 }
 
-// NATSServers lists the servers every NATS test runs against (SPEC §10):
-// the system one (NATS) and a current one embedded in-process
+// NATSServers lists the servers every NATS test runs against: the system
+// one (NATS: the environment's, the local one or a container) and a current one embedded in-process
 // (EmbeddedNATS). Use them as subtests:
 //
 //	for _, srv := range testenv.NATSServers() {

@@ -30,15 +30,18 @@ var (
 	clusterWhy   string
 )
 
-// Redis returns the URL of a real Redis server for a storage test (SPEC §10:
-// never an in-process imitation): $REDIS_URL when set, which must answer,
-// else redis://127.0.0.1:6379/0 when it answers. Otherwise the test is
-// skipped, or failed under DEDUP_REQUIRE_SERVICES=1. The search runs once per
-// test binary.
+// Redis returns the URL of a real Redis server for a storage test (never an
+// in-process imitation: the storage semantics are Redis's own). It is found
+// once per test binary, in this order: $REDIS_URL, which must answer; else
+// redis://127.0.0.1:6379/0 when it answers; else a Redis container when a
+// Docker engine answers (see the package documentation for the variables
+// that force or forbid containers). Without one the test is skipped, or
+// failed under DEDUP_REQUIRE_SERVICES=1.
 func Redis(t testing.TB) string {
 	t.Helper()
 	url, why := FindRedis()
 	if why != "" {
+		requireContainer(t, "redis", why)
 		Unavailable(t, "redis", why)
 	}
 	return url
@@ -48,6 +51,10 @@ func Redis(t testing.TB) string {
 // TestMain and examples.
 func FindRedis() (url, why string) {
 	redisOnce.Do(func() {
+		if containersOnly() {
+			redisURL, redisWhy = redisContainer("")
+			return
+		}
 		if env := os.Getenv("REDIS_URL"); env != "" {
 			redisURL = env
 			if err := pingRedisURL(env); err != nil {
@@ -57,11 +64,17 @@ func FindRedis() (url, why string) {
 		}
 		redisURL = localRedisURL
 		if err := pingRedisURL(localRedisURL); err != nil {
-			redisWhy = "REDIS_URL is not set and nothing answers on 127.0.0.1:6379 (" + err.Error() +
-				"); start redis-server or set REDIS_URL"
+			redisURL, redisWhy = redisContainer("REDIS_URL is not set and nothing answers on 127.0.0.1:6379 (" +
+				err.Error() + "); start redis-server or set REDIS_URL")
 		}
 	})
 	return redisURL, redisWhy
+}
+
+// redisContainer starts the binary's Redis container, or says why there is
+// none after before, what the earlier steps found.
+func redisContainer(before string) (url, why string) {
+	return fromContainer("redis", "REDIS_URL", before, startRedisContainer, sameString, sameString, sameString)
 }
 
 // RedisClient returns a client on Redis(t), closed when the test ends.
@@ -84,6 +97,10 @@ func RedisClient(t testing.TB) redis.UniversalClient {
 func RedisCluster(t testing.TB) []string {
 	t.Helper()
 	clusterOnce.Do(func() {
+		if why := onlyContainersWhy("a Redis Cluster", ".ci/redis-cluster.sh"); why != "" {
+			clusterWhy = why
+			return
+		}
 		if env := os.Getenv("REDIS_CLUSTER_ADDRS"); env != "" {
 			for a := range strings.SplitSeq(env, ",") {
 				if a = strings.TrimSpace(a); a != "" {
@@ -98,7 +115,7 @@ func RedisCluster(t testing.TB) []string {
 		clusterAddrs = localClusterAddrs
 		if err := probeCluster(clusterAddrs); err != nil {
 			clusterWhy = "REDIS_CLUSTER_ADDRS is not set and no healthy cluster on 127.0.0.1:7000-7002 (" +
-				err.Error() + "); run .ci/redis-cluster.sh or set REDIS_CLUSTER_ADDRS"
+				err.Error() + "); containers provide no Redis Cluster: run .ci/redis-cluster.sh or set REDIS_CLUSTER_ADDRS"
 		}
 	})
 	if clusterWhy != "" {

@@ -32,8 +32,7 @@ var (
 	sentinelWhy  string
 )
 
-// Sentinel is a Redis primary with a replica, watched by Sentinels (SPEC
-// §10, §11.1).
+// Sentinel is a Redis primary with a replica, watched by Sentinels.
 type Sentinel struct {
 	// Master is the name the Sentinels monitor the primary under.
 	Master string
@@ -57,9 +56,12 @@ type Sentinel struct {
 // failed under DEDUP_REQUIRE_SERVICES=1.
 func RedisSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	if why := onlyContainersWhy("a Redis Sentinel deployment", ".ci/redis-sentinel.sh"); why != "" {
+		Unavailable(t, "redis sentinel", why)
+	}
 	sentinelOnce.Do(func() {
 		s := &Sentinel{Master: localSentinelMaster, Addrs: localSentinelAddrs, Data: localSentinelData, dir: sentinelDir()}
-		hint := "; run .ci/redis-sentinel.sh or set REDIS_SENTINEL_ADDRS"
+		hint := "; containers provide no Sentinel deployment: run .ci/redis-sentinel.sh or set REDIS_SENTINEL_ADDRS"
 		if v := os.Getenv("REDIS_SENTINEL_ADDRS"); v != "" {
 			s.Addrs, s.Data, hint = splitAddrs(v), nil, ""
 		}

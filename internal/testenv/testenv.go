@@ -6,8 +6,8 @@ import (
 )
 
 // Unavailable reports that service cannot be reached, and why: the test is
-// skipped, or failed when DEDUP_REQUIRE_SERVICES=1 (as CI sets it, SPEC §10),
-// so a missing service never passes silently there.
+// skipped, or failed when DEDUP_REQUIRE_SERVICES=1 (as CI sets it), so a
+// missing service never passes silently there.
 func Unavailable(t testing.TB, service, why string) {
 	t.Helper()
 	if os.Getenv("DEDUP_REQUIRE_SERVICES") == "1" {
