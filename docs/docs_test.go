@@ -77,12 +77,6 @@ var (
 		"internal/app/app.go":              true,
 		"internal/app/connect.go":          true,
 		"internal/app/health.go":           true,
-		"internal/testenv/doc.go":          true,
-		"internal/testenv/kafka.go":        true,
-		"internal/testenv/nats.go":         true,
-		"internal/testenv/redis.go":        true,
-		"internal/testenv/sentinel.go":     true,
-		"internal/testenv/testenv.go":      true,
 		"redisbackend/crashloop_test.go":   true,
 		"redisbackend/doc.go":              true,
 		"redisbackend/duplicate_test.go":   true,
@@ -97,8 +91,7 @@ var (
 		"redisbackend/wait.go":             true,
 		"worker.go":                        true,
 	}
-	pendingPages = map[string]bool{
-	}
+	pendingPages = map[string]bool{}
 )
 
 // trackedFiles lists the repository's tracked files, relative to root.
