@@ -151,6 +151,23 @@ func (s *Store) Close() error {
 	return err
 }
 
+var _ idempotency.NodeRouter = (*Store)(nil)
+
+// Node returns the address of the Redis Cluster primary that serves key's
+// slot, as the client's cached cluster layout says, so that callers batch
+// per node (idempotency.NodeRouter); "" on a single node or a
+// Sentinel-managed primary, whose batches have one outcome.
+func (s *Store) Node(ctx context.Context, key string) string {
+	if s.cluster == nil {
+		return ""
+	}
+	return s.nodeOf(ctx, s.prefix+key)
+}
+
+// MultiNode reports whether the client is a ClusterClient, whose batches
+// go to several primaries (idempotency.NodeRouter).
+func (s *Store) MultiNode() bool { return s.cluster != nil }
+
 // Namespace returns the namespace the Store prefixes to keys.
 func (s *Store) Namespace() string { return s.prefix[:len(s.prefix)-1] }
 
@@ -180,11 +197,14 @@ func invalid(op, format string, args ...any) error {
 // renewals keep that tail: a claim whose worker died is RECLAIMED, its
 // attempt counted, until then (SPEC §11.3).
 //
-// When the call fails partway on a cluster (a node down), the slots that
-// answered hold claims nobody runs; they are reclaimed when their lease
-// expires. When it fails because too few replicas acknowledged it
-// (Options.Durability), its claims are given back at once (see
-// ErrReplicaShortfall).
+// On a cluster each node's keys have their own fate: when some nodes
+// fail (a node down, or its replicas short of Options.Durability), Claim
+// returns the results of the keys the other nodes answered and an
+// *idempotency.BatchError holding each failed key's error, which names its
+// node (idempotency.NodeError). Claims that fell short of replicas are
+// given back at once (see ErrReplicaShortfall); those that were
+// acknowledged are kept. On a single node or a Sentinel-managed primary
+// the call has one outcome.
 func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
 	const op = "claim"
 	if err := s.live(op); err != nil {
@@ -244,11 +264,23 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 		return results, nil
 	}
 	got, err := s.claimRedis(ctx, rest)
-	if err != nil {
+	var be *idempotency.BatchError
+	if err != nil && !errors.As(err, &be) {
 		return nil, err
 	}
+	var errs []error
+	if be != nil {
+		errs = make([]error, len(reqs))
+	}
 	for j, i := range restIdx {
+		if be != nil && be.Errs[j] != nil {
+			errs[i] = be.Errs[j]
+			continue
+		}
 		results[i] = got[j]
+	}
+	if errs != nil {
+		return results, &idempotency.BatchError{Errs: errs}
 	}
 	return results, nil
 }
@@ -308,11 +340,13 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 		c.argv = args
 		calls[gi] = c
 	}
+	var errs []error // per request, when some of the calls failed
 	if err := s.write(ctx, op, calls); err != nil {
-		if errors.Is(err, ErrReplicaShortfall) {
-			s.undoClaims(ctx, reqs, tokens, groups, calls)
+		s.undoClaims(ctx, reqs, tokens, groups, calls) // those that fell short of replicas
+		if s.cluster == nil {
+			return nil, err
 		}
-		return nil, err
+		errs = s.keyErrors(op, len(reqs), groups, calls)
 	}
 	results := make([]idempotency.ClaimResult, len(reqs))
 	// The owned claims' Claims, one allocation for the batch.
@@ -323,6 +357,9 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 	}
 	var again []int // requests to claim again in the long form
 	for gi, g := range groups {
+		if calls[gi].fail != nil {
+			continue
+		}
 		vals, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
@@ -360,14 +397,63 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 			sub[j] = reqs[i]
 		}
 		got, err := s.claimForm(ctx, sub, true)
-		if err != nil {
+		var be *idempotency.BatchError
+		if err != nil && !errors.As(err, &be) {
 			return nil, err
 		}
 		for j, i := range again {
+			if kerr := idempotency.KeyError(err, j, len(sub)); kerr != nil {
+				if errs == nil {
+					errs = make([]error, len(reqs))
+				}
+				errs[i] = kerr
+				continue
+			}
 			results[i] = got[j]
 		}
 	}
+	if errs != nil {
+		return results, &idempotency.BatchError{Errs: errs}
+	}
 	return results, nil
+}
+
+// keyErrors spreads the fail of each call of a batch of n keys split into
+// groups over the group's keys, and logs once per node how many keys it
+// failed: on a cluster a node's trouble fails its own keys only.
+func (s *Store) keyErrors(op string, n int, groups []group, calls []*call) []error {
+	errs := make([]error, n)
+	type nodeFail struct {
+		keys int
+		err  error
+	}
+	var nodes map[string]*nodeFail
+	for gi, g := range groups {
+		err := calls[gi].fail
+		if err == nil {
+			continue
+		}
+		for _, i := range g.idx {
+			errs[i] = err
+		}
+		node := ""
+		if ne := (*idempotency.NodeError)(nil); errors.As(err, &ne) {
+			node = ne.Node
+		}
+		if nodes == nil {
+			nodes = make(map[string]*nodeFail, 1)
+		}
+		if f := nodes[node]; f != nil {
+			f.keys += len(g.idx)
+		} else {
+			nodes[node] = &nodeFail{keys: len(g.idx), err: err}
+		}
+	}
+	for node, f := range nodes {
+		s.log.Warn("dedup: a redis cluster node failed its keys of a batch; they fail closed and are retried, the other nodes' keys go on",
+			"op", op, "node", node, "keys", f.keys, "batch", n, "err", f.err)
+	}
+	return errs
 }
 
 // errUnreadable is claimResult's error for a record this store cannot read.
@@ -615,8 +701,12 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		c.argv = args
 		calls[gi] = c
 	}
+	var errs []error // per completion, when some of the calls failed
 	if err := s.write(ctx, op, calls); err != nil {
-		return nil, err
+		if s.cluster == nil {
+			return nil, err
+		}
+		errs = s.keyErrors(op, len(cs), groups, calls)
 	}
 	ok := make([]bool, len(cs))
 	var done []completedKey // for the local cache
@@ -624,6 +714,9 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		done = make([]completedKey, len(cs))
 	}
 	for gi, g := range groups {
+		if calls[gi].fail != nil {
+			continue // its completions stay pending: the caller sends them again
+		}
 		codes, atMs, err := completeReply(calls[gi].str, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
@@ -638,6 +731,9 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	}
 	if s.cache != nil {
 		s.cache.completed(epoch, start, cs, done)
+	}
+	if errs != nil {
+		return ok, &idempotency.BatchError{Errs: errs}
 	}
 	return ok, nil
 }
