@@ -105,6 +105,14 @@ func (r *batchReq[Req, Res]) answer() {
 // per message instead of 0.019-0.039 (cmd/dedupbench).
 const batchFlights = 2
 
+// nodeFlights is how many batch calls of one kind a node's batcher (a
+// store's NodeRouter) has in flight at once. One: the nodes' calls are in
+// flight together, so each node is kept busy by its own, and its next
+// batch grows while its call is out. Two a node cost more round trips a
+// message than one batcher over all nodes, for no more throughput
+// (redisbackend's BenchmarkClusterEngine, trips/msg).
+const nodeFlights = 1
+
 // batchMax bounds one batch call.
 const batchMax = 128
 
@@ -156,7 +164,7 @@ func (b *batcher[Req, Res]) node(n string) *batcher[Req, Res] {
 	nb := b.nodes[n]
 	if nb == nil {
 		nb = &batcher[Req, Res]{
-			op: b.op, timeout: b.timeout, maxBatch: b.maxBatch, maxFlights: b.maxFlights, key: b.key, send: b.send,
+			op: b.op, timeout: b.timeout, maxBatch: b.maxBatch, maxFlights: nodeFlights, key: b.key, send: b.send,
 			linger: b.linger, idle: b.idle, full: make(chan struct{}, 1),
 		}
 		if b.nodes == nil {

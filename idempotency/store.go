@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// State is the state of a stored record (SPEC §4.1).
+// State is the state of a stored record.
 type State string
 
 // Record states.
@@ -18,11 +18,10 @@ const (
 	StateCompleted State = "COMPLETED"
 )
 
-// ClaimOutcome is what a claim found and did, decided atomically by the store
-// (SPEC §4.3).
+// ClaimOutcome is what a claim found and did, decided atomically by the store.
 type ClaimOutcome string
 
-// The claim outcomes of SPEC §4.3.
+// The claim outcomes.
 const (
 	// ClaimNew: there was no record (or a released one); the caller owns a
 	// fresh claim.
@@ -36,10 +35,10 @@ const (
 	// ClaimInFlight: another owner holds a live lease. Record holds it.
 	ClaimInFlight ClaimOutcome = "IN_FLIGHT"
 	// ClaimMismatch: the key exists with a different fingerprint of the same
-	// version (SPEC §3.4). Nothing was changed. Record holds it.
+	// version. Nothing was changed. Record holds it.
 	ClaimMismatch ClaimOutcome = "MISMATCH"
 	// ClaimRecovered: the stored value was not a valid record; it was
-	// replaced by a fresh claim the caller owns (SPEC §4.8).
+	// replaced by a fresh claim the caller owns.
 	ClaimRecovered ClaimOutcome = "RECOVERED"
 )
 
@@ -48,7 +47,7 @@ func (o ClaimOutcome) Owned() bool {
 	return o == ClaimNew || o == ClaimReclaimed || o == ClaimRecovered
 }
 
-// Record is the stored state of one effective key (SPEC §4.1). Times are on
+// Record is the stored state of one effective key. Times are on
 // the Redis server's clock.
 type Record struct {
 	// Key is the effective key without the store's namespace
@@ -60,7 +59,7 @@ type Record struct {
 	// Token is the claim token of the current (or last) owner.
 	Token string
 	// Fence grows with every new owner of the key, strictly, also across
-	// the loss of the record (SPEC §2, §11.3): the Redis store sets it to
+	// the loss of the record: the Redis store sets it to
 	// max(stored fence + 1, the server's time in microseconds), so a key
 	// whose record expired, was deleted or wiped starts above every fence
 	// it had, provided the server's clock (after a failover, the new
@@ -81,7 +80,7 @@ type Record struct {
 	Attempts int
 	Result   []byte
 	Meta     map[string]string
-	// Steps holds the stored results of finished steps (SPEC §5.4).
+	// Steps holds the stored results of finished steps.
 	Steps map[string][]byte
 }
 
@@ -105,7 +104,7 @@ type ClaimRequest struct {
 	// runs out when nobody completes or releases it (its worker died): a
 	// claim of the key within that time is RECLAIMED with the attempt
 	// counted, so a key that kills its worker on every run reaches
-	// max_attempts however far apart the restarts come (SPEC §11.3). The
+	// max_attempts however far apart the restarts come. The
 	// engine passes the handler's retention, the deduplication window, so
 	// no record outlives the window it belongs to. A store keeps an
 	// expired claim at least its own grace; zero asks for no more.
@@ -205,7 +204,7 @@ type Store interface {
 	// again), or the still-CLAIMED record when max passed.
 	Wait(ctx context.Context, key string, max time.Duration) (*Record, error)
 	// Get returns the record, or nil when there is none or the stored value
-	// is not a valid record (SPEC §4.8).
+	// is not a valid record.
 	Get(ctx context.Context, key string) (*Record, error)
 	// Delete removes the record, forcing the next delivery to run again.
 	Delete(ctx context.Context, key string) (existed bool, err error)
@@ -313,5 +312,5 @@ type NodeRouter interface {
 
 // ErrLeaseLost is the cause of a handler context cancelled because its claim
 // was lost: another worker reclaimed it, or renewals failed until the lease
-// ran out (SPEC §6). Check with errors.Is(context.Cause(ctx), ErrLeaseLost).
+// ran out. Check with errors.Is(context.Cause(ctx), ErrLeaseLost).
 var ErrLeaseLost = errors.New("dedup: lease lost")

@@ -13,8 +13,8 @@ import (
 )
 
 // OpReplicaWait is the op under which the store reports the time of each
-// WAIT to consumer.HookStoreCall (dedup_store_duration_seconds{op="wait"},
-// SPEC §11.1): the server's time between the script's end and WAIT's
+// WAIT to consumer.HookStoreCall (dedup_store_duration_seconds{op="wait"}):
+// the server's time between the script's end and WAIT's
 // answer. A wait for a key in flight elsewhere (Store.Wait, up to a lease)
 // is op "inflight".
 const OpReplicaWait = "wait"

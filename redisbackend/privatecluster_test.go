@@ -36,7 +36,7 @@ func (n *clusterNode) addr() string { return n.srv.Addr() }
 // replicas is set, and args added to every node's (e.g.
 // "--cluster-require-full-coverage", "no"). It returns once every node
 // sees the cluster as ok and every replica is in sync.
-func startPrivateCluster(t *testing.T, masters int, replicas bool, args ...string) *privateCluster {
+func startPrivateCluster(t testing.TB, masters int, replicas bool, args ...string) *privateCluster {
 	t.Helper()
 	start := func() *clusterNode {
 		bus := testenv.FreePort(t)
@@ -134,7 +134,7 @@ func (c *privateCluster) masterAddrs() []string {
 // clusterClient returns a ClusterClient on c with the worker's I/O
 // timeouts, closed when the test ends; user, when set, is the ACL user it
 // logs in as (password "dedup-test").
-func (c *privateCluster) clusterClient(t *testing.T, user string) *redis.ClusterClient {
+func (c *privateCluster) clusterClient(t testing.TB, user string) *redis.ClusterClient {
 	cl := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs: c.masterAddrs(), Username: user, Password: password(user),
 		DialTimeout: time.Second, ReadTimeout: redisbackend.DefaultIOTimeout, WriteTimeout: redisbackend.DefaultIOTimeout,

@@ -161,7 +161,11 @@ func (s *Store) Node(ctx context.Context, key string) string {
 	if s.cluster == nil {
 		return ""
 	}
-	return s.nodeOf(ctx, s.prefix+key)
+	node, err := s.cluster.MasterForKey(ctx, s.prefix+key)
+	if err != nil {
+		return ""
+	}
+	return node.Options().Addr
 }
 
 // MultiNode reports whether the client is a ClusterClient, whose batches
@@ -189,13 +193,13 @@ func invalid(op, format string, args ...any) error {
 	return fmt.Errorf("dedup: redis %s: %w: %s", op, ErrInvalidRequest, fmt.Sprintf(format, args...))
 }
 
-// Claim claims a batch of keys (SPEC §4.3, §4.4): one script call on a
+// Claim claims a batch of keys: one script call on a
 // single node, one per hash slot in one pipeline on a cluster. Results are in
 // request order. A key twice in reqs is refused with ErrInvalidRequest.
 //
 // A claim's key lives lease + max(grace, the request's Retention), and
 // renewals keep that tail: a claim whose worker died is RECLAIMED, its
-// attempt counted, until then (SPEC §11.3).
+// attempt counted, until then.
 //
 // On a cluster each node's keys have their own fate: when some nodes
 // fail (a node down, or its replicas short of Options.Durability), Claim
@@ -294,7 +298,7 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 // long is set. The short form answers DUPLICATE from a completion's start
 // (claim.lua): a key whose DUPLICATE record this store cannot read is
 // claimed again, once, in the long form, which reads the whole record and
-// recovers one that is not a record (SPEC §4.8). A key whose call was in
+// recovers one that is not a record. A key whose call was in
 // the long form already is claimed again too; it gets the same answer,
 // and the error.
 func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, long bool) ([]idempotency.ClaimResult, error) {
@@ -462,7 +466,7 @@ var errUnreadable = errors.New("a record this store cannot read")
 // claimTTLMs is the TTL in ms of a claim's key, as claim.lua's long form
 // works it out: lease + max(grace, retention), so that an expired claim
 // nobody completed is found and reclaimed for as long as its completion
-// would be remembered (SPEC §11.3).
+// would be remembered.
 func claimTTLMs(lease, retention time.Duration, graceMs int64) int64 {
 	return durMs(lease) + max(graceMs, durMs(retention))
 }
@@ -633,7 +637,7 @@ func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, o, js s
 	return res, rec.ClaimedAt, nil
 }
 
-// Complete stores the results of owned claims (SPEC §4.5): one script call
+// Complete stores the results of owned claims: one script call
 // on a single node, one per slot in one pipeline on a cluster. ok[i] is false
 // when completion i was no longer owned (gone, completed by another token,
 // released, another token); that completion changed nothing. A completion
@@ -897,7 +901,7 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 }
 
 // Get returns the record of key, or nil when there is none or the stored
-// value is not a record (SPEC §4.8).
+// value is not a record.
 func (s *Store) Get(ctx context.Context, key string) (*idempotency.Record, error) {
 	const op = "get"
 	if err := s.live(op); err != nil {
@@ -926,7 +930,7 @@ func (s *Store) get(ctx context.Context, op, key string) (*idempotency.Record, e
 }
 
 // Delete removes the record of key and reports whether there was one (the
-// single forget of SPEC §11.6). In the same script it publishes the key on
+// forget of one key). In the same script it publishes the key on
 // the namespace's invalidation channel, so that every Store with a
 // LocalCache drops it; this Store drops it at once.
 func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
