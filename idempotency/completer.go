@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -66,6 +68,11 @@ type batcher[Req, Res any] struct {
 	route   func(ctx context.Context, key string) string
 	nodesMu sync.Mutex
 	nodes   map[string]*batcher[Req, Res]
+	// trouble, when set, limits the route to the nodes in trouble: the
+	// requests of the others go together in this batcher's calls, one
+	// call for all nodes, as without a route.
+	trouble *nodeTrouble
+	self    string // the node of a node's own batcher, "" for the parent
 
 	// free holds requests whose caller took the answer, for reuse: a
 	// request and its channel per completion were a tenth of the worker's
@@ -85,14 +92,16 @@ type batchReq[Req, Res any] struct {
 	// patient: nothing waits on the answer but the caller itself, so the
 	// request may linger (see do).
 	patient bool
-	// then, when set, takes the answer instead of done (doEach).
-	then func(res Res, err error)
+	// then, when set, takes the answer instead of done, with idx
+	// (doEach).
+	then func(idx int, res Res, err error)
+	idx  int
 }
 
 // answer hands r its answer: to then, or on done.
 func (r *batchReq[Req, Res]) answer() {
 	if r.then != nil {
-		r.then(r.res, r.err)
+		r.then(r.idx, r.res, r.err)
 		return
 	}
 	r.done <- struct{}{}
@@ -128,11 +137,92 @@ func newBatcher[Req, Res any](op string, timeout time.Duration, key func(Req) st
 }
 
 // newCompleter batches Store.Complete, a short batch waiting up to linger.
+// On a store with a NodeRouter only the completions of nodes in trouble go
+// apart (nodeTrouble): a completion call per node would cost a healthy
+// cluster more than one call over all of them.
 func newCompleter(store Store, timeout, linger time.Duration) *batcher[Completion, bool] {
 	b := newBatcher("complete", timeout, func(c Completion) string { return c.Key }, store.Complete)
 	b.linger = linger
 	b.routeBy(store)
+	if b.route != nil {
+		b.trouble = &nodeTrouble{}
+	}
 	return b
+}
+
+// nodeTrouble is the set of nodes whose last call failed: a key's error
+// that is a NodeError puts its node in, and a call of that node's own
+// batcher that fails no key takes it out. Written rarely, read by every
+// request: a copy-on-write map.
+type nodeTrouble struct {
+	mu  sync.Mutex
+	set atomic.Pointer[map[string]struct{}]
+}
+
+// has reports whether node is in trouble.
+func (t *nodeTrouble) has(node string) bool {
+	m := t.set.Load()
+	if m == nil || len(*m) == 0 {
+		return false
+	}
+	_, ok := (*m)[node]
+	return ok
+}
+
+// any reports whether some node is in trouble.
+func (t *nodeTrouble) any() bool {
+	m := t.set.Load()
+	return m != nil && len(*m) > 0
+}
+
+// mark puts node in, or takes it out.
+func (t *nodeTrouble) mark(node string, in bool) {
+	if t.has(node) == in {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next := map[string]struct{}{}
+	if m := t.set.Load(); m != nil {
+		next = maps.Clone(*m)
+	}
+	if in {
+		next[node] = struct{}{}
+	} else {
+		delete(next, node)
+	}
+	t.set.Store(&next)
+}
+
+// observe updates t from the answer of a batch call of n keys that
+// returned err, sent by the batcher of node ("" for the batcher of all
+// nodes).
+func (t *nodeTrouble) observe(node string, err error, n int) {
+	if err == nil {
+		if node != "" {
+			t.mark(node, false)
+		}
+		return
+	}
+	for i := range n {
+		var ne *NodeError
+		if kerr := KeyError(err, i, n); kerr != nil && errors.As(kerr, &ne) && ne.Node != "" {
+			t.mark(ne.Node, true)
+		}
+	}
+}
+
+// nodeOf is the batcher a request of key goes to: its node's own when b
+// routes it (with trouble, only a node in trouble), else b.
+func (b *batcher[Req, Res]) nodeOf(ctx context.Context, key string) *batcher[Req, Res] {
+	if b.route == nil || b.trouble != nil && !b.trouble.any() {
+		return b
+	}
+	n := b.route(ctx, key)
+	if n == "" || b.trouble != nil && !b.trouble.has(n) {
+		return b
+	}
+	return b.node(n)
 }
 
 // newClaimer batches Store.Claim.
@@ -165,7 +255,7 @@ func (b *batcher[Req, Res]) node(n string) *batcher[Req, Res] {
 	if nb == nil {
 		nb = &batcher[Req, Res]{
 			op: b.op, timeout: b.timeout, maxBatch: b.maxBatch, maxFlights: nodeFlights, key: b.key, send: b.send,
-			linger: b.linger, idle: b.idle, full: make(chan struct{}, 1),
+			linger: b.linger, idle: b.idle, full: make(chan struct{}, 1), trouble: b.trouble, self: n,
 		}
 		if b.nodes == nil {
 			b.nodes = make(map[string]*batcher[Req, Res])
@@ -265,10 +355,8 @@ func (b *batcher[Req, Res]) await() bool {
 // (b.linger); pass patient only when no other work waits for the answer,
 // such as the next message of an ordered lane.
 func (b *batcher[Req, Res]) do(ctx context.Context, req Req, patient bool) (Res, error) {
-	if b.route != nil {
-		if n := b.route(ctx, b.key(req)); n != "" {
-			return b.node(n).do(ctx, req, patient)
-		}
+	if nb := b.nodeOf(ctx, b.key(req)); nb != b {
+		return nb.do(ctx, req, patient)
 	}
 	r, _ := b.free.Get().(*batchReq[Req, Res])
 	if r == nil {
@@ -317,7 +405,7 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req, patient bool)
 		var order []string
 		by := make(map[string][]*batchReq[Req, Res])
 		for _, r := range rs {
-			n := b.route(ctx, b.key(r.req))
+			n := b.nodeOf(ctx, b.key(r.req)).self
 			if _, ok := by[n]; !ok {
 				order = append(order, n)
 			}
@@ -351,31 +439,20 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req, patient bool)
 	return res, errs
 }
 
-// doEach queues reqs as doAll does, each node's to its own batcher, and
-// returns at once: then(i, ...) receives request i's answer, on a flusher's
+// doEach queues reqs in this batcher (no route is followed) and returns at
+// once: then(idx[i], ...) receives request i's answer, on a flusher's
 // goroutine, as soon as its batch call returns (it must not block). Every
-// request is answered exactly once, with ctx's cause when ctx ends before it
-// is sent.
-func (b *batcher[Req, Res]) doEach(ctx context.Context, reqs []Req, patient bool, then func(i int, res Res, err error)) {
+// request is answered exactly once, with ctx's cause when ctx ends before
+// it is sent.
+func (b *batcher[Req, Res]) doEach(ctx context.Context, reqs []Req, idx []int, patient bool, then func(idx int, res Res, err error)) {
 	rs := make([]batchReq[Req, Res], len(reqs))
-	by := make(map[string][]*batchReq[Req, Res])
-	var order []string
+	ps := make([]*batchReq[Req, Res], len(reqs))
 	for i, req := range reqs {
 		r := &rs[i]
-		r.ctx, r.req, r.patient = ctx, req, patient
-		r.then = func(res Res, err error) { then(i, res, err) }
-		n := ""
-		if b.route != nil {
-			n = b.route(ctx, b.key(req))
-		}
-		if _, ok := by[n]; !ok {
-			order = append(order, n)
-		}
-		by[n] = append(by[n], r)
+		r.ctx, r.req, r.patient, r.then, r.idx = ctx, req, patient, then, idx[i]
+		ps[i] = r
 	}
-	for _, n := range order {
-		b.node(n).enqueue(by[n], patient)
-	}
+	b.enqueue(ps, patient)
 }
 
 // enqueue queues rs, in order, and hands them to a flusher.
@@ -461,6 +538,9 @@ func (b *batcher[Req, Res]) flusher() {
 		cancel()
 		if len(res) != len(reqs) && (err == nil || errors.As(err, new(*BatchError))) {
 			err = fmt.Errorf("%w: %s returned %d results for %d keys", ErrStoreUnavailable, b.op, len(res), len(reqs))
+		}
+		if b.trouble != nil {
+			b.trouble.observe(b.self, err, len(reqs))
 		}
 		// A BatchError fails its keys alone: the others' results stand.
 		for i, r := range batch {

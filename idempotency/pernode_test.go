@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,8 @@ type nodeStore struct {
 	mode string // node b: "" healthy, "fail", "hang"
 	// unhang ends the hang of node b's calls, which then fail.
 	unhang chan struct{}
+	// bFails counts node b's calls failed in mode "fail".
+	bFails atomic.Int32
 }
 
 func (s *nodeStore) MultiNode() bool { return s.multi }
@@ -54,6 +57,7 @@ func (s *nodeStore) nodeB(ctx context.Context) error {
 	s.mu.Unlock()
 	switch mode {
 	case "fail":
+		s.bFails.Add(1)
 		return &idempotency.NodeError{Node: "b", Err: fmt.Errorf("%w: node b is down", idempotency.ErrStoreUnavailable)}
 	case "hang":
 		select {
@@ -193,4 +197,77 @@ func TestHangingNodeHoldsBackOnlyItsKeys(t *testing.T) {
 	waitAll(t, 5*time.Second, "node a's later deliveries acked while node b hangs", []*consumertest.Delivery{byMore["a4"], byMore["a5"]}, consumertest.Acked)
 	close(s.unhang)
 	waitAll(t, 10*time.Second, "node b's deliveries nakked once its calls fail", []*consumertest.Delivery{by["b1"], by["b2"]}, consumertest.Nakked)
+}
+
+func (s *nodeStore) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
+	var bErr error
+	errs := make([]error, len(cs))
+	var ok []idempotency.Completion
+	var okIdx []int
+	for i, c := range cs {
+		if s.Node(ctx, c.Key) == "b" {
+			if bErr == nil {
+				bErr = s.nodeB(ctx)
+			}
+			if bErr != nil {
+				errs[i] = bErr
+				continue
+			}
+		}
+		ok, okIdx = append(ok, c), append(okIdx, i)
+	}
+	res := make([]bool, len(cs))
+	if len(ok) > 0 {
+		got, err := s.Store.Complete(ctx, ok)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range okIdx {
+			res[i] = got[j]
+		}
+	}
+	if bErr != nil {
+		return res, &idempotency.BatchError{Errs: errs}
+	}
+	return res, nil
+}
+
+// Once a node failed a completion, its completions go apart: while it
+// hangs, the completions held for it are retried in its own calls, and the
+// other node's completions are stored and acked.
+func TestCompletionsOfAHangingNodeGoApart(t *testing.T) {
+	t.Parallel()
+	s := &nodeStore{Store: memstore.New(memstore.Options{}), multi: true, unhang: make(chan struct{})}
+	eng, err := idempotency.New(s, idempotency.Config{StoreTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close() })
+	dedup, err := eng.Processor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var waiting atomic.Int32
+	p := dedup("orders", &countingHandler{fn: func(_ context.Context, m *consumer.Message) ([]byte, error) {
+		if strings.HasPrefix(m.Header.Get("Idempotency-Key"), "b") {
+			waiting.Add(1)
+			<-gate
+		}
+		return nil, nil
+	}})
+	held, byHeld := deliveries("b1", "b2")
+	processAll(t, p, held)
+	testenv.Eventually(t, 10*time.Second, "node b's handlers running", func() bool { return waiting.Load() == 2 })
+	// Their completions fail, then hang.
+	s.setMode("fail")
+	close(gate)
+	testenv.Eventually(t, 10*time.Second, "a completion call of node b failed", func() bool { return s.bFails.Load() > 0 })
+	s.setMode("hang")
+	ds, by := deliveries("a1", "a2", "a3")
+	processAll(t, p, ds)
+	waitAll(t, 5*time.Second, "node a's deliveries acked while node b's completions hang", []*consumertest.Delivery{by["a1"], by["a2"], by["a3"]}, consumertest.Acked)
+	s.setMode("")
+	close(s.unhang)
+	waitAll(t, 15*time.Second, "node b's held completions stored once it answers", []*consumertest.Delivery{byHeld["b1"], byHeld["b2"]}, consumertest.Acked)
 }

@@ -87,15 +87,34 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 
 // prepareEach is Prepare on a store whose keys live on several nodes
 // (NodeRouter): it sends the claims without waiting, each node's keys in
-// their own batch call, and each delivery waits for its own key's answer
-// when it runs (await). A node that hangs until the call's deadline then
-// holds back only the deliveries of its keys; the others run as soon as
-// their node answered.
+// their own batch call, and each delivery waits for its node's answer when
+// it runs (await). A node that hangs until the call's deadline then holds
+// back only the deliveries of its keys; the others run as soon as their
+// node answered.
 func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, prs []prepared, reqs []ClaimRequest, idx []int) {
 	now := p.e.clock.Now()
-	for _, i := range idx {
+	b := p.e.preparer
+	// One readiness per node: its keys are answered by the same calls.
+	type nodeReqs struct {
+		node  string
+		reqs  []ClaimRequest
+		idx   []int
+		ready chan struct{}
+		left  atomic.Int64
+	}
+	var nodes []*nodeReqs
+	byNode := make(map[string]*nodeReqs, 4)
+	for j, i := range idx {
+		n := b.route(ctx, reqs[j].Key)
+		g := byNode[n]
+		if g == nil {
+			g = &nodeReqs{node: n, ready: make(chan struct{})}
+			byNode[n] = g
+			nodes = append(nodes, g)
+		}
+		g.reqs, g.idx = append(g.reqs, reqs[j]), append(g.idx, i)
 		pr := &prs[i]
-		pr.claimed, pr.claimAt, pr.batched, pr.ready = true, now, true, make(chan struct{})
+		pr.claimed, pr.claimAt, pr.batched, pr.ready = true, now, true, g.ready
 	}
 	// Each key is held from now: a delivery of the same key that runs
 	// first waits for the answer in adopt, and adopts an owned claim.
@@ -109,20 +128,28 @@ func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, 
 	p.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
 	var left atomic.Int64
-	left.Store(int64(len(reqs)))
-	p.e.preparer.doEach(cctx, reqs, false, func(j int, res ClaimResult, err error) {
-		pr := &prs[idx[j]]
-		p.mu.Lock()
-		pr.res, pr.err = res, err
-		if (err != nil || !res.Outcome.Owned()) && p.held[pr.ekey] == pr {
-			delete(p.held, pr.ekey)
-		}
-		p.mu.Unlock()
-		close(pr.ready)
+	left.Store(int64(len(nodes)))
+	nodeDone := func(g *nodeReqs) {
+		close(g.ready)
 		if left.Add(-1) == 0 {
 			cancel()
 		}
-	})
+	}
+	for _, g := range nodes {
+		g.left.Store(int64(len(g.reqs)))
+		b.node(g.node).doEach(cctx, g.reqs, g.idx, false, func(i int, res ClaimResult, err error) {
+			pr := &prs[i]
+			p.mu.Lock()
+			pr.res, pr.err = res, err
+			if (err != nil || !res.Outcome.Owned()) && p.held[pr.ekey] == pr {
+				delete(p.held, pr.ekey)
+			}
+			p.mu.Unlock()
+			if g.left.Add(-1) == 0 {
+				nodeDone(g)
+			}
+		})
+	}
 }
 
 // await waits until pr's claim, sent by prepareEach, was answered: within

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -288,7 +289,14 @@ type NodeError struct {
 	Err  error
 }
 
-func (e *NodeError) Error() string { return e.Err.Error() }
+// Error is the error's text, naming the node unless it does already.
+func (e *NodeError) Error() string {
+	msg := e.Err.Error()
+	if e.Node == "" || strings.Contains(msg, e.Node) {
+		return msg
+	}
+	return "node " + e.Node + ": " + msg
+}
 
 // Unwrap returns the error the server caused.
 func (e *NodeError) Unwrap() error { return e.Err }

@@ -44,13 +44,14 @@ type Options struct {
 	// PollFloor, doubling up to PollCap. Defaults 50ms and 1s.
 	PollFloor time.Duration
 	PollCap   time.Duration
-	// Durability makes the writes the engine acts on wait for replicas
-	//. The zero value does not wait.
+	// Durability makes the writes the engine acts on wait for replicas.
+	// The zero value does not wait.
 	Durability Durability
 	// Hooks receive the store's own measurements: consumer.HookStoreCall
 	// with op "wait" (OpReplicaWait) for every WAIT, and
 	// consumer.HookDurabilityShortfall for every call that failed for want
-	// of replicas. The engine's own hooks (idempotency.Config.Hooks) time
+	// of replicas, once per node that fell short (a Cluster primary's
+	// address; "" on a single node). The engine's own hooks (idempotency.Config.Hooks) time
 	// the Store's methods; these see inside them. Default: none.
 	Hooks consumer.Hooks
 	// LocalCache keeps the records this Store completed in process, so

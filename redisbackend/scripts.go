@@ -176,6 +176,7 @@ func (s *Store) callErr(ctx context.Context, op string, c *call, addr string, er
 	if s.cluster == nil {
 		return storeErr(op, err)
 	}
+	s.nodeGen.Add(1) // Node reads the layout again
 	if redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") {
 		s.cluster.ReloadState(ctx)
 	}

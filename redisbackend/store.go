@@ -49,6 +49,15 @@ type Store struct {
 	replicas    int
 	waitTimeout time.Duration
 
+	// nodeBySlot keeps Node's answers on a cluster, valid while nodeGen
+	// has not moved on (a call failed since); prefixPlain says prefix has
+	// no '{' or '}', so a key's slot is found from prefixCRC without
+	// building its Redis key.
+	nodeBySlot  *[numSlots]atomic.Pointer[slotNode]
+	nodeGen     atomic.Uint64
+	prefixPlain bool
+	prefixCRC   uint16
+
 	claim, complete, renew, release, step, forget *script
 	scriptsLoaded                                 atomic.Bool
 
@@ -113,6 +122,11 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 	s.graceArg, s.channelArg = s.graceMs, s.channel
 	s.waitTimeout = opts.Durability.Timeout
 	s.cluster, _ = client.(*redis.ClusterClient)
+	if s.cluster != nil {
+		s.nodeBySlot = new([numSlots]atomic.Pointer[slotNode])
+		s.prefixPlain = !strings.ContainsAny(s.prefix, "{}")
+		s.prefixCRC = crc16(s.prefix)
+	}
 	s.notify = newNotifier(client, s.channel, opts.Logger)
 	if opts.LocalCache.Entries > 0 {
 		s.cache = newLocalCache(opts.LocalCache)
@@ -157,15 +171,38 @@ var _ idempotency.NodeRouter = (*Store)(nil)
 // slot, as the client's cached cluster layout says, so that callers batch
 // per node (idempotency.NodeRouter); "" on a single node or a
 // Sentinel-managed primary, whose batches have one outcome.
+//
+// The answers are kept per slot, and all dropped when a call fails (a node
+// down, a slot moved), so that the next ones read the client's layout
+// again: a kept answer costs no clock read and no lookup.
 func (s *Store) Node(ctx context.Context, key string) string {
 	if s.cluster == nil {
 		return ""
+	}
+	var slot uint16
+	if s.prefixPlain {
+		slot = prefixedSlot(s.prefixCRC, key)
+	} else {
+		slot = hashSlot(s.prefix + key)
+	}
+	gen := s.nodeGen.Load()
+	if e := s.nodeBySlot[slot].Load(); e != nil && e.gen == gen {
+		return e.addr
 	}
 	node, err := s.cluster.MasterForKey(ctx, s.prefix+key)
 	if err != nil {
 		return ""
 	}
-	return node.Options().Addr
+	addr := node.Options().Addr
+	s.nodeBySlot[slot].Store(&slotNode{gen: gen, addr: addr})
+	return addr
+}
+
+// slotNode is a slot's primary as Node last read it, valid while the
+// Store's nodeGen is gen.
+type slotNode struct {
+	gen  uint64
+	addr string
 }
 
 // MultiNode reports whether the client is a ClusterClient, whose batches

@@ -142,7 +142,8 @@ func uniqueKeys[T any](items []T, key func(T) string) error {
 	return nil
 }
 
-// Claim claims a batch of keys atomically.
+// Claim claims a batch of keys atomically. The call has one outcome: a
+// memstore has one server, and never fails one key of a batch alone.
 func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -219,7 +220,8 @@ func (s *Store) owned(key, token string, now time.Time) *entry {
 	return e
 }
 
-// Complete stores results of owned claims atomically.
+// Complete stores results of owned claims atomically, with one outcome for
+// the call, as Claim.
 func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
