@@ -60,11 +60,13 @@ type HookStoreCall interface {
 }
 
 // HookDurabilityShortfall is called when a store write was acknowledged by
-// fewer replicas than the store's durability setting requires (SPEC §11.1);
-// the call then failed as the store being unavailable. op is the store
-// operation: claim, complete, release, step.
+// fewer replicas than the store's durability setting requires;
+// the keys of that write then failed as the store being unavailable. op is
+// the store operation: claim, complete, release, step. node is the server
+// whose replicas fell short: a Redis Cluster primary's address, "" on a
+// single server.
 type HookDurabilityShortfall interface {
-	OnDurabilityShortfall(op string)
+	OnDurabilityShortfall(op, node string)
 }
 
 // HookLeaseRenewal is called after every lease renewal attempt with result
@@ -129,10 +131,10 @@ func (hs Hooks) LeaseRenewal(handler, result string) {
 }
 
 // DurabilityShortfall calls every HookDurabilityShortfall.
-func (hs Hooks) DurabilityShortfall(op string) {
+func (hs Hooks) DurabilityShortfall(op, node string) {
 	for _, h := range hs {
 		if x, ok := h.(HookDurabilityShortfall); ok {
-			x.OnDurabilityShortfall(op)
+			x.OnDurabilityShortfall(op, node)
 		}
 	}
 }

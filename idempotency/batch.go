@@ -89,6 +89,7 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 			pr = p.inspect(d)
 		}
 		dctx := consumer.DeliveryContext(ctx, d)
+		p.await(pr)
 		if dctx != ctx && pr.key != "" {
 			if o := consumer.ObservationFrom(dctx); o != nil {
 				o.KeyHash = keyHash(pr.ekey)

@@ -2,13 +2,16 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // batcher coalesces single store calls made by concurrently running
-// deliveries into batch calls (SPEC §4.4): one round trip answers many.
+// deliveries into batch calls: one round trip answers many.
 // The engine has two: one for Complete, one for the one-key claims that
 // deliveries make when they run (a key not claimed with its batch, a claim
 // gone stale, an in-flight key claimed again).
@@ -57,6 +60,20 @@ type batcher[Req, Res any] struct {
 	keys    map[string]struct{} // next's, emptied at each call: a batch's keys
 	wg      sync.WaitGroup
 
+	// route, when set, names the node of a request's key (a store's
+	// NodeRouter): the requests of each node other than "" queue, fly and
+	// are answered in that node's own batcher in nodes, so that a node
+	// that hangs until the call's deadline holds back only its own keys,
+	// and the others' results reach their callers when their node answers.
+	route   func(ctx context.Context, key string) string
+	nodesMu sync.Mutex
+	nodes   map[string]*batcher[Req, Res]
+	// trouble, when set, limits the route to the nodes in trouble: the
+	// requests of the others go together in this batcher's calls, one
+	// call for all nodes, as without a route.
+	trouble *nodeTrouble
+	self    string // the node of a node's own batcher, "" for the parent
+
 	// free holds requests whose caller took the answer, for reuse: a
 	// request and its channel per completion were a tenth of the worker's
 	// allocated bytes (a memory profile of cmd/dedupbench).
@@ -75,6 +92,19 @@ type batchReq[Req, Res any] struct {
 	// patient: nothing waits on the answer but the caller itself, so the
 	// request may linger (see do).
 	patient bool
+	// then, when set, takes the answer instead of done, with idx
+	// (doEach).
+	then func(idx int, res Res, err error)
+	idx  int
+}
+
+// answer hands r its answer: to then, or on done.
+func (r *batchReq[Req, Res]) answer() {
+	if r.then != nil {
+		r.then(r.idx, r.res, r.err)
+		return
+	}
+	r.done <- struct{}{}
 }
 
 // batchFlights is how many batch calls of one kind may be in flight at once.
@@ -83,6 +113,14 @@ type batchReq[Req, Res any] struct {
 // free flight often went alone, and completions cost 0.033-0.045 round trips
 // per message instead of 0.019-0.039 (cmd/dedupbench).
 const batchFlights = 2
+
+// nodeFlights is how many batch calls of one kind a node's batcher (a
+// store's NodeRouter) has in flight at once. One: the nodes' calls are in
+// flight together, so each node is kept busy by its own, and its next
+// batch grows while its call is out. Two a node cost more round trips a
+// message than one batcher over all nodes, for no more throughput
+// (redisbackend's BenchmarkClusterEngine, trips/msg).
+const nodeFlights = 1
 
 // batchMax bounds one batch call.
 const batchMax = 128
@@ -99,15 +137,143 @@ func newBatcher[Req, Res any](op string, timeout time.Duration, key func(Req) st
 }
 
 // newCompleter batches Store.Complete, a short batch waiting up to linger.
+// On a store with a NodeRouter only the completions of nodes in trouble go
+// apart (nodeTrouble): a completion call per node would cost a healthy
+// cluster more than one call over all of them.
 func newCompleter(store Store, timeout, linger time.Duration) *batcher[Completion, bool] {
 	b := newBatcher("complete", timeout, func(c Completion) string { return c.Key }, store.Complete)
 	b.linger = linger
+	b.routeBy(store)
+	if b.route != nil {
+		b.trouble = &nodeTrouble{}
+	}
 	return b
+}
+
+// nodeTrouble is the set of nodes whose last call failed: a key's error
+// that is a NodeError puts its node in, and a call of that node's own
+// batcher that fails no key takes it out. Written rarely, read by every
+// request: a copy-on-write map.
+type nodeTrouble struct {
+	mu  sync.Mutex
+	set atomic.Pointer[map[string]struct{}]
+}
+
+// has reports whether node is in trouble.
+func (t *nodeTrouble) has(node string) bool {
+	m := t.set.Load()
+	if m == nil || len(*m) == 0 {
+		return false
+	}
+	_, ok := (*m)[node]
+	return ok
+}
+
+// any reports whether some node is in trouble.
+func (t *nodeTrouble) any() bool {
+	m := t.set.Load()
+	return m != nil && len(*m) > 0
+}
+
+// mark puts node in, or takes it out.
+func (t *nodeTrouble) mark(node string, in bool) {
+	if t.has(node) == in {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	next := map[string]struct{}{}
+	if m := t.set.Load(); m != nil {
+		next = maps.Clone(*m)
+	}
+	if in {
+		next[node] = struct{}{}
+	} else {
+		delete(next, node)
+	}
+	t.set.Store(&next)
+}
+
+// observe updates t from the answer of a batch call of n keys that
+// returned err, sent by the batcher of node ("" for the batcher of all
+// nodes).
+func (t *nodeTrouble) observe(node string, err error, n int) {
+	if err == nil {
+		if node != "" {
+			t.mark(node, false)
+		}
+		return
+	}
+	for i := range n {
+		var ne *NodeError
+		if kerr := KeyError(err, i, n); kerr != nil && errors.As(kerr, &ne) && ne.Node != "" {
+			t.mark(ne.Node, true)
+		}
+	}
+}
+
+// nodeOf is the batcher a request of key goes to: its node's own when b
+// routes it (with trouble, only a node in trouble), else b.
+func (b *batcher[Req, Res]) nodeOf(ctx context.Context, key string) *batcher[Req, Res] {
+	if b.route == nil || b.trouble != nil && !b.trouble.any() {
+		return b
+	}
+	n := b.route(ctx, key)
+	if n == "" || b.trouble != nil && !b.trouble.has(n) {
+		return b
+	}
+	return b.node(n)
 }
 
 // newClaimer batches Store.Claim.
 func newClaimer(store Store, timeout time.Duration) *batcher[ClaimRequest, ClaimResult] {
-	return newBatcher("claim", timeout, func(r ClaimRequest) string { return r.Key }, store.Claim)
+	b := newBatcher("claim", timeout, func(r ClaimRequest) string { return r.Key }, store.Claim)
+	b.routeBy(store)
+	return b
+}
+
+// routeBy batches per node when store, or the store observed wraps, is a
+// NodeRouter.
+func (b *batcher[Req, Res]) routeBy(store Store) {
+	if o, ok := store.(observed); ok {
+		store = o.s
+	}
+	if r, ok := store.(NodeRouter); ok && r.MultiNode() {
+		b.route = r.Node
+	}
+}
+
+// node returns the batcher of the requests of node n: b itself for "",
+// else n's own, made on first use with b's settings.
+func (b *batcher[Req, Res]) node(n string) *batcher[Req, Res] {
+	if n == "" {
+		return b
+	}
+	b.nodesMu.Lock()
+	defer b.nodesMu.Unlock()
+	nb := b.nodes[n]
+	if nb == nil {
+		nb = &batcher[Req, Res]{
+			op: b.op, timeout: b.timeout, maxBatch: b.maxBatch, maxFlights: nodeFlights, key: b.key, send: b.send,
+			linger: b.linger, idle: b.idle, full: make(chan struct{}, 1), trouble: b.trouble, self: n,
+		}
+		if b.nodes == nil {
+			b.nodes = make(map[string]*batcher[Req, Res])
+		}
+		b.nodes[n] = nb
+	}
+	return nb
+}
+
+// subs returns the per-node batchers made so far.
+func (b *batcher[Req, Res]) subs() []*batcher[Req, Res] {
+	b.nodesMu.Lock()
+	defer b.nodesMu.Unlock()
+	out := make([]*batcher[Req, Res], 0, len(b.nodes))
+	for _, nb := range b.nodes {
+		out = append(out, nb)
+	}
+	return out
 }
 
 // preparedBatchMax bounds a call of the batch claims of Prepare: several
@@ -189,6 +355,9 @@ func (b *batcher[Req, Res]) await() bool {
 // (b.linger); pass patient only when no other work waits for the answer,
 // such as the next message of an ordered lane.
 func (b *batcher[Req, Res]) do(ctx context.Context, req Req, patient bool) (Res, error) {
+	if nb := b.nodeOf(ctx, b.key(req)); nb != b {
+		return nb.do(ctx, req, patient)
+	}
 	r, _ := b.free.Get().(*batchReq[Req, Res])
 	if r == nil {
 		r = &batchReq[Req, Res]{done: make(chan struct{}, 1)}
@@ -215,6 +384,9 @@ func (b *batcher[Req, Res]) do(ctx context.Context, req Req, patient bool) (Res,
 // reqs name a key twice. It returns each request's answer, as do would,
 // when all were answered or ctx ended (the unanswered then get its cause).
 // patient is do's.
+//
+// With a route, each node's requests go to its own batcher, and are
+// answered as their node answers.
 func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req, patient bool) ([]Res, []error) {
 	rs := make([]*batchReq[Req, Res], len(reqs))
 	for i, req := range reqs {
@@ -225,10 +397,24 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req, patient bool)
 		r.ctx, r.req, r.patient = ctx, req, patient
 		rs[i] = r
 	}
-	b.mu.Lock()
-	b.pending = append(b.pending, rs...)
-	b.queued(len(rs), patient)
-	b.mu.Unlock()
+	if b.route == nil {
+		b.enqueue(rs, patient)
+	} else {
+		// In order of each node's first request, each node's requests
+		// in their order.
+		var order []string
+		by := make(map[string][]*batchReq[Req, Res])
+		for _, r := range rs {
+			n := b.nodeOf(ctx, b.key(r.req)).self
+			if _, ok := by[n]; !ok {
+				order = append(order, n)
+			}
+			by[n] = append(by[n], r)
+		}
+		for _, n := range order {
+			b.node(n).enqueue(by[n], patient)
+		}
+	}
 	res := make([]Res, len(reqs))
 	errs := make([]error, len(reqs))
 	// Flushers answer a batch's requests in queue order, so the last is
@@ -251,6 +437,30 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req, patient bool)
 		}
 	}
 	return res, errs
+}
+
+// doEach queues reqs in this batcher (no route is followed) and returns at
+// once: then(idx[i], ...) receives request i's answer, on a flusher's
+// goroutine, as soon as its batch call returns (it must not block). Every
+// request is answered exactly once, with ctx's cause when ctx ends before
+// it is sent.
+func (b *batcher[Req, Res]) doEach(ctx context.Context, reqs []Req, idx []int, patient bool, then func(idx int, res Res, err error)) {
+	rs := make([]batchReq[Req, Res], len(reqs))
+	ps := make([]*batchReq[Req, Res], len(reqs))
+	for i, req := range reqs {
+		r := &rs[i]
+		r.ctx, r.req, r.patient, r.then, r.idx = ctx, req, patient, then, idx[i]
+		ps[i] = r
+	}
+	b.enqueue(ps, patient)
+}
+
+// enqueue queues rs, in order, and hands them to a flusher.
+func (b *batcher[Req, Res]) enqueue(rs []*batchReq[Req, Res], patient bool) {
+	b.mu.Lock()
+	b.pending = append(b.pending, rs...)
+	b.queued(len(rs), patient)
+	b.mu.Unlock()
 }
 
 // next takes the next batch off the queue: up to maxBatch requests with
@@ -279,7 +489,7 @@ func (b *batcher[Req, Res]) next() []*batchReq[Req, Res] {
 		}
 		if r.ctx.Err() != nil {
 			r.err = context.Cause(r.ctx)
-			r.done <- struct{}{}
+			r.answer()
 			continue
 		}
 		k := b.key(r.req)
@@ -326,34 +536,49 @@ func (b *batcher[Req, Res]) flusher() {
 		ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 		res, err := b.send(ctx, reqs)
 		cancel()
-		if err == nil && len(res) != len(reqs) {
+		if len(res) != len(reqs) && (err == nil || errors.As(err, new(*BatchError))) {
 			err = fmt.Errorf("%w: %s returned %d results for %d keys", ErrStoreUnavailable, b.op, len(res), len(reqs))
 		}
+		if b.trouble != nil {
+			b.trouble.observe(b.self, err, len(reqs))
+		}
+		// A BatchError fails its keys alone: the others' results stand.
 		for i, r := range batch {
-			if err != nil {
-				r.err = err
+			if kerr := KeyError(err, i, len(reqs)); kerr != nil {
+				r.err = kerr
 			} else {
 				r.res = res[i]
 			}
-			r.done <- struct{}{}
+			r.answer()
 		}
 	}
 }
 
-// nudge wakes a lingering flusher to check again whether to go on.
+// nudge wakes a lingering flusher, its own and every node's, to check
+// again whether to go on.
 func (b *batcher[Req, Res]) nudge() {
 	select {
 	case b.full <- struct{}{}:
 	default:
 	}
+	if b.route != nil {
+		for _, nb := range b.subs() {
+			nb.nudge()
+		}
+	}
 }
 
-// wait blocks until every flusher has ended; a lingering one sends at once,
-// and none lingers after.
+// wait blocks until every flusher, its own and every node's, has ended; a
+// lingering one sends at once, and none lingers after.
 func (b *batcher[Req, Res]) wait() {
 	b.mu.Lock()
 	b.closing = true
 	b.mu.Unlock()
 	b.nudge()
 	b.wg.Wait()
+	if b.route != nil {
+		for _, nb := range b.subs() {
+			nb.wait()
+		}
+	}
 }

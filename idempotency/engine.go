@@ -196,4 +196,10 @@ type prepared struct {
 	res     ClaimResult
 	err     error
 	claimAt time.Time // when the claim was requested, on the engine's Clock
+	// ready, when set, is closed once Prepare's claim, sent without
+	// waiting (a store that routes keys to nodes), was answered into res
+	// and err; until then they are not read (await). taken is set, under
+	// the processor's mu, once its delivery took it.
+	ready chan struct{}
+	taken bool
 }

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/idemkit/dedupworker/consumer"
 )
@@ -56,6 +57,10 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 		reqs = append(reqs, p.claimRequest(pr))
 		idx = append(idx, i)
 	}
+	if len(reqs) > 0 && p.e.preparer.route != nil {
+		p.prepareEach(ctx, batch, prs, reqs, idx)
+		return
+	}
 	if len(reqs) > 0 {
 		now := p.e.clock.Now()
 		cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
@@ -80,6 +85,82 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	p.mu.Unlock()
 }
 
+// prepareEach is Prepare on a store whose keys live on several nodes
+// (NodeRouter): it sends the claims without waiting, each node's keys in
+// their own batch call, and each delivery waits for its node's answer when
+// it runs (await). A node that hangs until the call's deadline then holds
+// back only the deliveries of its keys; the others run as soon as their
+// node answered.
+func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, prs []prepared, reqs []ClaimRequest, idx []int) {
+	now := p.e.clock.Now()
+	b := p.e.preparer
+	// One readiness per node: its keys are answered by the same calls.
+	type nodeReqs struct {
+		node  string
+		reqs  []ClaimRequest
+		idx   []int
+		ready chan struct{}
+		left  atomic.Int64
+	}
+	var nodes []*nodeReqs
+	byNode := make(map[string]*nodeReqs, 4)
+	for j, i := range idx {
+		n := b.route(ctx, reqs[j].Key)
+		g := byNode[n]
+		if g == nil {
+			g = &nodeReqs{node: n, ready: make(chan struct{})}
+			byNode[n] = g
+			nodes = append(nodes, g)
+		}
+		g.reqs, g.idx = append(g.reqs, reqs[j]), append(g.idx, i)
+		pr := &prs[i]
+		pr.claimed, pr.claimAt, pr.batched, pr.ready = true, now, true, g.ready
+	}
+	// Each key is held from now: a delivery of the same key that runs
+	// first waits for the answer in adopt, and adopts an owned claim.
+	p.mu.Lock()
+	for i, d := range batch {
+		p.prepared[d] = &prs[i]
+	}
+	for _, i := range idx {
+		p.held[prs[i].ekey] = &prs[i]
+	}
+	p.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
+	var left atomic.Int64
+	left.Store(int64(len(nodes)))
+	nodeDone := func(g *nodeReqs) {
+		close(g.ready)
+		if left.Add(-1) == 0 {
+			cancel()
+		}
+	}
+	for _, g := range nodes {
+		g.left.Store(int64(len(g.reqs)))
+		b.node(g.node).doEach(cctx, g.reqs, g.idx, false, func(i int, res ClaimResult, err error) {
+			pr := &prs[i]
+			p.mu.Lock()
+			pr.res, pr.err = res, err
+			if (err != nil || !res.Outcome.Owned()) && p.held[pr.ekey] == pr {
+				delete(p.held, pr.ekey)
+			}
+			p.mu.Unlock()
+			if g.left.Add(-1) == 0 {
+				nodeDone(g)
+			}
+		})
+	}
+}
+
+// await waits until pr's claim, sent by prepareEach, was answered: within
+// the store timeout, as the claim call runs under it. A delivery whose
+// context ended waits too, so that abandon can give its claim back.
+func (p *processor) await(pr *prepared) {
+	if pr != nil && pr.ready != nil {
+		<-pr.ready
+	}
+}
+
 func (p *processor) claimRequest(pr *prepared) ClaimRequest {
 	return ClaimRequest{Key: pr.ekey, Fingerprint: pr.fp, FingerprintVersion: FingerprintVersion, Lease: p.cfg.lease, Retention: p.cfg.retention}
 }
@@ -89,6 +170,7 @@ func (p *processor) take(d consumer.Delivery) *prepared {
 	defer p.mu.Unlock()
 	pr, ok := p.prepared[d]
 	if ok {
+		pr.taken = true
 		delete(p.prepared, d)
 		if p.held[pr.ekey] == pr {
 			delete(p.held, pr.ekey)
@@ -106,6 +188,15 @@ func (p *processor) adopt(pr *prepared) bool {
 	h, ok := p.held[pr.ekey]
 	if !ok || h == pr {
 		return false
+	}
+	if h.ready != nil {
+		// prepareEach's claim of the key: wait for its answer.
+		p.mu.Unlock()
+		<-h.ready
+		p.mu.Lock()
+		if p.held[pr.ekey] != h || h.err != nil || !h.res.Outcome.Owned() {
+			return false
+		}
 	}
 	delete(p.held, pr.ekey)
 	pr.claimed, pr.res, pr.err, pr.claimAt = true, h.res, nil, h.claimAt

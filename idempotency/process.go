@@ -28,6 +28,7 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 // process takes d, whose prepared state pr was taken, through SPEC §5–§7
 // on its own.
 func (p *processor) process(ctx context.Context, d consumer.Delivery, pr *prepared) {
+	p.await(pr)
 	if ctx.Err() != nil {
 		p.abandon(ctx, d, pr)
 		return

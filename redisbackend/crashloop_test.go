@@ -19,10 +19,11 @@ func outlast(d time.Duration) {
 
 // A claim whose worker died, found after its lease and the store's grace
 // have both passed, is RECLAIMED with its attempt counted, as long as the
-// claim's retention has not passed (SPEC §11.3): whether the worker died
+// claim's retention has not passed: whether the worker died
 // before its first renewal or after some. Without a retention the record
 // is gone after lease + grace and the key starts again at attempt 1, the
-// behaviour §11.3 rules out for the engine's claims.
+// behaviour the engine's claims rule out: max_attempts must hold across
+// worker deaths.
 func TestExpiredClaimOutlivesGraceByRetention(t *testing.T) {
 	t.Parallel()
 	const (

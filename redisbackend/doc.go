@@ -1,5 +1,4 @@
-// Package redisbackend is the Redis implementation of idempotency.Store
-// (SPEC §4): one JSON string per effective key, every state change one Lua
+// Package redisbackend is the Redis implementation of idempotency.Store: one JSON string per effective key, every state change one Lua
 // script from package lua, leases on the Redis server's clock.
 //
 // It runs on any redis.UniversalClient: *redis.Client (standalone, or
@@ -31,7 +30,7 @@
 // promotes a replica, the write is gone: a lost claim lets another worker
 // run the key while the first still runs it, a lost completion lets a
 // redelivery run it again. Options.Durability{Replicas: N, Timeout: T}
-// closes that window (SPEC §11.1). Every Claim, Complete (dead-letter
+// closes that window. Every Claim, Complete (dead-letter
 // completions included), Release and SaveStep sends WAIT N T right after
 // its script, in the same pipeline, so on the same connection (WAIT waits
 // for that connection's writes); on a ClusterClient the scripts are grouped
@@ -40,8 +39,7 @@
 // which has no key, to any node. The call returns only when N replicas
 // acknowledged; otherwise it fails with ErrReplicaShortfall, wrapping
 // idempotency.ErrStoreUnavailable: the engine runs no handler on such a
-// claim and sends no ack after such a completion, and retries with backoff
-// (SPEC §7.3). Each WAIT's time, on the server's clock, goes to
+// claim and sends no ack after such a completion, and retries with backoff. Each WAIT's time, on the server's clock, goes to
 // consumer.HookStoreCall as op "wait"; each failed call to
 // consumer.HookDurabilityShortfall (Options.Hooks). With Replicas 0 (the
 // default) nothing is added: no WAIT, no TIME, no other pipeline.
@@ -53,7 +51,7 @@
 // provided the failover ends within the leases of the handlers running or
 // finishing in it: renewals fail while it lasts, a handler that finished
 // has its result held by the engine until its completion lands, and a
-// lease that runs out on the new primary is reclaimed (SPEC §6). What it does not survive, or promise:
+// lease that runs out on the new primary is reclaimed. What it does not survive, or promise:
 //
 //   - The primary and every replica that acknowledged dying together, or
 //     such a replica restarting without its data before it is promoted: a
@@ -78,19 +76,18 @@
 //     of the last replicated renewal, and the next renewal (every lease/3)
 //     extends it again.
 //   - A replica outage makes every write fail closed after Timeout: the
-//     workers stop until a replica is back (SPEC §7.3), by design.
+//     workers stop until a replica is back, by design.
 //
 // # Attempts and abandoned claims
 //
 // A record counts the claims of its key that made a new owner (attempts),
-// and the engine dead-letters a key whose claim is past max_attempts
-// (SPEC §7.2). A claim nobody completes or releases (its worker was killed)
+// and the engine dead-letters a key whose claim is past max_attempts. A claim nobody completes or releases (its worker was killed)
 // is kept lease + max(Options.Grace, the request's Retention), and a
 // renewal keeps that tail, so that a worker restarting later than lease +
 // grace, as in a crash loop under Kubernetes back-off, still finds the
 // claim, reclaims it with attempts + 1 and, past max_attempts, dead-letters
-// the key instead of starting it again at attempt 1 (SPEC §11.3; newer
-// than §4.1's lease + grace, and taking precedence). The engine passes the
+// the key instead of starting it again at attempt 1 (the claim's key lives
+// lease + max(grace, retention), not lease + grace). The engine passes the
 // handler's retention, so an abandoned claim is kept no longer than the
 // key's completion would be. The common path pays nothing for it: one more
 // argument per key, converted once per call, and the completion or release
@@ -100,7 +97,7 @@
 //
 // A claim that makes a new owner (NEW, RECLAIMED, RECOVERED) sets the
 // record's fence to max(stored fence + 1, the server's TIME in
-// microseconds), inside the claim script (SPEC §2, §11.3). What a downstream
+// microseconds), inside the claim script. What a downstream
 // system that keeps the highest fence it has seen per key, and rejects
 // writes with a lower one, can rely on:
 //
@@ -120,7 +117,7 @@
 //     float64 and a JSON number. It is not a count of owners (Attempts is)
 //     and not a timestamp to read: only its order means something.
 //
-// Wait follows SPEC §4.6: one Pub/Sub connection per Store, started by a
+// Wait keeps one Pub/Sub connection per Store, started by a
 // Wait, resubscribed when it dies, stopped by Close or after 30s without
 // waiters (every completion call publishes its keys, in one message, to
 // every subscribed process, and waits are rare; the next Wait subscribes

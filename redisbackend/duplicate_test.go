@@ -12,7 +12,7 @@ import (
 
 // TestDuplicateFromARecordsStart: claim.lua's short form answers DUPLICATE
 // from the start of a completion of the same fingerprint. A value that
-// starts so but is not a record is still recovered (SPEC §4.8), within the
+// starts so but is not a record is still recovered, within the
 // same Claim call as the keys beside it; a stored fingerprint that only
 // begins with the request's is a mismatch, not a duplicate.
 func TestDuplicateFromARecordsStart(t *testing.T) {

@@ -13,8 +13,8 @@ import (
 )
 
 // OpReplicaWait is the op under which the store reports the time of each
-// WAIT to consumer.HookStoreCall (dedup_store_duration_seconds{op="wait"},
-// SPEC §11.1): the server's time between the script's end and WAIT's
+// WAIT to consumer.HookStoreCall (dedup_store_duration_seconds{op="wait"}):
+// the server's time between the script's end and WAIT's
 // answer. A wait for a key in flight elsewhere (Store.Wait, up to a lease)
 // is op "inflight".
 const OpReplicaWait = "wait"
@@ -28,7 +28,8 @@ const OpReplicaWait = "wait"
 // counted, without WAIT), and the engine's retry finds the keys free at
 // once, their attempt counts as before; a Complete that falls short
 // stays stored, and its retry by the same token reports true and waits
-// again.
+// again. On a cluster the WAIT is per node, and only the keys of a node
+// that fell short fail (an idempotency.BatchError).
 var ErrReplicaShortfall = errors.New("dedup: too few replicas acknowledged the write")
 
 // undoTimeout bounds the release of claims that fell short of replicas.
@@ -65,18 +66,21 @@ type nodeBatch struct {
 // the primary of their slot and each group is pipelined on that node's
 // own client, the nodes concurrently.
 //
-// It returns the first error of a call; else an error wrapping
-// ErrReplicaShortfall when a WAIT that followed a call that ran counted
-// fewer replicas than required. A reply of MOVED or ASK (a slot changed
-// hands) makes the client reload the cluster layout and fails the call;
-// the engine's retry goes to the new owner.
+// Each call's fail is its own error, or else an error wrapping
+// ErrReplicaShortfall when the WAIT that followed it on its node counted
+// fewer replicas than required: a node's trouble is its calls' alone. It
+// returns the first call's error, else the first shortfall.
 func (s *Store) execDurable(ctx context.Context, op string, calls []*call) error {
 	if !s.scriptsLoaded.Load() {
 		s.loadScripts(ctx, op)
 	}
 	batches, err := s.byNode(ctx, calls)
 	if err != nil {
-		return storeErr(op, err)
+		err = storeErr(op, err)
+		for _, c := range calls {
+			c.fail = err
+		}
+		return err
 	}
 	s.pipelineDurable(ctx, batches, false)
 	var again []*call
@@ -89,32 +93,49 @@ func (s *Store) execDurable(ctx context.Context, op string, calls []*call) error
 		s.loadScripts(ctx, op)
 		more, err := s.byNode(ctx, again)
 		if err != nil {
-			return storeErr(op, err)
+			err = storeErr(op, err)
+			for _, c := range calls {
+				c.fail = err
+			}
+			return err
 		}
 		s.pipelineDurable(ctx, more, true)
 		batches = append(batches, more...)
 	}
-	for _, c := range calls {
-		if err := c.err(); err != nil {
-			if s.cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
-				s.cluster.ReloadState(ctx)
-			}
-			return storeErr(op, err)
-		}
-	}
-	var short error
+	// A call sent again is in two batches; the later, where it ran,
+	// decides its fail.
+	var first, short error
 	for _, b := range batches {
-		if err := s.checkWait(b); err != nil && short == nil {
-			short = err
+		werr := s.checkWait(b)
+		if errors.Is(werr, ErrReplicaShortfall) {
+			s.hooks.DurabilityShortfall(op, b.addr)
+		}
+		for _, c := range b.calls {
+			switch err := c.err(); {
+			case err != nil:
+				c.fail = s.callErr(ctx, op, c, b.addr, err)
+			case werr != nil:
+				c.fail = s.callErr(ctx, op, c, b.addr, werr)
+			default:
+				c.fail = nil
+			}
 		}
 	}
-	if short != nil {
-		if errors.Is(short, ErrReplicaShortfall) {
-			s.hooks.DurabilityShortfall(op)
+	for _, c := range calls {
+		switch {
+		case c.fail == nil:
+		case errors.Is(c.fail, ErrReplicaShortfall):
+			if short == nil {
+				short = c.fail
+			}
+		case first == nil:
+			first = c.fail
 		}
-		return storeErr(op, short)
 	}
-	return nil
+	if first != nil {
+		return first
+	}
+	return short
 }
 
 // checkWait reports b's WAIT to the hooks, and returns its error or
@@ -142,20 +163,31 @@ func (s *Store) checkWait(b *nodeBatch) error {
 	if t0, t1 := b.before.Val(), b.after.Val(); b.before.Err() == nil && b.after.Err() == nil && t1.After(t0) {
 		took = t1.Sub(t0)
 	}
-	s.hooks.StoreCall(OpReplicaWait, took, err)
+	werr := err
+	if err != nil && s.cluster != nil {
+		werr = &idempotency.NodeError{Node: b.addr, Err: err}
+	}
+	s.hooks.StoreCall(OpReplicaWait, took, werr)
 	return err
 }
 
-// undoClaims gives back the owned claims of a Claim whose write fell short
-// of replicas: each is released and its attempt taken back (release.lua
-// with undo), so the engine's retry is not held up for a lease by claims
-// nobody runs, nor counts a run that never happened against max_attempts.
-// Best effort and without WAIT: a claim whose undo is lost, here or in a
-// failover, is reclaimed when its lease ends. It runs under its own
-// deadline, since ctx may have been spent on the WAIT.
+// undoClaims gives back the owned claims of the calls of a Claim that fell
+// short of replicas (their fail wraps ErrReplicaShortfall): each is
+// released and its attempt taken back (release.lua with undo), so the
+// engine's retry is not held up for a lease by claims nobody runs, nor
+// counts a run that never happened against max_attempts. The claims of the
+// calls that were acknowledged are kept: their keys run. A call that failed
+// otherwise has no reply to read; on a node that ran it after all, its
+// claims are reclaimed when their lease ends. Best effort and without WAIT:
+// a claim whose undo is lost, here or in a failover, is reclaimed when its
+// lease ends. It runs under its own deadline, since ctx may have been spent
+// on the WAIT.
 func (s *Store) undoClaims(ctx context.Context, reqs []idempotency.ClaimRequest, tokens []string, groups []group, calls []*call) {
 	var undo []*call
 	for gi, g := range groups {
+		if !errors.Is(calls[gi].fail, ErrReplicaShortfall) {
+			continue
+		}
 		vals, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
 			continue

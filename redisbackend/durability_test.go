@@ -44,13 +44,18 @@ func (h *durabilityHooks) OnStoreCall(op string, took time.Duration, err error) 
 	}
 }
 
-func (h *durabilityHooks) OnDurabilityShortfall(op string) {
+// OnDurabilityShortfall counts shortfalls by op, and by op and node as
+// "op@node" when node is not "".
+func (h *durabilityHooks) OnDurabilityShortfall(op, node string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.shortfall == nil {
 		h.shortfall = map[string]int{}
 	}
 	h.shortfall[op]++
+	if node != "" {
+		h.shortfall[op+"@"+node]++
+	}
 }
 
 func (h *durabilityHooks) counts() (waits, waitErrs int, shortfall map[string]int) {
@@ -291,8 +296,18 @@ func TestDurabilityClusterWaitsOnEachPrimary(t *testing.T) {
 	log.mu.Unlock()
 
 	res, err := s.Claim(ctx, reqs)
-	if !errors.Is(err, redisbackend.ErrReplicaShortfall) || !errors.Is(err, idempotency.ErrStoreUnavailable) || res != nil {
-		t.Fatalf("Claim on a cluster without replicas = %v, %v; want a shortfall and no results", res, err)
+	var be *idempotency.BatchError
+	if !errors.Is(err, redisbackend.ErrReplicaShortfall) || !errors.Is(err, idempotency.ErrStoreUnavailable) || !errors.As(err, &be) || len(be.Errs) != len(reqs) || len(res) != len(reqs) {
+		t.Fatalf("Claim on a cluster without replicas = %v, %v; want a BatchError of shortfalls", res, err)
+	}
+	for i, kerr := range be.Errs {
+		var ne *idempotency.NodeError
+		if !errors.Is(kerr, redisbackend.ErrReplicaShortfall) || !errors.As(kerr, &ne) {
+			t.Fatalf("key %d: error %v, want a shortfall naming its node", i, kerr)
+		}
+		if m, _ := client.MasterForKey(ctx, s.RedisKey(reqs[i].Key)); ne.Node != m.Options().Addr {
+			t.Errorf("key %d: shortfall names node %q, want its primary %s", i, ne.Node, m.Options().Addr)
+		}
 	}
 	log.mu.Lock()
 	defer log.mu.Unlock()
@@ -324,8 +339,8 @@ func TestDurabilityClusterWaitsOnEachPrimary(t *testing.T) {
 	if !slices.Equal(scripted, want) {
 		t.Errorf("pipelines with scripts went to %v, want one to each primary owning a key: %v", scripted, want)
 	}
-	if waits, _, short := hooks.counts(); waits != len(owners) || short["claim"] != 1 {
-		t.Errorf("hooks saw %d WAITs, shortfalls %v; want %d WAITs and one claim shortfall", waits, short, len(owners))
+	if waits, _, short := hooks.counts(); waits != len(owners) || short["claim"] != len(owners) || len(short) != 1+len(owners) {
+		t.Errorf("hooks saw %d WAITs, shortfalls %v; want %d WAITs and a claim shortfall on each primary", waits, short, len(owners))
 	}
 }
 

@@ -11,3 +11,6 @@ func LocalWaiters(s *Store, key string) bool {
 	p := s.cache.slots[s.prefix+key]
 	return p != nil && !p.cached && p.held && p.ended != nil
 }
+
+// HashSlot is the Redis Cluster hash slot of key.
+func HashSlot(key string) uint16 { return hashSlot(key) }

@@ -12,7 +12,7 @@ import (
 )
 
 // A key's fence grows with every new owner whatever happened to its record
-// in between (SPEC §2, §11.3): the record expired, was forgotten (Delete),
+// in between: the record expired, was forgotten (Delete),
 // was released, its lease ran out and it was reclaimed, or the whole Redis
 // was wiped. Each step would hand out fence 1 again, or the same fence, if
 // the fence were only the stored one + 1. The server is a private one: the

@@ -12,7 +12,7 @@ import (
 )
 
 // The floor scripts run, for each key, the commands the store's scripts run
-// for a new key (SPEC §4.3, §4.5), and nothing else: a claim is SET NX PX
+// for a new key, and nothing else: a claim is SET NX PX
 // GET of a record the client built, a completion a GET then a SET of a
 // completion the client built. They decide no outcome and neither read nor
 // build text, and each call reads TIME once, as the store's calls do. What
@@ -33,7 +33,7 @@ return #KEYS`
 // BenchmarkRedisFloor measures what claiming and completing a new key costs
 // Redis at the floor, in batches of 100 keys with the store's record sizes:
 // the floor scripts above ("lua"), and the same commands sent in pipelines
-// without a script ("native"; SPEC §4.2 makes every state change a script).
+// without a script ("native"; the store makes every state change a script).
 // Run it beside BenchmarkRedisCPU's claim+complete/batch=100: the store
 // less "lua" is what the store's decisions cost, "lua" less "native" what
 // running the commands from a script costs. It reads the same environment

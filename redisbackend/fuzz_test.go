@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 )
 
-// encodeRecord writes rec as the scripts of package lua do (SPEC §4.1), so a
+// encodeRecord writes rec as the scripts of package lua do, so a
 // decoded record can be written back and read again.
 func encodeRecord(rec *idempotency.Record) []byte {
 	m := map[string]any{

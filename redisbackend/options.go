@@ -41,16 +41,17 @@ type Options struct {
 	// reload). Default: discard.
 	Logger *slog.Logger
 	// PollFloor and PollCap bound Wait's re-reads: the first after
-	// PollFloor, doubling up to PollCap (SPEC §4.6). Defaults 50ms and 1s.
+	// PollFloor, doubling up to PollCap. Defaults 50ms and 1s.
 	PollFloor time.Duration
 	PollCap   time.Duration
-	// Durability makes the writes the engine acts on wait for replicas
-	// (SPEC §11.1). The zero value does not wait.
+	// Durability makes the writes the engine acts on wait for replicas.
+	// The zero value does not wait.
 	Durability Durability
 	// Hooks receive the store's own measurements: consumer.HookStoreCall
 	// with op "wait" (OpReplicaWait) for every WAIT, and
 	// consumer.HookDurabilityShortfall for every call that failed for want
-	// of replicas. The engine's own hooks (idempotency.Config.Hooks) time
+	// of replicas, once per node that fell short (a Cluster primary's
+	// address; "" on a single node). The engine's own hooks (idempotency.Config.Hooks) time
 	// the Store's methods; these see inside them. Default: none.
 	Hooks consumer.Hooks
 	// LocalCache keeps the records this Store completed in process, so
@@ -62,7 +63,7 @@ type Options struct {
 }
 
 // Durability asks Redis, with WAIT, to confirm that a write reached
-// replicas before the store reports it (SPEC §11.1).
+// replicas before the store reports it.
 //
 // With Replicas > 0, every Claim, Complete, Release and SaveStep sends
 // WAIT Replicas Timeout right after its script, on the same connection in
@@ -70,7 +71,7 @@ type Options struct {
 // script), and succeeds only when at least Replicas replicas acknowledged
 // it. Otherwise the call fails with an error wrapping ErrReplicaShortfall
 // and idempotency.ErrStoreUnavailable: the engine then runs no handler and
-// acks nothing, and retries with backoff (SPEC §7.3). Renew does not wait:
+// acks nothing, and retries with backoff. Renew does not wait:
 // a renewal lost in a failover is made good by the next one, every lease/3.
 //
 // What this survives and what it does not is in the package documentation

@@ -10,7 +10,7 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 )
 
-// wireRecord is the JSON of one stored record (SPEC §4.1), as the scripts of
+// wireRecord is the JSON of one stored record, as the scripts of
 // package lua write it. Pointers tell a missing or null field from a zero.
 type wireRecord struct {
 	V           *float64        `json:"v"`
@@ -33,8 +33,7 @@ type wireRecord struct {
 // decodeRecord parses a stored value into the record of key, or reports
 // false when the value is not a record. The rule is the one valid() applies
 // in lua/claim.lua (see package lua's doc), so a value the claim script keeps
-// is one this decoder reads, and a value it would recover is absent here
-// (SPEC §4.8). One difference remains, out of reach of encoding/json: Go
+// is one this decoder reads, and a value it would recover is absent here. One difference remains, out of reach of encoding/json: Go
 // matches field names case-insensitively, so a hand-written value with a
 // field such as "State" reads here but is recovered by the next claim.
 func decodeRecord(key string, raw []byte) (*idempotency.Record, bool) {

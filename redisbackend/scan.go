@@ -17,7 +17,7 @@ import (
 )
 
 // Class is what an operator filters records by (dedupworker records and
-// forget --state, SPEC §11.6). The classes are disjoint: every record is of
+// forget --state). The classes are disjoint: every record is of
 // exactly one of ClassClaimed, ClassReleased, ClassCompleted and
 // ClassDeadLettered; ClassAll matches them all.
 type Class string

@@ -3,8 +3,11 @@ package redisbackend
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/dedupworker/idempotency"
 )
 
 // script is a Lua script with its source and SHA-1 boxed once as command
@@ -36,6 +39,10 @@ type call struct {
 	cmd  *redis.Cmd
 	strs *redis.StringSliceCmd
 	str  *redis.StringCmd
+	// fail is the call's own error after exec or execDurable, wrapped for
+	// the op and, on a cluster, naming the node (idempotency.NodeError);
+	// nil when its reply is valid.
+	fail error
 }
 
 // replyKind is how a call's reply is read.
@@ -118,8 +125,10 @@ func (c *call) err() error {
 // exec runs calls: a single one with EVALSHA, falling back on NOSCRIPT to
 // reloading the scripts and EVAL; several in one pipeline of EVALSHA, after
 // loading the scripts once, sending the calls that met NOSCRIPT again with
-// EVAL (the others ran and must not run twice). It returns the first error,
-// wrapped for op; each call's reply is in it (see call).
+// EVAL (the others ran and must not run twice). On a cluster the pipeline
+// is split per node by the client, and each call's reply or error is its
+// own node's. It returns the first error; each call's own error is in its
+// fail, and its reply in it (see call).
 func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 	if len(calls) == 1 {
 		c := calls[0]
@@ -128,7 +137,8 @@ func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 			s.loadScripts(ctx, op)
 			c.send(ctx, s.client, true)
 		}
-		return storeErr(op, c.err())
+		c.fail = s.callErr(ctx, op, c, "", c.err())
+		return c.fail
 	}
 	if !s.scriptsLoaded.Load() {
 		s.loadScripts(ctx, op)
@@ -144,13 +154,60 @@ func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 		s.loadScripts(ctx, op)
 		s.pipeline(ctx, again, true)
 	}
+	var first error
 	for _, c := range calls {
-		if err := c.err(); err != nil {
-			return storeErr(op, err)
+		c.fail = s.callErr(ctx, op, c, "", c.err())
+		if first == nil {
+			first = c.fail
 		}
 	}
-	return nil
+	return first
 }
+
+// callErr wraps err, the error of c, for op; nil stays nil. On a cluster
+// the error names c's node: addr when the caller knows it, else the primary
+// that serves c's slot now. A reply of MOVED or ASK (a slot changed hands)
+// makes the client reload the cluster layout; the engine's retry goes to
+// the new owner.
+func (s *Store) callErr(ctx context.Context, op string, c *call, addr string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if s.cluster == nil {
+		return storeErr(op, err)
+	}
+	s.nodeGen.Add(1) // Node reads the layout again
+	if redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") {
+		s.cluster.ReloadState(ctx)
+	}
+	if addr == "" && len(c.keys) > 0 {
+		addr = s.nodeOf(ctx, c.keys[0])
+	}
+	return storeErr(op, &idempotency.NodeError{Node: addr, Err: err})
+}
+
+// nodeOf is the address of the primary that serves rkey's slot on a
+// cluster, as the client's cached layout says; "" on a single node, or when
+// the layout cannot be read within ctx's deadline (at most a short one).
+func (s *Store) nodeOf(ctx context.Context, rkey string) string {
+	if s.cluster == nil {
+		return ""
+	}
+	if d, ok := ctx.Deadline(); !ok || time.Until(d) > nodeLookupTimeout || ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), nodeLookupTimeout)
+		defer cancel()
+	}
+	node, err := s.cluster.MasterForKey(ctx, rkey)
+	if err != nil {
+		return ""
+	}
+	return node.Options().Addr
+}
+
+// nodeLookupTimeout bounds reading the cluster layout to name a node; the
+// client has it cached except right after it starts or a slot moved.
+const nodeLookupTimeout = time.Second
 
 // pipeline sends calls in one pipeline (routed per slot by a ClusterClient),
 // with EVALSHA, or with EVAL when eval is set.

@@ -22,12 +22,34 @@ var crc16tab = func() (t [256]uint16) {
 	return t
 }()
 
-func crc16(s string) uint16 {
-	var crc uint16
+func crc16(s string) uint16 { return crc16From(0, s) }
+
+// crc16From continues the CRC16 crc of a string's beginning over s.
+func crc16From(crc uint16, s string) uint16 {
 	for i := 0; i < len(s); i++ {
 		crc = crc<<8 ^ crc16tab[byte(crc>>8)^s[i]]
 	}
 	return crc
+}
+
+// prefixedSlot is hashSlot(prefix + key) without building the string, for
+// a prefix with no '{' or '}' whose CRC16 is prefixCRC.
+func prefixedSlot(prefixCRC uint16, key string) uint16 {
+	for i := 0; i < len(key); i++ {
+		if key[i] != '{' {
+			continue
+		}
+		for j := i + 1; j < len(key); j++ {
+			if key[j] == '}' {
+				if j > i+1 {
+					return crc16(key[i+1:j]) % numSlots
+				}
+				return crc16From(prefixCRC, key) % numSlots
+			}
+		}
+		break
+	}
+	return crc16From(prefixCRC, key) % numSlots
 }
 
 // hashSlot returns the cluster slot of key, as CLUSTER KEYSLOT does.

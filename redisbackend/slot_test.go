@@ -64,3 +64,14 @@ func TestHashSlotMatchesServer(t *testing.T) {
 		}
 	}
 }
+
+// prefixedSlot agrees with hashSlot of the whole key, hash tags in the key
+// or not.
+func TestPrefixedSlot(t *testing.T) {
+	const prefix = "ns-1:"
+	for _, key := range []string{"", "a", "orders:42", "{x}y", "a{b}c", "a{}b", "a{", "a}b{c", "{}", "x{{y}}", "a{b", "a{b}{c}"} {
+		if got, want := prefixedSlot(crc16(prefix), key), hashSlot(prefix+key); got != want {
+			t.Errorf("prefixedSlot(%q) = %d, want %d", key, got, want)
+		}
+	}
+}

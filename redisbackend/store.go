@@ -49,6 +49,15 @@ type Store struct {
 	replicas    int
 	waitTimeout time.Duration
 
+	// nodeBySlot keeps Node's answers on a cluster, valid while nodeGen
+	// has not moved on (a call failed since); prefixPlain says prefix has
+	// no '{' or '}', so a key's slot is found from prefixCRC without
+	// building its Redis key.
+	nodeBySlot  *[numSlots]atomic.Pointer[slotNode]
+	nodeGen     atomic.Uint64
+	prefixPlain bool
+	prefixCRC   uint16
+
 	claim, complete, renew, release, step, forget *script
 	scriptsLoaded                                 atomic.Bool
 
@@ -113,6 +122,11 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 	s.graceArg, s.channelArg = s.graceMs, s.channel
 	s.waitTimeout = opts.Durability.Timeout
 	s.cluster, _ = client.(*redis.ClusterClient)
+	if s.cluster != nil {
+		s.nodeBySlot = new([numSlots]atomic.Pointer[slotNode])
+		s.prefixPlain = !strings.ContainsAny(s.prefix, "{}")
+		s.prefixCRC = crc16(s.prefix)
+	}
 	s.notify = newNotifier(client, s.channel, opts.Logger)
 	if opts.LocalCache.Entries > 0 {
 		s.cache = newLocalCache(opts.LocalCache)
@@ -151,6 +165,50 @@ func (s *Store) Close() error {
 	return err
 }
 
+var _ idempotency.NodeRouter = (*Store)(nil)
+
+// Node returns the address of the Redis Cluster primary that serves key's
+// slot, as the client's cached cluster layout says, so that callers batch
+// per node (idempotency.NodeRouter); "" on a single node or a
+// Sentinel-managed primary, whose batches have one outcome.
+//
+// The answers are kept per slot, and all dropped when a call fails (a node
+// down, a slot moved), so that the next ones read the client's layout
+// again: a kept answer costs no clock read and no lookup.
+func (s *Store) Node(ctx context.Context, key string) string {
+	if s.cluster == nil {
+		return ""
+	}
+	var slot uint16
+	if s.prefixPlain {
+		slot = prefixedSlot(s.prefixCRC, key)
+	} else {
+		slot = hashSlot(s.prefix + key)
+	}
+	gen := s.nodeGen.Load()
+	if e := s.nodeBySlot[slot].Load(); e != nil && e.gen == gen {
+		return e.addr
+	}
+	node, err := s.cluster.MasterForKey(ctx, s.prefix+key)
+	if err != nil {
+		return ""
+	}
+	addr := node.Options().Addr
+	s.nodeBySlot[slot].Store(&slotNode{gen: gen, addr: addr})
+	return addr
+}
+
+// slotNode is a slot's primary as Node last read it, valid while the
+// Store's nodeGen is gen.
+type slotNode struct {
+	gen  uint64
+	addr string
+}
+
+// MultiNode reports whether the client is a ClusterClient, whose batches
+// go to several primaries (idempotency.NodeRouter).
+func (s *Store) MultiNode() bool { return s.cluster != nil }
+
 // Namespace returns the namespace the Store prefixes to keys.
 func (s *Store) Namespace() string { return s.prefix[:len(s.prefix)-1] }
 
@@ -172,19 +230,22 @@ func invalid(op, format string, args ...any) error {
 	return fmt.Errorf("dedup: redis %s: %w: %s", op, ErrInvalidRequest, fmt.Sprintf(format, args...))
 }
 
-// Claim claims a batch of keys (SPEC §4.3, §4.4): one script call on a
+// Claim claims a batch of keys: one script call on a
 // single node, one per hash slot in one pipeline on a cluster. Results are in
 // request order. A key twice in reqs is refused with ErrInvalidRequest.
 //
 // A claim's key lives lease + max(grace, the request's Retention), and
 // renewals keep that tail: a claim whose worker died is RECLAIMED, its
-// attempt counted, until then (SPEC §11.3).
+// attempt counted, until then.
 //
-// When the call fails partway on a cluster (a node down), the slots that
-// answered hold claims nobody runs; they are reclaimed when their lease
-// expires. When it fails because too few replicas acknowledged it
-// (Options.Durability), its claims are given back at once (see
-// ErrReplicaShortfall).
+// On a cluster each node's keys have their own fate: when some nodes
+// fail (a node down, or its replicas short of Options.Durability), Claim
+// returns the results of the keys the other nodes answered and an
+// *idempotency.BatchError holding each failed key's error, which names its
+// node (idempotency.NodeError). Claims that fell short of replicas are
+// given back at once (see ErrReplicaShortfall); those that were
+// acknowledged are kept. On a single node or a Sentinel-managed primary
+// the call has one outcome.
 func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
 	const op = "claim"
 	if err := s.live(op); err != nil {
@@ -244,11 +305,23 @@ func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]i
 		return results, nil
 	}
 	got, err := s.claimRedis(ctx, rest)
-	if err != nil {
+	var be *idempotency.BatchError
+	if err != nil && !errors.As(err, &be) {
 		return nil, err
 	}
+	var errs []error
+	if be != nil {
+		errs = make([]error, len(reqs))
+	}
 	for j, i := range restIdx {
+		if be != nil && be.Errs[j] != nil {
+			errs[i] = be.Errs[j]
+			continue
+		}
 		results[i] = got[j]
+	}
+	if errs != nil {
+		return results, &idempotency.BatchError{Errs: errs}
 	}
 	return results, nil
 }
@@ -262,7 +335,7 @@ func (s *Store) claimRedis(ctx context.Context, reqs []idempotency.ClaimRequest)
 // long is set. The short form answers DUPLICATE from a completion's start
 // (claim.lua): a key whose DUPLICATE record this store cannot read is
 // claimed again, once, in the long form, which reads the whole record and
-// recovers one that is not a record (SPEC §4.8). A key whose call was in
+// recovers one that is not a record. A key whose call was in
 // the long form already is claimed again too; it gets the same answer,
 // and the error.
 func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, long bool) ([]idempotency.ClaimResult, error) {
@@ -308,11 +381,13 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 		c.argv = args
 		calls[gi] = c
 	}
+	var errs []error // per request, when some of the calls failed
 	if err := s.write(ctx, op, calls); err != nil {
-		if errors.Is(err, ErrReplicaShortfall) {
-			s.undoClaims(ctx, reqs, tokens, groups, calls)
+		s.undoClaims(ctx, reqs, tokens, groups, calls) // those that fell short of replicas
+		if s.cluster == nil {
+			return nil, err
 		}
-		return nil, err
+		errs = s.keyErrors(op, len(reqs), groups, calls)
 	}
 	results := make([]idempotency.ClaimResult, len(reqs))
 	// The owned claims' Claims, one allocation for the batch.
@@ -323,6 +398,9 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 	}
 	var again []int // requests to claim again in the long form
 	for gi, g := range groups {
+		if calls[gi].fail != nil {
+			continue
+		}
 		vals, err := claimReply(calls[gi].strs, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
@@ -360,14 +438,63 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 			sub[j] = reqs[i]
 		}
 		got, err := s.claimForm(ctx, sub, true)
-		if err != nil {
+		var be *idempotency.BatchError
+		if err != nil && !errors.As(err, &be) {
 			return nil, err
 		}
 		for j, i := range again {
+			if kerr := idempotency.KeyError(err, j, len(sub)); kerr != nil {
+				if errs == nil {
+					errs = make([]error, len(reqs))
+				}
+				errs[i] = kerr
+				continue
+			}
 			results[i] = got[j]
 		}
 	}
+	if errs != nil {
+		return results, &idempotency.BatchError{Errs: errs}
+	}
 	return results, nil
+}
+
+// keyErrors spreads the fail of each call of a batch of n keys split into
+// groups over the group's keys, and logs once per node how many keys it
+// failed: on a cluster a node's trouble fails its own keys only.
+func (s *Store) keyErrors(op string, n int, groups []group, calls []*call) []error {
+	errs := make([]error, n)
+	type nodeFail struct {
+		keys int
+		err  error
+	}
+	var nodes map[string]*nodeFail
+	for gi, g := range groups {
+		err := calls[gi].fail
+		if err == nil {
+			continue
+		}
+		for _, i := range g.idx {
+			errs[i] = err
+		}
+		node := ""
+		if ne := (*idempotency.NodeError)(nil); errors.As(err, &ne) {
+			node = ne.Node
+		}
+		if nodes == nil {
+			nodes = make(map[string]*nodeFail, 1)
+		}
+		if f := nodes[node]; f != nil {
+			f.keys += len(g.idx)
+		} else {
+			nodes[node] = &nodeFail{keys: len(g.idx), err: err}
+		}
+	}
+	for node, f := range nodes {
+		s.log.Warn("dedup: a redis cluster node failed its keys of a batch; they fail closed and are retried, the other nodes' keys go on",
+			"op", op, "node", node, "keys", f.keys, "batch", n, "err", f.err)
+	}
+	return errs
 }
 
 // errUnreadable is claimResult's error for a record this store cannot read.
@@ -376,7 +503,7 @@ var errUnreadable = errors.New("a record this store cannot read")
 // claimTTLMs is the TTL in ms of a claim's key, as claim.lua's long form
 // works it out: lease + max(grace, retention), so that an expired claim
 // nobody completed is found and reclaimed for as long as its completion
-// would be remembered (SPEC §11.3).
+// would be remembered.
 func claimTTLMs(lease, retention time.Duration, graceMs int64) int64 {
 	return durMs(lease) + max(graceMs, durMs(retention))
 }
@@ -547,7 +674,7 @@ func claimResult(r *idempotency.ClaimRequest, token string, nowUs int64, o, js s
 	return res, rec.ClaimedAt, nil
 }
 
-// Complete stores the results of owned claims (SPEC §4.5): one script call
+// Complete stores the results of owned claims: one script call
 // on a single node, one per slot in one pipeline on a cluster. ok[i] is false
 // when completion i was no longer owned (gone, completed by another token,
 // released, another token); that completion changed nothing. A completion
@@ -615,8 +742,12 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		c.argv = args
 		calls[gi] = c
 	}
+	var errs []error // per completion, when some of the calls failed
 	if err := s.write(ctx, op, calls); err != nil {
-		return nil, err
+		if s.cluster == nil {
+			return nil, err
+		}
+		errs = s.keyErrors(op, len(cs), groups, calls)
 	}
 	ok := make([]bool, len(cs))
 	var done []completedKey // for the local cache
@@ -624,6 +755,9 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		done = make([]completedKey, len(cs))
 	}
 	for gi, g := range groups {
+		if calls[gi].fail != nil {
+			continue // its completions stay pending: the caller sends them again
+		}
 		codes, atMs, err := completeReply(calls[gi].str, len(g.idx))
 		if err != nil {
 			return nil, storeErr(op, err)
@@ -638,6 +772,9 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	}
 	if s.cache != nil {
 		s.cache.completed(epoch, start, cs, done)
+	}
+	if errs != nil {
+		return ok, &idempotency.BatchError{Errs: errs}
 	}
 	return ok, nil
 }
@@ -801,7 +938,7 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 }
 
 // Get returns the record of key, or nil when there is none or the stored
-// value is not a record (SPEC §4.8).
+// value is not a record.
 func (s *Store) Get(ctx context.Context, key string) (*idempotency.Record, error) {
 	const op = "get"
 	if err := s.live(op); err != nil {
@@ -830,7 +967,7 @@ func (s *Store) get(ctx context.Context, op, key string) (*idempotency.Record, e
 }
 
 // Delete removes the record of key and reports whether there was one (the
-// single forget of SPEC §11.6). In the same script it publishes the key on
+// forget of one key). In the same script it publishes the key on
 // the namespace's invalidation channel, so that every Store with a
 // LocalCache drops it; this Store drops it at once.
 func (s *Store) Delete(ctx context.Context, key string) (bool, error) {

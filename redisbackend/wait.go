@@ -15,7 +15,7 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 )
 
-// Wait waits up to max for key to settle (SPEC §4.6). It returns the record
+// Wait waits up to max for key to settle. It returns the record
 // once COMPLETED; nil once the key is released, gone or not a record (claim
 // again); the record still CLAIMED when max has passed. It subscribes before
 // its first read, so a completion between the two is not missed, and re-reads
@@ -156,7 +156,7 @@ const notifierIdle = 30 * time.Second
 // errIdle ends receive when the notifier had no waiters for its idle period.
 var errIdle = errors.New("no waiters")
 
-// notifier is a Store's single Pub/Sub connection (SPEC §4.6), fanning the
+// notifier is a Store's single Pub/Sub connection, fanning the
 // keys published on the channel out to the waiters of each key. It starts
 // with the first watch, resubscribes when the connection fails, and stops
 // once it has had no waiters for idle, or at close; the next watch starts it
@@ -246,7 +246,7 @@ func (n *notifier) unwatch(rkey string, wake chan struct{}) {
 // dispatch wakes the waiters of the keys in payload; it reports whether the
 // run should stop for want of waiters (see idleStopLocked).
 //
-// A payload is one key (release.lua, a completion of one key, SPEC §4.5),
+// A payload is one key (release.lua, a completion of one key),
 // or the keys of one completion call, "\n" key "\n" key ... "\n"
 // (lua/complete.lua). A key may itself hold a newline, so a batch payload is
 // not split: each waited key is looked for, delimited, in it, which finds

@@ -6,6 +6,5 @@
 // It passes the same conformance suite as the Redis store
 // (idempotency/storetest). It is not shared between processes and keeps
 // nothing across a restart, so it deduplicates nothing in production: use
-// redisbackend there. The project's own storage tests run against real Redis
-// (SPEC §10).
+// redisbackend there. The project's own storage tests run against real Redis.
 package memstore

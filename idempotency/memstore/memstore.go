@@ -21,7 +21,7 @@ const DefaultGrace = 60 * time.Second
 // Options configures a Store. The zero value is usable.
 type Options struct {
 	// Grace is how long an expired claim, and a released record, is kept
-	// at least (SPEC §4.1). Default DefaultGrace.
+	// at least. Default DefaultGrace.
 	Grace time.Duration
 	// Now is the store's clock: every lease, TTL and timestamp is measured
 	// on it, as the Redis store measures them on the server's. Default
@@ -31,7 +31,7 @@ type Options struct {
 }
 
 // Store is an idempotency.Store held in the process's memory. It keeps the
-// Redis store's semantics (SPEC §4: atomic claims, fenced writes, leases,
+// Redis store's semantics (atomic claims, fenced writes, leases,
 // grace, retention, attempts and steps carried over), so a handler tested
 // against it meets the same answers in production. It is safe for
 // concurrent use. Records live in one map; an expired record is removed
@@ -117,8 +117,7 @@ func (s *Store) changed(key string) {
 
 // newFence is the fence of a new owner of a key whose record held old (0 when
 // there was none): larger than old and than every fence this store handed
-// out, and at least the clock in microseconds, as the Redis store's
-// (SPEC §11.3). s.mu is held.
+// out, and at least the clock in microseconds, as the Redis store's. s.mu is held.
 func (s *Store) newFence(old int64, now time.Time) int64 {
 	f := max(old+1, s.fence+1, now.UnixMicro())
 	s.fence = f
@@ -143,7 +142,8 @@ func uniqueKeys[T any](items []T, key func(T) string) error {
 	return nil
 }
 
-// Claim claims a batch of keys atomically (SPEC §4.3).
+// Claim claims a batch of keys atomically. The call has one outcome: a
+// memstore has one server, and never fails one key of a batch alone.
 func (s *Store) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -220,7 +220,8 @@ func (s *Store) owned(key, token string, now time.Time) *entry {
 	return e
 }
 
-// Complete stores results of owned claims atomically (SPEC §4.5).
+// Complete stores results of owned claims atomically, with one outcome for
+// the call, as Claim.
 func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -254,7 +255,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 	return ok, nil
 }
 
-// Renew extends an owned claim's lease to lease from now (SPEC §6). The
+// Renew extends an owned claim's lease to lease from now. The
 // record keeps outliving its lease by what its claim gave it, and at least
 // by the grace.
 func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duration) (time.Time, bool, error) {
@@ -274,7 +275,7 @@ func (s *Store) Renew(ctx context.Context, key, token string, lease time.Duratio
 	return e.rec.LeaseUntil, true, nil
 }
 
-// Release gives up an owned claim (SPEC §7.1): the record stays, released,
+// Release gives up an owned claim: the record stays, released,
 // for keep (at least the grace), so its fence, attempts and steps carry over
 // to the next claim.
 func (s *Store) Release(ctx context.Context, key, token string, keep time.Duration) (bool, error) {
@@ -295,7 +296,7 @@ func (s *Store) Release(ctx context.Context, key, token string, keep time.Durati
 	return true, nil
 }
 
-// SaveStep stores a finished step's result in an owned claim (SPEC §5.4),
+// SaveStep stores a finished step's result in an owned claim,
 // keeping the record's expiry.
 func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []byte) (bool, error) {
 	if err := ctx.Err(); err != nil {
@@ -314,8 +315,8 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 	return true, nil
 }
 
-// Wait waits up to max (real time) for an IN_FLIGHT key to settle (SPEC
-// §4.6): it returns the COMPLETED record, nil when the key was released or
+// Wait waits up to max (real time) for an IN_FLIGHT key to settle: it
+// returns the COMPLETED record, nil when the key was released or
 // is gone, or the still-CLAIMED record when max passed.
 func (s *Store) Wait(ctx context.Context, key string, max time.Duration) (*idempotency.Record, error) {
 	var timeout <-chan time.Time

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -12,10 +13,87 @@ func batchChecks() []check {
 	return []check{
 		{name: "Batch/MixedOutcomes", run: testBatchMixed},
 		{name: "Batch/Large", run: testBatchLarge},
+		{name: "Batch/PerKeyFailure", run: testBatchPerKeyFailure, needs: func(h *Harness) bool { return h.BrokenKey != nil }},
 	}
 }
 
-// One batch meets every outcome of SPEC §4.3, in request order.
+// A batch with a key the store cannot write: on a store that splits
+// batches over servers, that key fails alone (a BatchError holding its
+// error) and the others are claimed and completed; otherwise the whole call
+// may fail, but then as the store being unavailable, with no results.
+func testBatchPerKeyFailure(t *testing.T, h *Harness) {
+	s := h.Store
+	const n = 12
+	broken := n / 2
+	reqs := make([]idempotency.ClaimRequest, n)
+	for i := range reqs {
+		k := newKey(t)
+		if i == broken {
+			k = h.BrokenKey(t)
+		}
+		reqs[i] = req(k, fp("a"), longLease)
+	}
+	res, err := s.Claim(ctxT(t), reqs)
+	if err == nil {
+		t.Fatalf("Claim of a batch with a key the store cannot write: no error")
+	}
+	if !errors.Is(err, idempotency.ErrStoreUnavailable) {
+		t.Fatalf("Claim of a batch with a key the store cannot write: %v, want an error wrapping ErrStoreUnavailable", err)
+	}
+	var be *idempotency.BatchError
+	if !errors.As(err, &be) {
+		if h.SplitBatches {
+			t.Fatalf("Claim: the whole batch failed (%v); want an idempotency.BatchError failing the broken key alone", err)
+		}
+		return
+	}
+	if len(be.Errs) != n || len(res) != n {
+		t.Fatalf("Claim: BatchError of %d errors and %d results for %d keys", len(be.Errs), len(res), n)
+	}
+	if !errors.Is(be.Errs[broken], idempotency.ErrStoreUnavailable) {
+		t.Fatalf("Claim: the broken key's error is %v, want one wrapping ErrStoreUnavailable", be.Errs[broken])
+	}
+	var cs []idempotency.Completion
+	for i, kerr := range be.Errs {
+		switch {
+		case i == broken:
+		case kerr != nil && h.SplitBatches:
+			t.Errorf("Claim: key %d failed with %v; only the broken key may", i, kerr)
+		case kerr != nil:
+		case res[i].Outcome != idempotency.ClaimNew || res[i].Claim == nil || res[i].Claim.Key != reqs[i].Key:
+			t.Errorf("Claim: key %d: %s %+v, want a NEW claim of %s", i, res[i].Outcome, res[i].Claim, reqs[i].Key)
+		default:
+			cs = append(cs, completion(res[i].Claim, fmt.Sprint("result ", i)))
+		}
+	}
+	if len(cs) == 0 {
+		t.Fatal("Claim: no key of the batch succeeded beside the broken one")
+	}
+	// The broken key's completion amid the others'.
+	at := len(cs) / 2
+	cs = append(cs[:at], append([]idempotency.Completion{{Key: reqs[broken].Key, Token: "ffffffffffffffffffffffffffffffff", Outcome: idempotency.RecordOutcomeOK, Retention: retention}}, cs[at:]...)...)
+	ok, err := s.Complete(ctxT(t), cs)
+	if !errors.As(err, &be) || !errors.Is(err, idempotency.ErrStoreUnavailable) || len(be.Errs) != len(cs) || len(ok) != len(cs) {
+		t.Fatalf("Complete of a batch with a key the store cannot write = %v, %v; want %d results and a BatchError", ok, err, len(cs))
+	}
+	if be.Errs[at] == nil {
+		t.Errorf("Complete: the broken key's completion did not fail")
+	}
+	for i, c := range cs {
+		if i == at {
+			continue
+		}
+		if be.Errs[i] != nil || !ok[i] {
+			t.Errorf("Complete: completion %d (%s) = %v, %v; want true", i, c.Result, ok[i], be.Errs[i])
+			continue
+		}
+		if rec := mustGet(t, s, c.Key); rec.State != idempotency.StateCompleted || string(rec.Result) != string(c.Result) {
+			t.Errorf("%s after the batch Complete: %+v", c.Result, rec)
+		}
+	}
+}
+
+// One batch meets every claim outcome, in request order.
 func testBatchMixed(t *testing.T, h *Harness) {
 	s := h.Store
 	type kase struct {

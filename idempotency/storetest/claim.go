@@ -278,8 +278,7 @@ func testClaimAfterDelete(t *testing.T, h *Harness) {
 		t.Fatalf("Delete = %v, %v; want true", existed, err)
 	}
 	// The record is gone, attempts start again; the fence does not: a
-	// downstream system that saw the old owner's fence must reject it
-	// (SPEC §2, §11.3).
+	// downstream system that saw the old owner's fence must reject it.
 	c2 := mustOwn(t, s, req(key, fp("b"), longLease), idempotency.ClaimNew)
 	if c2.Fence <= c.Fence || c2.Attempts != 1 {
 		t.Errorf("claim after Delete: fence %d attempts %d, want a fence above %d and a fresh 1", c2.Fence, c2.Attempts, c.Fence)

@@ -17,7 +17,7 @@ func corruptChecks() []check {
 	}
 }
 
-// validRecord is a COMPLETED record in the stored form of SPEC §4.1, for
+// validRecord is a COMPLETED record in the Redis store's stored form, for
 // hand-written values; the cases below break it one field at a time, so each
 // proves the store checks that field.
 func validRecord() map[string]any {

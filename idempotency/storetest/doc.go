@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite every idempotency.Store must
-// pass (SPEC §4), in the manner of watermill's TestPubSub and river's
+// pass, in the manner of watermill's TestPubSub and river's
 // riverdrivertest: a store's own tests call Run (store-neutral checks) or
 // RunHarness (all checks, with hooks that reach past the Store interface to
 // corrupt values, flush scripts and read TTLs).

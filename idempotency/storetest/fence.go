@@ -161,7 +161,7 @@ func testEmptyBatches(t *testing.T, h *Harness) {
 }
 
 // A record that expired (its retention ran out) takes its fence with it; the
-// next claim of the key must still get a larger one (SPEC §2, §11.3), or a
+// next claim of the key must still get a larger one, or a
 // downstream system that saw the old fence would take the new owner for a
 // stale writer, and a stale writer holding the old fence for a current one.
 func testFenceGrowsAcrossExpiry(t *testing.T, h *Harness) {

@@ -42,6 +42,16 @@ type Harness struct {
 	// FlushScripts empties the server's script cache (Redis SCRIPT FLUSH),
 	// as a restart or failover does.
 	FlushScripts func(t *testing.T)
+	// BrokenKey returns a new effective key that the store cannot write:
+	// every call naming it fails as the store being unavailable (for Redis,
+	// the user the store connects as is not allowed the key). With it the
+	// suite checks how a batch reports the failure of one of its keys.
+	BrokenKey func(t *testing.T) string
+	// SplitBatches says the store sends a batch's keys to several servers
+	// apart (a Redis Cluster): the failure of a key fails that key alone,
+	// in an idempotency.BatchError, and the other keys of its batch
+	// succeed. Unset, the store may instead fail the whole batch.
+	SplitBatches bool
 }
 
 // Run runs the store-neutral checks against stores made by newStore. Prefer

@@ -60,7 +60,7 @@ func testTTLClaimed(t *testing.T, h *Harness) {
 // A claim with a retention longer than the grace outlives its lease by the
 // retention, and keeps that tail when renewed and when reclaimed, so a key
 // whose worker dies on it is reclaimed with its attempts counted however
-// late the next claim comes (SPEC §11.3); a retention shorter than the
+// late the next claim comes; a retention shorter than the
 // grace changes nothing.
 func testTTLClaimedRetention(t *testing.T, h *Harness) {
 	s, key := h.Store, newKey(t)

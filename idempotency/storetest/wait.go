@@ -61,7 +61,7 @@ func returned(t *testing.T, w <-chan waited, within time.Duration) waited {
 	}
 }
 
-// SPEC §4.6 re-reads after 50ms doubling to 1s: from the start of a Wait at
+// A Wait re-reads after 50ms doubling to 1s: from the start of a Wait at
 // 0, reads fall at 50, 150, 350, 750, 1550, 2550ms. Settling the key at
 // backoffGrown leaves the next re-read, at rereadDue, almost a second away,
 // so a return before it can only come from the notification.

@@ -407,7 +407,7 @@ func TestRunDurability(t *testing.T) {
 		f := startApp(t, fmt.Sprintf("{url: %q, namespace: %s, durability: {replicas: 1, timeout: 20ms}}", testenv.Redis(t), "dur0-"+testenv.RandID()), nil)
 		f.publish(t, "x")
 		testenv.Eventually(t, 20*time.Second, "no durability shortfall on /metrics", func() bool {
-			return f.metric(t, `dedup_durability_shortfalls_total{op="claim"}`) > 0
+			return f.metric(t, `dedup_durability_shortfalls_total{node="",op="claim"}`) > 0
 		})
 		if n := f.runs.Load(); n != 0 {
 			t.Errorf("%d handler runs without a replica, want 0 (fail closed)", n)

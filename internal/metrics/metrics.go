@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
 )
 
 // Outcomes lists every value of the outcome label, so a registered handler
@@ -137,8 +138,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"op"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedup_store_errors_total",
-			Help: "Failed calls to the deduplication store, by operation.",
-		}, []string{"op"}),
+			Help: "Failed calls to the deduplication store, by operation and by the node that failed them (a Redis Cluster primary's address; \"\" for a single server or an error of no one node).",
+		}, []string{"op", "node"}),
 		leaseRenewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedup_lease_renewals_total",
 			Help: "Lease renewals by result: ok, lost, error.",
@@ -153,8 +154,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		shortfalls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dedup_durability_shortfalls_total",
-			Help: "Store writes that fewer replicas than redis.durability.replicas acknowledged in time, by operation; each failed closed.",
-		}, []string{"op"}),
+			Help: "Store writes that fewer replicas than redis.durability.replicas acknowledged in time, by operation and by the node whose replicas fell short (a Redis Cluster primary's address; \"\" for a single server); each write's keys failed closed.",
+		}, []string{"op", "node"}),
 		storeRisk: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dedup_store_risk",
 			Help: "1 when the store health check found the Redis settings risk running a key twice (eviction, persistence, replicas, appendfsync), else 0, also when the setting could not be read.",
@@ -185,12 +186,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	for _, op := range StoreOps {
 		m.store[op] = storeSeries{
 			duration: m.storeDuration.WithLabelValues(op),
-			errors:   m.storeErrors.WithLabelValues(op), // zero series: an alert on rate() sees them before the first error
+			errors:   m.storeErrors.WithLabelValues(op, ""), // zero series: an alert on rate() sees them before the first error
 		}
 	}
 	m.shortfallC = make(map[string]prometheus.Counter, len(DurableOps))
 	for _, op := range DurableOps {
-		m.shortfallC[op] = m.shortfalls.WithLabelValues(op)
+		m.shortfallC[op] = m.shortfalls.WithLabelValues(op, "")
 	}
 	for _, c := range StoreRiskChecks {
 		m.storeRisk.WithLabelValues(c)
@@ -281,19 +282,57 @@ func (m *Metrics) OnInflight(handler string, delta int) {
 	m.inflight.WithLabelValues(handler).Add(float64(delta))
 }
 
-// OnStoreCall observes a store call and counts its failure.
+// OnStoreCall observes a store call and counts its failure once for every
+// node that failed part of it: the idempotency.NodeError values in err (a
+// Redis Cluster's primaries, a bounded set), or node "" when err names none.
 func (m *Metrics) OnStoreCall(op string, took time.Duration, err error) {
 	s, ok := m.store[op]
 	if !ok {
 		s = storeSeries{duration: m.storeDuration.WithLabelValues(op)}
 	}
 	s.duration.Observe(took.Seconds())
-	if err != nil {
+	if err == nil {
+		return
+	}
+	nodes := errNodes(err, nil)
+	if len(nodes) == 0 {
 		if s.errors == nil {
-			s.errors = m.storeErrors.WithLabelValues(op)
+			s.errors = m.storeErrors.WithLabelValues(op, "")
 		}
 		s.errors.Inc()
+		return
 	}
+	for _, n := range nodes {
+		if n == "" && s.errors != nil {
+			s.errors.Inc()
+			continue
+		}
+		m.storeErrors.WithLabelValues(op, n).Inc()
+	}
+}
+
+// errNodes appends to nodes the distinct nodes that err's
+// idempotency.NodeError values name, searching its whole tree.
+func errNodes(err error, nodes []string) []string {
+	if ne, ok := err.(*idempotency.NodeError); ok {
+		if !slices.Contains(nodes, ne.Node) {
+			nodes = append(nodes, ne.Node)
+		}
+		return nodes
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		if e := u.Unwrap(); e != nil {
+			return errNodes(e, nodes)
+		}
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if e != nil {
+				nodes = errNodes(e, nodes)
+			}
+		}
+	}
+	return nodes
 }
 
 // OnLeaseRenewal counts a renewal by result.
@@ -308,14 +347,14 @@ func (m *Metrics) OnLeaseRenewal(_ string, result string) {
 // OnCorruptRecord counts a recovered corrupt record.
 func (m *Metrics) OnCorruptRecord(string) { m.corrupt.Inc() }
 
-// OnDurabilityShortfall counts a store write that too few replicas
+// OnDurabilityShortfall counts a store write that too few replicas of node
 // acknowledged.
-func (m *Metrics) OnDurabilityShortfall(op string) {
-	if c, ok := m.shortfallC[op]; ok {
+func (m *Metrics) OnDurabilityShortfall(op, node string) {
+	if c, ok := m.shortfallC[op]; ok && node == "" {
 		c.Inc()
 		return
 	}
-	m.shortfalls.WithLabelValues(op).Inc()
+	m.shortfalls.WithLabelValues(op, node).Inc()
 }
 
 // SetStoreRisk sets dedup_store_risk{check} to 1 when risk, else 0.

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/idempotency"
 )
 
 func newMetrics(t testing.TB) (*Metrics, *prometheus.Registry) {
@@ -46,7 +48,14 @@ func TestHooksConcurrent(t *testing.T) {
 				m.OnStoreCall("custom-op", time.Millisecond, errors.New("boom"))
 				m.OnLeaseRenewal("orders", "ok")
 				m.OnLeaseRenewal("orders", "other")
-				m.OnDurabilityShortfall("claim")
+				m.OnDurabilityShortfall("claim", "")
+				m.OnDurabilityShortfall("claim", "127.0.0.1:7001")
+				m.OnStoreCall("claim", time.Millisecond, &idempotency.BatchError{Errs: []error{
+					nil,
+					&idempotency.NodeError{Node: "127.0.0.1:7001", Err: errors.New("boom")},
+					fmt.Errorf("wrapped: %w", &idempotency.NodeError{Node: "127.0.0.1:7002", Err: errors.New("boom")}),
+					&idempotency.NodeError{Node: "127.0.0.1:7001", Err: errors.New("again")},
+				}})
 				m.OnCorruptRecord("orders")
 			}
 		})
@@ -69,15 +78,22 @@ func TestHooksConcurrent(t *testing.T) {
 		expect(t, reg, n, "dedup_inflight", "handler", h.handler)
 		expect(t, reg, n, "dedup_handler_duration_seconds", "handler", h.handler)
 	}
-	expect(t, reg, 0, "dedup_store_errors_total", "op", "claim")
-	expect(t, reg, n, "dedup_store_errors_total", "op", "complete")
-	expect(t, reg, n, "dedup_store_errors_total", "op", "custom-op")
+	expect(t, reg, 0, "dedup_store_errors_total", "op", "claim", "node", "")
+	expect(t, reg, n, "dedup_store_errors_total", "op", "claim", "node", "127.0.0.1:7001")
+	expect(t, reg, n, "dedup_store_errors_total", "op", "claim", "node", "127.0.0.1:7002")
+	expect(t, reg, n, "dedup_store_errors_total", "op", "complete", "node", "")
+	expect(t, reg, n, "dedup_store_errors_total", "op", "custom-op", "node", "")
 	expect(t, reg, n, "dedup_lease_renewals_total", "result", "ok")
 	expect(t, reg, n, "dedup_lease_renewals_total", "result", "other")
-	expect(t, reg, n, "dedup_durability_shortfalls_total", "op", "claim")
+	expect(t, reg, n, "dedup_durability_shortfalls_total", "op", "claim", "node", "")
+	expect(t, reg, n, "dedup_durability_shortfalls_total", "op", "claim", "node", "127.0.0.1:7001")
 	expect(t, reg, n, "dedup_corrupt_records_total")
 	for _, op := range []string{"claim", "complete", "custom-op"} {
-		expect(t, reg, n, "dedup_store_duration_seconds", "op", op)
+		want := n
+		if op == "claim" {
+			want = 2 * n
+		}
+		expect(t, reg, want, "dedup_store_duration_seconds", "op", op)
 	}
 }
 
