@@ -14,19 +14,19 @@
 // attempts (SPEC §7).
 //
 // The root package dedupworker runs it for you. Used directly, the engine
-// is a consumer.Worker's processor for each handler:
+// is a dispatch.Worker's processor for each handler:
 //
 //	store, _ := redisbackend.NewFromURL(ctx, "redis://127.0.0.1:6379/0", redisbackend.Options{})
 //	engine, _ := idempotency.New(store, idempotency.Config{Logger: logger})
 //	dedup, err := engine.Processor(idempotency.WithLease(30*time.Second), idempotency.WithMaxAttempts(5))
-//	w := consumer.NewWorker(consumer.Config{Logger: logger})
-//	w.Handle("orders", source, handler, consumer.WithProcessor(dedup))
+//	w := dispatch.NewWorker(dispatch.Config{Logger: logger})
+//	w.Handle("orders", source, handler, dispatch.WithProcessor(dedup))
 //	err = w.Run(ctx)
 //
 // Inside a handler, FromContext tells the claim (key, fence, attempt) and
 // Step makes single side effects survive a retry without repeating.
 //
-// A handler's failure is retried or dead-lettered as consumer.Decide says,
+// A handler's failure is retried or dead-lettered as dispatch.Decide says,
 // under the handler's WithBackoff and WithMaxAttempts. Lease renewals are
 // sent on Config.Clock; tests drive it with idempotencytest.Clock.
 //
@@ -56,7 +56,7 @@
 //     Handle as a single delivery does (waiting for the key's owner), then
 //     the rest of the run.
 //
-// Each message of a call has its own context, consumer.MessageContext(ctx,
+// Each message of a call has its own context, dispatch.MessageContext(ctx,
 // i), carrying its claim (FromContext, Step) and cancelled when that claim's
 // lease is lost; the lease of every claim of the call is renewed while the
 // call runs. After the call each message completes, retries or is
@@ -66,7 +66,7 @@
 // other handlers' completions already fill a batch), and the deliveries are
 // acked after them. When every message of the run's last call has a result
 // to store and nothing of the run waits behind it, the engine tells the
-// run's source so before it stores them (consumer.RunHandled): the Kafka
+// run's source so before it stores them (dispatch.RunHandled): the Kafka
 // source then starts the lane's next run while the completions are in
 // flight. The completions may wait up to Config.CompletionLinger for
 // other runs' to share their store call. A plain Handler's run of one (what

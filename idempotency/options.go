@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // MissingKeyPolicy says what to do with a message that has no idempotency
@@ -66,7 +67,7 @@ type handlerConfig struct {
 }
 
 func defaultHandlerConfig() handlerConfig {
-	retry := consumer.DefaultRetryPolicy()
+	retry := dispatch.DefaultRetryPolicy()
 	return handlerConfig{
 		keySources:     DefaultKeySources(),
 		missingKey:     MissingKeyReject,

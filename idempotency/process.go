@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/claimctx"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // maxClaimRounds bounds re-claims after an in-flight key was released.
@@ -192,7 +194,7 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	run, hctx := p.start(ctx, d, pr, leaseEnd)
 	start := time.Now()
 	p.e.handlerStarted()
-	result, herr := consumer.CallHandler(hctx, p.h, d.Message())
+	result, herr := dispatch.CallHandler(hctx, p.h, d.Message())
 	p.e.handlerReturned()
 	took := time.Since(start)
 	run.renewer.stop()
@@ -247,7 +249,7 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 		// running for ever.
 		runs := cl.Attempts - 1
 		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.retry.MaxAttempts)
-		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, consumer.ReasonMaxAttempts, err, runs); ok {
+		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, dispatch.ReasonMaxAttempts, err, runs); ok {
 			p.completeOne(ctx, c, false)
 		}
 		return leaseEnd, claimSettled
@@ -270,7 +272,7 @@ func (p *processor) startIn(run *handlerRun, ctx context.Context, d consumer.Del
 	cl := pr.res.Claim
 	run.Bind(ctx)
 	run.Val = runState{
-		info: ClaimInfo{
+		info: claimctx.Info{
 			Handler: p.name, Key: pr.key, EffectiveKey: cl.Key, Fence: cl.Fence,
 			Attempt: max(cl.Attempts, 1), Reclaimed: pr.res.Outcome == ClaimReclaimed,
 		},
@@ -306,15 +308,15 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 		return completing{}, false
 	}
 	attempt := rs.info.Attempt
-	f := consumer.Decide(ctx, herr, attempt, p.retry)
+	f := dispatch.Decide(ctx, herr, attempt, p.retry)
 	switch f.Action {
-	case consumer.ActAck:
+	case dispatch.ActAck:
 		outcome := consumer.OutcomeProcessed
 		if pr.res.Outcome == ClaimReclaimed {
 			outcome = consumer.OutcomeReclaimed
 		}
 		return p.completion(d, cl, RecordOutcomeOK, result, nil, outcome), true
-	case consumer.ActRedeliver:
+	case dispatch.ActRedeliver:
 		p.log.Info("handler cancelled; claim released for redelivery", "origin", m.Origin.String(), "cause", context.Cause(ctx))
 		p.release(ctx, cl)
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
@@ -324,7 +326,7 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 	if errors.As(herr, &pe) {
 		p.log.Error("handler panicked", "origin", m.Origin.String(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 	}
-	if f.Action == consumer.ActDeadLetter {
+	if f.Action == dispatch.ActDeadLetter {
 		return p.deadLetterOwned(ctx, d, cl, pr.key, f.Reason, herr, attempt)
 	}
 	p.log.Warn("handler failed; released for retry", "origin", m.Origin.String(), "attempt", attempt,
@@ -342,22 +344,22 @@ func (p *processor) runUnclaimed(ctx context.Context, d consumer.Delivery, key s
 	// delivery's context between deliveries).
 	hctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
-	_, herr := consumer.CallHandler(hctx, p.h, m)
+	_, herr := dispatch.CallHandler(hctx, p.h, m)
 	cancel()
 	p.e.hooks.HandlerDone(p.name, time.Since(start), herr)
-	switch f := consumer.Decide(ctx, herr, d.Attempt(), p.retry); f.Action {
-	case consumer.ActAck:
+	switch f := dispatch.Decide(ctx, herr, d.Attempt(), p.retry); f.Action {
+	case dispatch.ActAck:
 		p.settle(ctx, d, outcome, ack)
-	case consumer.ActRedeliver:
+	case dispatch.ActRedeliver:
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
-	case consumer.ActDeadLetter:
+	case dispatch.ActDeadLetter:
 		dl := consumer.DeadLetter{Reason: f.Reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: d.Attempt()}
 		if !p.publishDeadLetter(ctx, d, dl) {
 			p.retryDeadLetter(ctx, d, d.Attempt())
 			return
 		}
 		p.settle(ctx, d, consumer.OutcomeDeadLettered, ack)
-	case consumer.ActRetry:
+	case dispatch.ActRetry:
 		p.log.Warn("handler failed; will retry", "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", f.Delay, "err", herr)
 		p.settle(ctx, d, consumer.OutcomeFailed, nak(f.Delay))
 	}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
@@ -303,23 +305,20 @@ func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progr
 	if err != nil {
 		return nil, err
 	}
-	engine, err := idempotency.New(store, idempotency.Config{Hooks: consumer.Hooks{b.ops, settledCounter{p}}})
+	w, err := dedupworker.NewWorker(store, dedupworker.Config{
+		Hooks: []dedupworker.Hook{b.ops, settledCounter{p}}, ShutdownTimeout: 30 * time.Second,
+		Wrap: []dedupworker.Wrapper{observe(p)},
+	})
 	if err != nil {
 		_ = store.Close()
 		return nil, err
 	}
-	dedup, err := engine.Processor(idempotency.WithRetention(retention))
-	if err != nil {
-		_ = store.Close()
-		return nil, err
-	}
-	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 30 * time.Second, Wrap: []consumer.ProcessorWrapper{observe(p)}})
 	st := p.stages
 	noop := consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
 		st.mark(m, func(t *stageTimes, now int64) { t.hand = now })
 		return nil, nil
 	})
-	if err := w.Handle("bench", src, noop, consumer.WithConcurrency(b.o.concurrency), consumer.WithProcessor(dedup)); err != nil {
+	if err := w.Handle("bench", src, noop, dedupworker.WithConcurrency(b.o.concurrency), dedupworker.WithRetention(retention)); err != nil {
 		_ = store.Close()
 		return nil, err
 	}
@@ -334,7 +333,6 @@ func (b *bench) worker(ctx context.Context, t transport, id, ns string, p *progr
 		case <-time.After(time.Minute):
 			err = fmt.Errorf("worker did not stop within a minute")
 		}
-		_ = engine.Close()
 		_ = store.Close()
 		return err
 	}, nil

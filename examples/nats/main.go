@@ -43,7 +43,7 @@ func main() {
 		// The side effect; claim.Fence lets a downstream refuse a stale writer.
 		log.Info("processing order", "key", claim.Key, "fence", claim.Fence, "attempt", claim.Attempt, "bytes", len(m.Payload))
 		return []byte("accepted " + claim.Key), nil
-	})))
+	}), dedupworker.WithKey(dedupworker.HeaderKey("Idempotency-Key"), dedupworker.JSONKey("id"))))
 	check(log, w.Run(ctx))
 }
 

@@ -1,4 +1,4 @@
-package consumer_test
+package dispatch_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // runSource hands one run to Runner.ProcessBatch and reports what
@@ -33,7 +34,7 @@ func runOnce(t *testing.T, h consumer.Handler, ds ...*delivery) bool {
 		run[i] = d
 	}
 	src := &runSource{run: run, batching: make(chan bool, 1)}
-	w := consumer.NewWorker(consumer.Config{})
+	w := dispatch.NewWorker(dispatch.Config{})
 	if err := w.Handle("h", src, h); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func TestDirectBatchSettlesEachMessage(t *testing.T) {
 			case "flaky":
 				results[i].Err = errors.New("try again")
 			case "poison":
-				results[i].Err = consumer.Permanent(errors.New("bad"))
+				results[i].Err = dispatch.Permanent(errors.New("bad"))
 			}
 		}
 		calls = append(calls, call)

@@ -1,7 +1,8 @@
-package consumer
+package dispatch
 
 import (
 	"context"
+	"strconv"
 	"time"
 )
 
@@ -73,7 +74,7 @@ func (a Action) String() string {
 	case ActDeadLetter:
 		return "dead_letter"
 	}
-	return "Action(" + itoa(int(a)) + ")"
+	return "Action(" + strconv.Itoa(int(a)) + ")"
 }
 
 // Fate is the decision Decide makes about one delivery.

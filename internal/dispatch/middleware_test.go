@@ -1,4 +1,4 @@
-package consumer_test
+package dispatch_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/consumertest"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // trail records the order in which wrappers and handlers see a call.
@@ -53,12 +54,12 @@ func named(tr *trail, name string) consumer.Middleware {
 func TestMiddlewareOrder(t *testing.T) {
 	tr := &trail{}
 	src := consumertest.NewSource(consumertest.NewMessage("k", "p"))
-	w := consumer.NewWorker(consumer.Config{Middleware: []consumer.Middleware{named(tr, "worker1"), named(tr, "worker2")}})
+	w := dispatch.NewWorker(dispatch.Config{Middleware: []consumer.Middleware{named(tr, "worker1"), named(tr, "worker2")}})
 	h := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
 		tr.add("handler")
 		return nil, nil
 	})
-	if err := w.Handle("h", src, h, consumer.WithMiddleware(named(tr, "own1")), consumer.WithMiddleware(named(tr, "own2"))); err != nil {
+	if err := w.Handle("h", src, h, dispatch.WithMiddleware(named(tr, "own1")), dispatch.WithMiddleware(named(tr, "own2"))); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Run(t.Context()); err != nil {
@@ -81,7 +82,7 @@ func TestMiddlewareKeepsBatchHandler(t *testing.T) {
 	h := consumer.BatchFunc(func(_ context.Context, msgs []*consumer.Message, _ []consumer.Result) {
 		sizes = append(sizes, len(msgs))
 	})
-	wrapped, err := consumer.Chain(h, named(tr, "a"), named(tr, "b"))
+	wrapped, err := dispatch.Chain(h, named(tr, "a"), named(tr, "b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,19 +108,19 @@ func TestMiddlewareDroppingBatchHandlerIsRefused(t *testing.T) {
 		return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) { return next.Handle(ctx, m) })
 	}
 	batch := consumer.BatchFunc(func(context.Context, []*consumer.Message, []consumer.Result) {})
-	w := consumer.NewWorker(consumer.Config{})
-	err := w.Handle("h", &chanSource{}, batch, consumer.WithMiddleware(consumer.Middleware(plain)))
+	w := dispatch.NewWorker(dispatch.Config{})
+	err := w.Handle("h", &chanSource{}, batch, dispatch.WithMiddleware(consumer.Middleware(plain)))
 	if !errors.Is(err, consumer.ErrMiddlewareDropsBatch) || !strings.Contains(err.Error(), `"h"`) ||
-		!strings.Contains(err.Error(), "middleware 0") || !strings.Contains(err.Error(), "consumer.Batched") {
-		t.Fatalf("Handle: %v; want ErrMiddlewareDropsBatch naming the handler, the middleware and consumer.Batched", err)
+		!strings.Contains(err.Error(), "middleware 0") || !strings.Contains(err.Error(), "dedupworker.Batched") {
+		t.Fatalf("Handle: %v; want ErrMiddlewareDropsBatch naming the handler, the middleware and dedupworker.Batched", err)
 	}
 	// The same middleware around a plain handler is fine.
 	h := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
-	if err := w.Handle("plain", &chanSource{}, h, consumer.WithMiddleware(plain)); err != nil {
+	if err := w.Handle("plain", &chanSource{}, h, dispatch.WithMiddleware(plain)); err != nil {
 		t.Fatalf("plain handler: %v", err)
 	}
 	// Worker-level middleware is checked the same way.
-	w2 := consumer.NewWorker(consumer.Config{Middleware: []consumer.Middleware{plain}})
+	w2 := dispatch.NewWorker(dispatch.Config{Middleware: []consumer.Middleware{plain}})
 	if err := w2.Handle("h", &chanSource{}, batch); !errors.Is(err, consumer.ErrMiddlewareDropsBatch) {
 		t.Fatalf("worker middleware: %v; want ErrMiddlewareDropsBatch", err)
 	}
@@ -130,17 +131,17 @@ func TestHandleRejectsNilWrappers(t *testing.T) {
 	nilResult := func(consumer.Handler) consumer.Handler { return nil }
 	cases := []struct {
 		name string
-		cfg  consumer.Config
-		opt  consumer.HandleOption
+		cfg  dispatch.Config
+		opt  dispatch.HandleOption
 		want string
 	}{
-		{"nil middleware", consumer.Config{}, consumer.WithMiddleware(nil), "middleware 0 is nil"},
-		{"nil handler from middleware", consumer.Config{}, consumer.WithMiddleware(nilResult), "middleware 0 returned a nil Handler"},
-		{"nil processor", consumer.Config{}, consumer.WithProcessor(nil), "WithProcessor(nil)"},
-		{"nil wrapper", consumer.Config{Wrap: []consumer.ProcessorWrapper{nil}}, consumer.WithConcurrency(1), "Config.Wrap[0] is nil"},
+		{"nil middleware", dispatch.Config{}, dispatch.WithMiddleware(nil), "middleware 0 is nil"},
+		{"nil handler from middleware", dispatch.Config{}, dispatch.WithMiddleware(nilResult), "middleware 0 returned a nil Handler"},
+		{"nil processor", dispatch.Config{}, dispatch.WithProcessor(nil), "WithProcessor(nil)"},
+		{"nil wrapper", dispatch.Config{Wrap: []consumer.ProcessorWrapper{nil}}, dispatch.WithConcurrency(1), "Config.Wrap[0] is nil"},
 	}
 	for _, tc := range cases {
-		err := consumer.NewWorker(tc.cfg).Handle("h", &chanSource{}, h, tc.opt)
+		err := dispatch.NewWorker(tc.cfg).Handle("h", &chanSource{}, h, tc.opt)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v; want an error saying %q", tc.name, err, tc.want)
 		}
@@ -201,8 +202,8 @@ func TestWrapSeesEveryMethod(t *testing.T) {
 	ds := []*delivery{newDelivery("1"), newDelivery("2")}
 	run := []consumer.Delivery{ds[0], ds[1]}
 	src := &runSource{run: run, batching: make(chan bool, 1)}
-	w := consumer.NewWorker(consumer.Config{Wrap: []consumer.ProcessorWrapper{wrap("outer"), wrap("inner")}})
-	if err := w.Handle("h", src, h, consumer.WithProcessor(factory), consumer.WithMiddleware(named(tr, "mw"))); err != nil {
+	w := dispatch.NewWorker(dispatch.Config{Wrap: []consumer.ProcessorWrapper{wrap("outer"), wrap("inner")}})
+	if err := w.Handle("h", src, h, dispatch.WithProcessor(factory), dispatch.WithMiddleware(named(tr, "mw"))); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -234,15 +235,15 @@ func TestRunRejectsNilProcessors(t *testing.T) {
 	nilFactory := func(string, consumer.Handler) consumer.Processor { return nil }
 	cases := []struct {
 		name string
-		cfg  consumer.Config
-		opts []consumer.HandleOption
+		cfg  dispatch.Config
+		opts []dispatch.HandleOption
 		want string
 	}{
-		{"factory", consumer.Config{}, []consumer.HandleOption{consumer.WithProcessor(nilFactory)}, "WithProcessor factory returned a nil Processor"},
-		{"wrapper", consumer.Config{Wrap: []consumer.ProcessorWrapper{nilWrap}}, nil, "Config.Wrap[0] returned a nil Processor"},
+		{"factory", dispatch.Config{}, []dispatch.HandleOption{dispatch.WithProcessor(nilFactory)}, "WithProcessor factory returned a nil Processor"},
+		{"wrapper", dispatch.Config{Wrap: []consumer.ProcessorWrapper{nilWrap}}, nil, "Config.Wrap[0] returned a nil Processor"},
 	}
 	for _, tc := range cases {
-		w := consumer.NewWorker(tc.cfg)
+		w := dispatch.NewWorker(tc.cfg)
 		if err := w.Handle("h", &chanSource{in: make(chan consumer.Delivery)}, h, tc.opts...); err != nil {
 			t.Fatal(err)
 		}

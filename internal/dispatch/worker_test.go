@@ -1,4 +1,4 @@
-package consumer_test
+package dispatch_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // chanSource is a Source fed from a channel; every delivery runs on its own
@@ -80,7 +81,7 @@ func (d *delivery) DeadLetter(_ context.Context, dl consumer.DeadLetter) error {
 }
 
 // start runs w until ctx ends; the channel receives Run's result.
-func start(ctx context.Context, w *consumer.Worker) <-chan error {
+func start(ctx context.Context, w *dispatch.Worker) <-chan error {
 	runErr := make(chan error, 1)
 	go func() { runErr <- w.Run(ctx) }()
 	return runErr
@@ -97,15 +98,15 @@ func wait(t *testing.T, ch <-chan struct{}, what string) {
 
 func TestWorkerDirectAcksAndRetries(t *testing.T) {
 	src := &chanSource{in: make(chan consumer.Delivery)}
-	w := consumer.NewWorker(consumer.Config{})
+	w := dispatch.NewWorker(dispatch.Config{})
 	err := w.Handle("h", src, consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
 		switch string(m.Payload) {
 		case "fail":
 			return nil, errors.New("transient")
 		case "perm":
-			return nil, consumer.Permanent(errors.New("bad"))
+			return nil, dispatch.Permanent(errors.New("bad"))
 		case "later":
-			return nil, consumer.RetryAfter(time.Minute)
+			return nil, dispatch.RetryAfter(time.Minute, nil)
 		}
 		return nil, nil
 	}))
@@ -140,7 +141,7 @@ func TestWorkerDirectAcksAndRetries(t *testing.T) {
 
 func TestWorkerShutdownDrainsThenCancels(t *testing.T) {
 	src := &chanSource{in: make(chan consumer.Delivery)}
-	w := consumer.NewWorker(consumer.Config{ShutdownTimeout: 200 * time.Millisecond})
+	w := dispatch.NewWorker(dispatch.Config{ShutdownTimeout: 200 * time.Millisecond})
 	started := make(chan struct{}, 2)
 	causes := make(chan error, 2)
 	err := w.Handle("h", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
@@ -169,7 +170,7 @@ func TestWorkerShutdownDrainsThenCancels(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after the shutdown timeout")
 	}
-	if c := <-causes; !errors.Is(c, consumer.ErrShutdownTimeout) {
+	if c := <-causes; !errors.Is(c, dispatch.ErrShutdownTimeout) {
 		t.Fatalf("handler cancelled with cause %v, want ErrShutdownTimeout", c)
 	}
 	if d.acked || len(d.naks) != 1 || d.naks[0] != 0 {
@@ -178,7 +179,7 @@ func TestWorkerShutdownDrainsThenCancels(t *testing.T) {
 }
 
 func TestWorkerSourceFailureStopsRun(t *testing.T) {
-	w := consumer.NewWorker(consumer.Config{})
+	w := dispatch.NewWorker(dispatch.Config{})
 	boom := errors.New("stream deleted")
 	ok := &chanSource{in: make(chan consumer.Delivery)}
 	if err := w.Handle("a", &chanSource{fail: boom}, consumer.HandlerFunc(nop)); err != nil {
@@ -195,7 +196,7 @@ func TestWorkerSourceFailureStopsRun(t *testing.T) {
 
 func TestWorkerConcurrencyCap(t *testing.T) {
 	src := &chanSource{in: make(chan consumer.Delivery)}
-	w := consumer.NewWorker(consumer.Config{})
+	w := dispatch.NewWorker(dispatch.Config{})
 	var cur, peak atomic.Int32
 	gate := make(chan struct{})
 	err := w.Handle("h", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
@@ -209,7 +210,7 @@ func TestWorkerConcurrencyCap(t *testing.T) {
 		<-gate
 		cur.Add(-1)
 		return nil, nil
-	}), consumer.WithConcurrency(3))
+	}), dispatch.WithConcurrency(3))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,18 +240,18 @@ func TestWorkerConcurrencyCap(t *testing.T) {
 }
 
 func TestHandleValidates(t *testing.T) {
-	w := consumer.NewWorker(consumer.Config{})
+	w := dispatch.NewWorker(dispatch.Config{})
 	src := &chanSource{}
 	for _, c := range []struct {
 		name string
 		src  consumer.Source
-		opts []consumer.HandleOption
+		opts []dispatch.HandleOption
 		want string
 	}{
 		{"", src, nil, "handler name"},
 		{"has:colon", src, nil, "handler name"},
 		{"ok", nil, nil, "source is nil"},
-		{"ok", src, []consumer.HandleOption{consumer.WithConcurrency(0)}, "concurrency"},
+		{"ok", src, []dispatch.HandleOption{dispatch.WithConcurrency(0)}, "concurrency"},
 	} {
 		err := w.Handle(c.name, c.src, consumer.HandlerFunc(nop), c.opts...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -263,7 +264,7 @@ func TestHandleValidates(t *testing.T) {
 	if err := w.Handle("dup", src, consumer.HandlerFunc(nop)); err == nil {
 		t.Fatal("a second handler of the same name was accepted")
 	}
-	if err := consumer.NewWorker(consumer.Config{}).Run(context.Background()); err == nil {
+	if err := dispatch.NewWorker(dispatch.Config{}).Run(context.Background()); err == nil {
 		t.Fatal("Run without handlers must fail")
 	}
 }
@@ -289,7 +290,7 @@ func TestHeaderIsCaseInsensitive(t *testing.T) {
 func TestBackoffGrowsAndCaps(t *testing.T) {
 	for attempt, base := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 20: time.Minute} {
 		for range 50 {
-			d := consumer.Backoff(attempt, time.Second, time.Minute)
+			d := dispatch.Backoff(attempt, time.Second, time.Minute)
 			if d < base*8/10 || d > base*12/10 {
 				t.Fatalf("Backoff(%d) = %s, want %s ±20%%", attempt, d, base)
 			}
@@ -299,21 +300,21 @@ func TestBackoffGrowsAndCaps(t *testing.T) {
 
 func TestErrorConstructors(t *testing.T) {
 	base := errors.New("x")
-	p := consumer.Permanent(base)
-	if !consumer.IsPermanent(p) || !errors.Is(p, base) {
+	p := dispatch.Permanent(base)
+	if !dispatch.IsPermanent(p) || !errors.Is(p, base) {
 		t.Fatal("Permanent must be detectable and unwrap to its cause")
 	}
-	if consumer.IsPermanent(base) {
+	if dispatch.IsPermanent(base) {
 		t.Fatal("a plain error is not permanent")
 	}
-	r := consumer.RetryAfterErr(time.Second, base)
-	if d, ok := consumer.RetryDelay(r); !ok || d != time.Second || !errors.Is(r, base) {
+	r := dispatch.RetryAfter(time.Second, base)
+	if d, ok := dispatch.RetryDelay(r); !ok || d != time.Second || !errors.Is(r, base) {
 		t.Fatal("RetryAfterErr must carry its delay and cause")
 	}
-	if d, _ := consumer.RetryDelay(consumer.RetryAfter(-time.Second)); d != 0 {
+	if d, _ := dispatch.RetryDelay(dispatch.RetryAfter(-time.Second, nil)); d != 0 {
 		t.Fatal("a negative delay must become zero")
 	}
-	_, err := consumer.CallHandler(context.Background(), consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
+	_, err := dispatch.CallHandler(context.Background(), consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
 		panic("boom")
 	}), &consumer.Message{})
 	var pe *consumer.PanicError
@@ -364,7 +365,7 @@ func (s *valueSource) Consume(ctx context.Context, r consumer.Runner) error {
 // when the source shares one context between deliveries.
 func TestWorkerContextValuesAndEnd(t *testing.T) {
 	src := &valueSource{in: make(chan consumer.Delivery)}
-	w := consumer.NewWorker(consumer.Config{})
+	w := dispatch.NewWorker(dispatch.Config{})
 	ctxs := make(chan context.Context, 2)
 	err := w.Handle("h", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 		if ctx.Err() != nil {
@@ -429,7 +430,7 @@ func (s *ctxSource) Consume(ctx context.Context, r consumer.Runner) error {
 // normally, and a new context works afterwards.
 func TestWorkerSourceContextCancelReachesHandler(t *testing.T) {
 	src := &ctxSource{in: make(chan ctxDelivery)}
-	w := consumer.NewWorker(consumer.Config{})
+	w := dispatch.NewWorker(dispatch.Config{})
 	errRevoked := errors.New("revoked")
 	started := make(chan struct{})
 	causes := make(chan error, 1)

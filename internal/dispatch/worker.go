@@ -1,9 +1,10 @@
-package consumer
+package dispatch
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/idemkit/dedupworker/consumer"
 	"log/slog"
 	"regexp"
 	"sync"
@@ -26,7 +27,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Hooks receive metrics events (see Hook). The deduplication engine takes
 	// its own hooks; pass the same list to both.
-	Hooks Hooks
+	Hooks consumer.Hooks
 	// ShutdownTimeout bounds the drain after Run's context is cancelled:
 	// in-flight handlers may finish within it; the rest are cancelled with
 	// cause ErrShutdownTimeout and their claims released (SPEC §8.3).
@@ -34,12 +35,12 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Middleware wraps every handler, outside the handler's own
 	// WithMiddleware; the first listed is the outermost (see Middleware).
-	Middleware []Middleware
+	Middleware []consumer.Middleware
 	// Wrap wraps every handler's Processor, the first listed outermost: for
 	// what must see each delivery and its outcome, such as tracing's
 	// Tracer.Wrap. A delivery goes Wrap[0], Wrap[1], ..., the Processor,
 	// Middleware[0], ..., the handler's middleware, the handler.
-	Wrap []ProcessorWrapper
+	Wrap []consumer.ProcessorWrapper
 	// Retry is how handlers registered without a middleware retry failures
 	// (Decide). A backoff left zero (both fields) is DefaultRetryPolicy's.
 	// The deduplication engine has its own (idempotency.WithBackoff,
@@ -75,12 +76,13 @@ type Worker struct {
 
 type registration struct {
 	name        string
-	src         Source
-	handler     Handler // with every middleware applied
+	src         consumer.Source
+	handler     consumer.Handler // with every middleware applied
 	concurrency int
-	middleware  []Middleware
-	processor   ProcessorFactory
+	middleware  []consumer.Middleware
+	processor   consumer.ProcessorFactory
 	setProc     bool // WithProcessor was given, maybe with nil
+	retry       *RetryPolicy
 }
 
 // NewWorker returns a Worker with cfg's defaults filled in.
@@ -98,7 +100,7 @@ func WithConcurrency(n int) HandleOption { return func(r *registration) { r.conc
 
 // WithMiddleware wraps this handler in mws, inside Config.Middleware; the
 // first listed is the outermost. Repeated, it appends.
-func WithMiddleware(mws ...Middleware) HandleOption {
+func WithMiddleware(mws ...consumer.Middleware) HandleOption {
 	return func(r *registration) { r.middleware = append(r.middleware, mws...) }
 }
 
@@ -107,9 +109,13 @@ func WithMiddleware(mws ...Middleware) HandleOption {
 // Without it the handler runs at least once: acked on success, retried on
 // error with a backoff of 1s doubling to 5m, dead-lettered on Permanent
 // errors.
-func WithProcessor(f ProcessorFactory) HandleOption {
+func WithProcessor(f consumer.ProcessorFactory) HandleOption {
 	return func(r *registration) { r.processor, r.setProc = f, true }
 }
+
+// WithRetry sets how the handler retries failures when it has no
+// processor (WithProcessor), instead of Config.Retry.
+func WithRetry(p RetryPolicy) HandleOption { return func(r *registration) { r.retry = &p } }
 
 var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
 
@@ -117,7 +123,7 @@ var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
 // deduplication scope (SPEC §2): 1–64 characters of letters, digits, '_', '.'
 // and '-', unique within the worker. It fails when a middleware drops a
 // BatchHandler (ErrMiddlewareDropsBatch).
-func (w *Worker) Handle(name string, src Source, h Handler, opts ...HandleOption) error {
+func (w *Worker) Handle(name string, src consumer.Source, h consumer.Handler, opts ...HandleOption) error {
 	r := &registration{name: name, src: src, handler: h, concurrency: 16}
 	for _, o := range opts {
 		o(r)
@@ -139,7 +145,7 @@ func (w *Worker) Handle(name string, src Source, h Handler, opts ...HandleOption
 			return fmt.Errorf("dedup: handler %q: Config.Wrap[%d] is nil", name, i)
 		}
 	}
-	mws := append(append([]Middleware(nil), w.cfg.Middleware...), r.middleware...)
+	mws := append(append([]consumer.Middleware(nil), w.cfg.Middleware...), r.middleware...)
 	wrapped, err := Chain(h, mws...)
 	if err != nil {
 		return fmt.Errorf("dedup: handler %q: %w", name, err)
@@ -259,7 +265,11 @@ func (w *Worker) newRunner(reg *registration, workCtx context.Context) (*runner,
 			return nil, fmt.Errorf("dedup: handler %q: the WithProcessor factory returned a nil Processor", reg.name)
 		}
 	} else {
-		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger, retry: w.cfg.Retry}
+		retry := w.cfg.Retry
+		if reg.retry != nil {
+			retry = *reg.retry
+		}
+		r.proc = &direct{name: reg.name, h: reg.handler, hooks: w.cfg.Hooks, log: w.cfg.Logger, retry: retry}
 	}
 	for i := len(w.cfg.Wrap) - 1; i >= 0; i-- {
 		if r.proc = w.cfg.Wrap[i](reg.name, r.proc); r.proc == nil {
@@ -274,8 +284,8 @@ type runner struct {
 	name    string
 	limit   int
 	sem     chan struct{}
-	proc    Processor
-	hooks   Hooks
+	proc    consumer.Processor
+	hooks   consumer.Hooks
 	workCtx context.Context // the worker's hard-stop context; cancelled after the drain timeout
 	binds   ctxshare.Binder // binds delivery contexts to workCtx
 }
@@ -283,7 +293,7 @@ type runner struct {
 func (r *runner) Name() string     { return r.name }
 func (r *runner) Concurrency() int { return r.limit }
 
-func (r *runner) Prepare(ctx context.Context, batch []Delivery) {
+func (r *runner) Prepare(ctx context.Context, batch []consumer.Delivery) {
 	if len(batch) == 0 {
 		return
 	}
@@ -292,7 +302,7 @@ func (r *runner) Prepare(ctx context.Context, batch []Delivery) {
 	r.proc.Prepare(ctx, batch)
 }
 
-func (r *runner) Process(ctx context.Context, d Delivery) {
+func (r *runner) Process(ctx context.Context, d consumer.Delivery) {
 	ctx, cancel := r.bind(ctx)
 	defer cancel()
 	select {
@@ -310,7 +320,7 @@ func (r *runner) Process(ctx context.Context, d Delivery) {
 
 func (r *runner) Batching() bool { return r.proc.Batching() }
 
-func (r *runner) ProcessBatch(ctx context.Context, ds []Delivery) {
+func (r *runner) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	if len(ds) == 0 {
 		return
 	}

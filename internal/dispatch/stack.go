@@ -1,4 +1,4 @@
-package consumer
+package dispatch
 
 import "runtime/debug"
 
