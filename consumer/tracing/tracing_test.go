@@ -192,27 +192,6 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 	}
 }
 
-func TestEnabledFollowsOTELEnvironment(t *testing.T) {
-	t.Setenv("OTEL_TRACES_EXPORTER", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-	if tracing.Enabled() {
-		t.Fatal("tracing must be off by default")
-	}
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-	if !tracing.Enabled() {
-		t.Fatal("an OTLP endpoint turns tracing on")
-	}
-	t.Setenv("OTEL_TRACES_EXPORTER", "none")
-	if tracing.Enabled() {
-		t.Fatal("OTEL_TRACES_EXPORTER=none turns it off")
-	}
-	tr, stop, err := tracing.FromEnv(context.Background(), "test")
-	if err != nil || tr != nil || stop(context.Background()) != nil {
-		t.Fatalf("off: tracer %v err %v", tr, err)
-	}
-}
-
 // plainProc is a Processor whose handler does not batch: it records
 // whether each delivery came through ProcessBatch or Process, and whether
 // a span was open in the context it came with.

@@ -1,5 +1,5 @@
-// Package benchutil holds what both benchmark commands (cmd/dedupbench
-// and cmd/dedupbench/relay) read the same way: their list flags and the
+// Package benchutil holds what both benchmark commands (bench/dedupbench
+// and bench/dedupbench/relay) read the same way: their list flags and the
 // machine's load.
 package benchutil
 

@@ -19,10 +19,10 @@
 // Redis round trips and commands, CPU, peak RSS), then messages published at
 // half that throughput for --latency (publish timestamp header → ack).
 //
-//	go run ./cmd/dedupbench                       # everything, a few minutes
-//	go run ./cmd/dedupbench --json bench.json
-//	go run ./cmd/dedupbench --transports nats --modes dedupworker --dups 0 --cpuprofile cpu.out
-//	go run ./cmd/dedupbench --soak 10m            # RSS and goroutines every 10s
+//	go run ./dedupbench                       # everything, a few minutes
+//	go run ./dedupbench --json bench.json
+//	go run ./dedupbench --transports nats --modes dedupworker --dups 0 --cpuprofile cpu.out
+//	go run ./dedupbench --soak 10m            # RSS and goroutines every 10s
 //
 // By default NATS is embedded (nats-server/v2) and Kafka is franz-go's kfake,
 // both in this process: their CPU and memory count in the process figures.
@@ -47,7 +47,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
+	"github.com/idemkit/dedupworker/bench/dedupbench/internal/benchutil"
 )
 
 type options struct {

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
+	"github.com/idemkit/dedupworker/bench/dedupbench/internal/benchutil"
 )
 
 // soakSample is one line of the soak's report.

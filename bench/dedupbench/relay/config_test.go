@@ -1,16 +1,66 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/idemkit/dedupworker/internal/config"
+	"go.yaml.in/yaml/v3"
 )
 
-// The generated configs are checked by the binary's own parser, so a
-// schema change shows here rather than as a relay that does not start.
+// printed is the part of `dedupworker validate --print`'s output that the
+// generated configs set.
+type printed struct {
+	Redis struct {
+		Namespace  string `yaml:"namespace"`
+		LocalCache struct {
+			Entries int `yaml:"entries"`
+		} `yaml:"local_cache"`
+	} `yaml:"redis"`
+	HTTP struct {
+		Addr *string `yaml:"addr"`
+	} `yaml:"http"`
+	Handlers []struct {
+		Concurrency int    `yaml:"concurrency"`
+		Lease       string `yaml:"lease"`
+		Source      struct {
+			Kafka *struct {
+				Group     string `yaml:"group"`
+				Isolation string `yaml:"isolation"`
+			} `yaml:"kafka"`
+			NATS *struct {
+				Consumer string `yaml:"consumer"`
+			} `yaml:"nats"`
+		} `yaml:"source"`
+		Action struct {
+			Forward *struct {
+				Kafka *struct {
+					Topic string `yaml:"topic"`
+				} `yaml:"kafka"`
+				NATS *struct {
+					Subject string `yaml:"subject"`
+				} `yaml:"nats"`
+			} `yaml:"forward"`
+			HTTP *struct {
+				URL string `yaml:"url"`
+			} `yaml:"http"`
+		} `yaml:"action"`
+	} `yaml:"handlers"`
+}
+
+// The generated configs are checked by the binary's own validate command
+// (built from the product module), so a schema change shows here rather
+// than as a relay that does not start.
 func TestWorkerYAMLIsAValidConfig(t *testing.T) {
+	bin, err := buildBinary(t.Context(), "../../..", "./cmd/dedupworker", t.TempDir(), "dedupworker")
+	if err != nil {
+		t.Fatal(err)
+	}
 	base := workerSpec{RedisURL: "redis://127.0.0.1:6379/0", Namespace: "rb-1", Concurrency: 64, Lease: 30 * time.Second}
 	cases := map[string]func(s *workerSpec){
 		"kafka forward": func(s *workerSpec) {
@@ -43,25 +93,35 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := config.Parse([]byte(y), func(string) (string, bool) { return "", false })
+			path := filepath.Join(t.TempDir(), "worker.yaml")
+			if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, bin, "validate", "-c", path, "--print").Output()
 			if err != nil {
-				t.Fatalf("config.Parse rejects the generated config: %v\n%s", err, y)
+				t.Fatalf("dedupworker validate rejects the generated config: %v\n%s\n%s", err, y, stderrOf(err))
+			}
+			var cfg printed
+			if err := yaml.Unmarshal(out, &cfg); err != nil {
+				t.Fatalf("validate --print: %v\n%s", err, out)
 			}
 			if len(cfg.Handlers) != 1 {
 				t.Fatalf("%d handlers", len(cfg.Handlers))
 			}
-			if cfg.HTTP.Addr == nil || *cfg.HTTP.Addr != s.MetricsAddr {
-				t.Fatalf("http.addr = %v, want %q", cfg.HTTP.Addr, s.MetricsAddr)
+			if got := cfg.HTTP.Addr; (got == nil && s.MetricsAddr != "") || (got != nil && *got != s.MetricsAddr) {
+				t.Fatalf("http.addr = %v, want %q", got, s.MetricsAddr)
 			}
-			if want := max(s.LocalCacheEntries, config.DefaultLocalCacheEntries); cfg.Redis.LocalCache.Size() != want {
-				t.Fatalf("redis.local_cache entries = %d, want %d", cfg.Redis.LocalCache.Size(), want)
+			if want := max(s.LocalCacheEntries, defaultLocalCacheEntries); cfg.Redis.LocalCache.Entries != want {
+				t.Fatalf("redis.local_cache.entries = %d, want %d", cfg.Redis.LocalCache.Entries, want)
 			}
 			h := cfg.Handlers[0]
 			if s.Isolation != "" && (h.Source.Kafka == nil || h.Source.Kafka.Isolation != s.Isolation) {
 				t.Fatalf("source %+v, want isolation %s", h.Source, s.Isolation)
 			}
-			if h.Concurrency != 64 || h.Lease.D() != 30*time.Second || cfg.Redis.Namespace != "rb-1" {
-				t.Fatalf("concurrency %d, lease %v, namespace %q", h.Concurrency, h.Lease.D(), cfg.Redis.Namespace)
+			if h.Concurrency != 64 || h.Lease != "30s" || cfg.Redis.Namespace != "rb-1" {
+				t.Fatalf("concurrency %d, lease %v, namespace %q", h.Concurrency, h.Lease, cfg.Redis.Namespace)
 			}
 			switch {
 			case s.HTTPURL != "":
@@ -79,6 +139,18 @@ func TestWorkerYAMLIsAValidConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// defaultLocalCacheEntries is the binary's redis.local_cache.entries when
+// the config leaves it out.
+const defaultLocalCacheEntries = 10000
+
+func stderrOf(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(ee.Stderr)
+	}
+	return ""
 }
 
 func TestWorkerYAMLRejectsIncompleteSpecs(t *testing.T) {

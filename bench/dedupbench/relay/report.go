@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
+	"github.com/idemkit/dedupworker/bench/dedupbench/internal/benchutil"
 )
 
 var transportTitle = map[string]string{"kafka": "Kafka → Kafka", "nats": "NATS → NATS"}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/dedupworker"
 
-	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
+	"github.com/idemkit/dedupworker/bench/dedupbench/internal/benchutil"
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/redisbackend"

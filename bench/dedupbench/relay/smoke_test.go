@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/dedupworker/internal/testenv"
+	"github.com/idemkit/dedupworker/bench/internal/services"
 )
 
 // TestMain lets the test binary be the hand-written relays' child process,
@@ -29,9 +29,9 @@ func TestMain(m *testing.M) {
 // raw, naive and dedupworker relays with -dups 30 on Kafka and NATS,
 // the http action on Kafka, and two dedupworker processes on one group.
 func TestRelaySmoke(t *testing.T) {
-	redisURL := testenv.Redis(t)
-	natsURL := testenv.NATS(t)
-	brokers := testenv.RealKafka(t)
+	redisURL := services.Redis(t)
+	natsURL := services.NATS(t)
+	brokers := services.Kafka(t)
 	args := []string{
 		"-msgs", "2000", "-dups", "30", "-latency", "500ms", "-scale", "2", "-src", "../../..",
 		"-contenders", "raw,naive,dedupworker,dedupworker-http", "-timeout", "2m",
@@ -104,9 +104,9 @@ func TestRelaySmoke(t *testing.T) {
 // key comes out, Kafka keeps each partition's order, and the flatness
 // table compares the samples after the warm-up.
 func TestRelaySoakSmoke(t *testing.T) {
-	redisURL := testenv.Redis(t)
-	natsURL := testenv.NATS(t)
-	brokers := testenv.RealKafka(t)
+	redisURL := services.Redis(t)
+	natsURL := services.NATS(t)
+	brokers := services.Kafka(t)
 	args := []string{
 		"-soak", "6s", "-soak-every", "1s", "-soak-warmup", "2s", "-rate", "300", "-dups", "30", "-src", "../../..",
 		"-redis", redisURL, "-nats", natsURL, "-kafka", strings.Join(brokers, ","),

@@ -21,10 +21,10 @@
 // forward relay on each transport for D at -rate and samples it every
 // -soak-every (soak.go).
 //
-//	go run ./cmd/dedupbench/relay                       # everything, from the module root
-//	go run ./cmd/dedupbench/relay -json relay.json
-//	go run ./cmd/dedupbench/relay -transports kafka -contenders raw,dedupworker -dups 0 -scale ""
-//	go run ./cmd/dedupbench/relay -soak 10m -dups 30 -redis-server redis-server
+//	go run ./dedupbench/relay                       # everything, from the bench folder
+//	go run ./dedupbench/relay -json relay.json
+//	go run ./dedupbench/relay -transports kafka -contenders raw,dedupworker -dups 0 -scale ""
+//	go run ./dedupbench/relay -soak 10m -dups 30 -redis-server redis-server
 //
 // It reports; it does not judge. A Ctrl-C stops every child process and
 // deletes what the run created.
@@ -50,7 +50,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/dedupworker/cmd/dedupbench/internal/benchutil"
+	"github.com/idemkit/dedupworker/bench/dedupbench/internal/benchutil"
 )
 
 type options struct {
@@ -122,7 +122,7 @@ func parseOptions(args []string) (options, error) {
 	fs.DurationVar(&o.lease, "lease", 30*time.Second, "dedupworker's lease, and the naive claim's PX")
 	fs.StringVar(&o.workerBin, "dedupworker", "", "a dedupworker binary (default: go build ./cmd/dedupworker in -src)")
 	fs.StringVar(&o.wmBin, "watermill", "", "a bench/watermill binary (default: go build in -src/bench/watermill)")
-	fs.StringVar(&o.src, "src", ".", "the module root the binaries are built from")
+	fs.StringVar(&o.src, "src", "..", "the product module's root, which the binaries are built from (the bench module's parent)")
 	fs.StringVar(&o.jsonOut, "json", "", "also write the results as JSON to this file")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "how long one backlog may take")
 	fs.DurationVar(&o.quiet, "quiet", 2*time.Second, "after every distinct key is out, how long without output ends a backlog that repeats some")
