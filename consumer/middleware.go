@@ -9,7 +9,7 @@ import (
 // or tracing of the handler's own work. It returns the handler to call
 // instead of next. Middleware runs inside the Processor, once per handler
 // call: with deduplication, after the key is claimed, so a duplicate never
-// reaches it, and the claim is in ctx (idempotency.FromContext).
+// reaches it, and the claim is in ctx (dedupworker.ClaimOf).
 //
 // A Worker applies Config.Middleware around every handler, then the
 // handler's own WithMiddleware, each list in order: the first listed is the

@@ -18,9 +18,9 @@ type ownedRun struct {
 	ctx context.Context
 }
 
-// ProcessBatch takes a contiguous run of deliveries through SPEC §5–§7,
-// handing a consumer.BatchHandler the deliveries it owns in one call
-// (SPEC §11.4). A handler that is not a BatchHandler, and shadow mode,
+// ProcessBatch takes a contiguous run of deliveries through the claim, the
+// handler and the settlement, handing a consumer.BatchHandler the
+// deliveries it owns in one call. A handler that is not a BatchHandler, and shadow mode,
 // which runs every delivery, get them one at a time.
 //
 // In order, each delivery of ds is:
@@ -53,7 +53,7 @@ type ownedRun struct {
 func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	// A plain handler's run of one takes the path of a batch handler's: the
 	// same steps as Process, and its source learns when the handler is done
-	// (dispatch.RunHandled), so that a Kafka lane starts its next delivery
+	// (consumer.RunHandledNotifier), so that a Kafka lane starts its next delivery
 	// while this one's result is stored. bh is used only for runs of two or
 	// more.
 	bh, ok := p.h.(consumer.BatchHandler)
@@ -69,7 +69,7 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	var behind []heldBack
 	// flush runs the pending batch, then what it held back. The last flush
 	// of the call notifies the source once the batch's handlers are done
-	// (dispatch.RunHandled) when nothing was held back behind it: nothing
+	// (consumer.RunHandledNotifier) when nothing was held back behind it: nothing
 	// of the call is then left to run.
 	flush := func(last bool) {
 		var handled []consumer.Delivery
@@ -188,7 +188,7 @@ func (p *processor) Batching() bool {
 // completions together and settles them. A run of one goes through Handle.
 // When every delivery of run has a result to store, runBatch notifies the
 // source of handled, a non-empty run of ProcessBatch, that its handlers are
-// done before it stores them (dispatch.RunHandled).
+// done before it stores them (consumer.RunHandledNotifier).
 func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run []ownedRun, handled []consumer.Delivery) {
 	switch len(run) {
 	case 0:

@@ -8,7 +8,7 @@ import (
 )
 
 // batcher coalesces single store calls made by concurrently running
-// deliveries into batch calls (SPEC §4.4): one round trip answers many.
+// deliveries into batch calls: one round trip answers many.
 // The engine has two: one for Complete, one for the one-key claims that
 // deliveries make when they run (a key not claimed with its batch, a claim
 // gone stale, an in-flight key claimed again).

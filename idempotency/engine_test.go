@@ -655,9 +655,8 @@ func TestHeldCompletionGivenBackWhenContextEnds(t *testing.T) {
 }
 
 // With Options.Durability against a Redis that has no replica, every claim
-// falls short of its replicas (SPEC §11.1): the store fails closed, so the
-// handler never runs and the delivery is not acked but redelivered later
-// (SPEC §7.3).
+// falls short of its replicas: the store fails closed, so the
+// handler never runs and the delivery is not acked but redelivered later.
 func TestDurabilityShortfallRunsNothing(t *testing.T) {
 	t.Parallel()
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{

@@ -18,7 +18,8 @@ const maxClaimRounds = 3
 // the distance between this clock and the store's.
 const leaseSlack = 50 * time.Millisecond
 
-// Process takes one delivery through SPEC §5–§7.
+// Process takes one delivery through its claim, its handler and its
+// settlement.
 func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 	pr := p.take(d)
 	if pr == nil {
@@ -27,8 +28,8 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 	p.process(ctx, d, pr)
 }
 
-// process takes d, whose prepared state pr was taken, through SPEC §5–§7
-// on its own.
+// process takes d, whose prepared state pr was taken, through its claim,
+// its handler and its settlement on its own.
 func (p *processor) process(ctx context.Context, d consumer.Delivery, pr *prepared) {
 	if ctx.Err() != nil {
 		p.abandon(ctx, d, pr)
@@ -98,7 +99,7 @@ const (
 
 // onInFlight acts on a claim of round that found pr's key in flight
 // elsewhere: claim again at once after a batch claim, run it unclaimed in
-// shadow mode, wait for the owner (SPEC §5.1), or redeliver it later once
+// shadow mode, wait for the owner, or redeliver it later once
 // the rounds are used up or the owner still holds it after the wait.
 func (p *processor) onInFlight(ctx context.Context, d consumer.Delivery, pr *prepared, round int) inFlightNext {
 	if pr.batched && !p.cfg.shadow {
@@ -134,7 +135,7 @@ func (p *processor) onInFlight(ctx context.Context, d consumer.Delivery, pr *pre
 }
 
 // waitInFlight waits up to the in-flight wait for the owner of key to
-// finish (SPEC §5.1). It returns nil when the key should be claimed again
+// finish. It returns nil when the key should be claimed again
 // (completed, released, gone, or its owner's lease ran out: a crashed worker
 // is reclaimed as soon as its lease ends, not after the whole wait), or the
 // record still in flight when the wait is over.
@@ -244,7 +245,7 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 		// The key has had its max_attempts runs, and the last of them
 		// ended with no outcome stored (its worker died, or it lost its
 		// lease): an error would have dead-lettered it. The attempts are
-		// counted in the record, across restarts (SPEC §7.2, §11.3), so a
+		// counted in the record, across restarts, so a
 		// key that kills its worker on every run stops here instead of
 		// running for ever.
 		runs := cl.Attempts - 1
@@ -287,7 +288,7 @@ func (p *processor) startIn(run *handlerRun, ctx context.Context, d consumer.Del
 }
 
 // outcome decides the fate of d after its handler ran under run's claim
-// and returned result and herr (SPEC §5.2, §7): a success or a dead-letter
+// and returned result and herr: a success or a dead-letter
 // returns the completion still to be stored and true (the caller stores it,
 // with those of the rest of its run, and settles it in complete); a lost
 // claim, a cancellation or a retry is settled here and returns false.

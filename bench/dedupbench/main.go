@@ -1,6 +1,6 @@
 // Command dedupbench measures what deduplication costs on this machine, in
 // one run against one Redis, one NATS JetStream server and one
-// Kafka-protocol broker (issue 7, SPEC §4.4, §8.1).
+// Kafka-protocol broker (issue 7).
 //
 // For each transport, without duplicates and with 3 in 10 messages
 // repeating a key, with a no-op handler, it runs:

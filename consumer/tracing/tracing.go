@@ -75,7 +75,7 @@ const (
 )
 
 // Wrap returns next with a span around every delivery; it is a
-// consumer.ProcessorWrapper (dispatch.Config.Wrap, dedupworker.Config.Wrap).
+// consumer.ProcessorWrapper (dedupworker.Config.Wrap).
 // The span is a child of the message's traceparent, if any, and the
 // handler's context carries it. Wrap forwards every method of next: next
 // still sees each fetched batch (Prepare) and takes runs (ProcessBatch), in
@@ -104,7 +104,7 @@ func (t *traced) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	if !t.next.Batching() {
 		if len(ds) == 1 {
 			// A plain handler's run of one, which next may report handled
-			// before it returns (dispatch.RunHandled).
+			// before it returns (consumer.RunHandledNotifier).
 			ctx, end := t.begin(ctx, ds[0])
 			defer end()
 			t.next.ProcessBatch(ctx, ds)

@@ -74,7 +74,7 @@ func tracedForward(t *testing.T) (consumer.Processor, *tracetest.InMemoryExporte
 }
 
 func TestDeliverySpanContinuesTraceparent(t *testing.T) {
-	// A new key's fence is the Redis clock in µs (SPEC §11.3).
+	// A new key's fence is the Redis clock in µs.
 	floor := time.Now().Add(-time.Minute).UnixMicro()
 	proc, exp, out := tracedForward(t)
 

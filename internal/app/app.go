@@ -67,7 +67,7 @@ type Options struct {
 	// returns one around it (consumer.Batched), or Build fails.
 	Wrap func(handler string, h dedupworker.Handler) dedupworker.Handler
 	// Tracer, when set, puts a span around every delivery and injects its
-	// context into what forward and http actions send (SPEC §8.7).
+	// context into what forward and http actions send.
 	Tracer *tracing.Tracer
 }
 
@@ -200,7 +200,7 @@ func (a *App) HTTPAddr() string {
 	return a.httpSrv.Addr()
 }
 
-// Run checks the store's settings (SPEC §11.2: a warning and
+// Run checks the store's settings (a warning and
 // dedup_store_risk per risk), serves metrics, samples the store's evictions
 // and runs the worker until ctx is cancelled (then drains and returns nil)
 // or a source fails.

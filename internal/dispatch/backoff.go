@@ -7,8 +7,7 @@ import (
 
 // Backoff returns the delay before retry number attempt (1-based): initial
 // doubled for every earlier attempt, capped at max, moved by up to a fifth
-// either way (jitter) so that retries of many messages do not arrive in step
-// (SPEC §7.1).
+// either way (jitter) so that retries of many messages do not arrive in step.
 func Backoff(attempt int, initial, max time.Duration) time.Duration {
 	if initial <= 0 {
 		return 0

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Dead-letter reasons that Decide gives (DeadLetter.Reason, SPEC §7.2).
+// Dead-letter reasons that Decide gives (DeadLetter.Reason).
 const (
 	// ReasonPermanent: the handler returned a Permanent error.
 	ReasonPermanent = "permanent_error"
@@ -15,7 +15,7 @@ const (
 )
 
 // RetryPolicy says how failed deliveries are retried and when they are
-// dead-lettered (SPEC §7). The zero value retries for ever with no delay;
+// dead-lettered. The zero value retries for ever with no delay;
 // DefaultRetryPolicy is what a Worker and the engine start from.
 type RetryPolicy struct {
 	// MaxAttempts is how many attempts a message gets: a failure of attempt
@@ -88,7 +88,7 @@ type Fate struct {
 }
 
 // Decide is the one place that turns a handler's error into a delivery's
-// fate (SPEC §7), for every processor:
+// fate, for every processor:
 //
 //   - nil: ack;
 //   - any error once ctx is cancelled: redeliver at once (the run was cut

@@ -30,7 +30,7 @@ type Config struct {
 	Hooks consumer.Hooks
 	// ShutdownTimeout bounds the drain after Run's context is cancelled:
 	// in-flight handlers may finish within it; the rest are cancelled with
-	// cause ErrShutdownTimeout and their claims released (SPEC §8.3).
+	// cause ErrShutdownTimeout and their claims released.
 	// Default 30s; negative means cancel at once.
 	ShutdownTimeout time.Duration
 	// Middleware wraps every handler, outside the handler's own
@@ -94,8 +94,8 @@ func NewWorker(cfg Config) *Worker {
 // HandleOption configures one registered handler.
 type HandleOption func(*registration)
 
-// WithConcurrency caps how many deliveries of this handler run at once
-// (SPEC §8.1). Default 16.
+// WithConcurrency caps how many deliveries of this handler run at once.
+// Default 16.
 func WithConcurrency(n int) HandleOption { return func(r *registration) { r.concurrency = n } }
 
 // WithMiddleware wraps this handler in mws, inside Config.Middleware; the
@@ -120,7 +120,7 @@ func WithRetry(p RetryPolicy) HandleOption { return func(r *registration) { r.re
 var validName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
 
 // Handle registers handler h under name, fed by src. The name is the
-// deduplication scope (SPEC §2): 1–64 characters of letters, digits, '_', '.'
+// deduplication scope: 1–64 characters of letters, digits, '_', '.'
 // and '-', unique within the worker. It fails when a middleware drops a
 // BatchHandler (ErrMiddlewareDropsBatch).
 func (w *Worker) Handle(name string, src consumer.Source, h consumer.Handler, opts ...HandleOption) error {

@@ -15,7 +15,7 @@ import (
 )
 
 // overlapping is a Processor that tells the source when a run's
-// handlers are done (dispatch.RunHandled) and then holds the run in
+// handlers are done (consumer.RunHandledNotifier) and then holds the run in
 // ProcessBatch, as a result being stored would, until the lane's next run
 // has started. The run that holds the partition's last offset is not held.
 // It naks the offsets of nakOnce on their first attempt after the notice,

@@ -1,5 +1,5 @@
 // Command relay measures the relays users run, in one run against one Redis,
-// one Kafka and one NATS JetStream server (issue 15, SPEC §4.4, §11.4): the
+// one Kafka and one NATS JetStream server (issue 15): the
 // dedupworker binary's `run` with a forward action (Kafka→Kafka,
 // NATS→NATS) and with an http action to a server this benchmark runs,
 // beside the same relay written by hand without deduplication (raw) and
