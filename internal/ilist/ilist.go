@@ -13,6 +13,10 @@ type Links[T any] struct {
 // Next returns the element after this one, or nil.
 func (l *Links[T]) Next() *T { return l.next }
 
+// links is how List reaches an element's Links, through the Elem
+// constraint.
+//
+//lint:ignore U1000 called through the Elem constraint, which staticcheck does not follow
 func (l *Links[T]) links() *Links[T] { return l }
 
 // Elem is a pointer to a struct that embeds Links of that struct.
