@@ -109,3 +109,23 @@ func ExampleBatchFunc() {
 	// order-1 acked
 	// order-3 acked
 }
+
+// A handler chooses the fate of a failed message with the error it returns:
+// Permanent dead-letters it, RetryAfter retries it after a delay, and any
+// other error retries it with the backoff.
+func ExampleHandlerFunc() {
+	h := dedupworker.HandlerFunc(func(ctx context.Context, m *dedupworker.Message) ([]byte, error) {
+		if len(m.Payload) == 0 {
+			// Retrying cannot fix an empty order: dead-letter it.
+			return nil, dedupworker.Permanent(errors.New("empty order"))
+		}
+		return []byte("accepted"), nil
+	})
+	res, err := h.Handle(context.Background(), &dedupworker.Message{Payload: []byte(`{"id":1}`)})
+	fmt.Println(string(res), err)
+	_, err = h.Handle(context.Background(), &dedupworker.Message{})
+	fmt.Println(errors.As(err, new(*dedupworker.PermanentError)))
+	// Output:
+	// accepted <nil>
+	// true
+}

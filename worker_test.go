@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/idempotency/memstore"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // outcomes is a consumer.HookOutcome counting outcomes.
@@ -62,9 +63,17 @@ func TestHandleRejectsBadOptions(t *testing.T) {
 	if !errors.Is(err, idempotency.ErrInvalidOption) || !strings.Contains(err.Error(), `"h"`) {
 		t.Errorf("negative lease: %v; want ErrInvalidOption naming the handler", err)
 	}
-	err = w.Handle("h", src, h, dedupworker.WithoutDedup(), dedupworker.WithMaxAttempts(3))
-	if err == nil || !strings.Contains(err.Error(), "WithoutDedup") {
-		t.Errorf("WithoutDedup with a dedup option: %v; want an error naming WithoutDedup", err)
+	var ce *dedupworker.ConfigError
+	if !errors.As(err, &ce) || ce.Field != "Lease" {
+		t.Errorf("negative lease: %v; want a ConfigError on Lease", err)
+	}
+	err = w.Handle("h", src, h, dedupworker.WithoutDedup(), dedupworker.WithLease(time.Second))
+	if err == nil || !strings.Contains(err.Error(), "WithoutDedup") || !strings.Contains(err.Error(), "WithLease") {
+		t.Errorf("WithoutDedup with a dedup option: %v; want an error naming WithoutDedup and WithLease", err)
+	}
+	err = w.Handle("h", src, h, dedupworker.WithoutDedup(), dedupworker.WithBackoff(time.Second, time.Millisecond))
+	if !errors.As(err, &ce) || ce.Field != "Backoff.Max" {
+		t.Errorf("WithoutDedup with a backoff below its start: %v; want a ConfigError on Backoff.Max", err)
 	}
 	if err := w.Handle("bad name!", src, h); err == nil {
 		t.Error("an invalid handler name was accepted")
@@ -125,7 +134,7 @@ func TestRetriedUntilDone(t *testing.T) {
 			return nil, errors.New("not yet")
 		}
 		return nil, nil
-	}), dedupworker.WithDedup(idempotency.WithBackoff(time.Millisecond, time.Millisecond))); err != nil {
+	}), dedupworker.WithBackoff(time.Millisecond, time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Run(t.Context()); err != nil {
@@ -140,21 +149,19 @@ func TestRetriedUntilDone(t *testing.T) {
 	}
 }
 
-// Config.Retry reaches the handlers registered WithoutDedup: with one
+// WithMaxAttempts reaches a handler registered WithoutDedup: with one
 // attempt allowed, the first failure is dead-lettered instead of retried
 // with the default backoff.
-func TestConfigRetryReachesHandlersWithoutDedup(t *testing.T) {
+func TestRetryOptionsReachHandlersWithoutDedup(t *testing.T) {
 	src := consumertest.NewSource(consumertest.NewMessage("k", "x"))
-	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{
-		Retry: consumer.RetryPolicy{MaxAttempts: 1},
-	})
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fail := dedupworker.HandlerFunc(func(context.Context, *dedupworker.Message) ([]byte, error) {
 		return nil, errors.New("transient")
 	})
-	if err := w.Handle("h", src, fail, dedupworker.WithoutDedup()); err != nil {
+	if err := w.Handle("h", src, fail, dedupworker.WithoutDedup(), dedupworker.WithMaxAttempts(1)); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -166,7 +173,49 @@ func TestConfigRetryReachesHandlersWithoutDedup(t *testing.T) {
 	if len(ds) != 1 {
 		t.Fatalf("%d deliveries, want 1: the failure was retried", len(ds))
 	}
-	if dl := ds[0].ExpectDeadLettered(t); dl.Reason != consumer.ReasonMaxAttempts {
-		t.Fatalf("dead letter %+v, want reason %s", dl, consumer.ReasonMaxAttempts)
+	if dl := ds[0].ExpectDeadLettered(t); dl.Reason != dispatch.ReasonMaxAttempts {
+		t.Fatalf("dead letter %+v, want reason %s", dl, dispatch.ReasonMaxAttempts)
+	}
+}
+
+// countingHook implements HookOutcome.
+type countingHook struct{ n int }
+
+func (h *countingHook) OnOutcome(string, string, dedupworker.Outcome) { h.n++ }
+
+// A hook that implements no hook interface is refused with a ConfigError
+// that names its index and type; a hook whose method has a pointer receiver,
+// passed as a value, is such a hook.
+func TestNewWorkerRefusesUntypedHooks(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	for _, c := range []struct {
+		name  string
+		hooks []dedupworker.Hook
+		field string
+		typ   string
+	}{
+		{"a struct", []dedupworker.Hook{&countingHook{}, struct{}{}}, "Hooks[1]", "struct {}"},
+		{"a value of a pointer-receiver hook", []dedupworker.Hook{countingHook{}}, "Hooks[0]", "dedupworker_test.countingHook"},
+	} {
+		_, err := dedupworker.NewWorker(store, dedupworker.Config{Hooks: c.hooks})
+		var ce *dedupworker.ConfigError
+		if !errors.As(err, &ce) || ce.Field != c.field || !strings.Contains(ce.Reason, c.typ) || !errors.Is(err, dedupworker.ErrInvalidConfig) {
+			t.Errorf("%s: %v; want a ConfigError on %s naming %s", c.name, err, c.field, c.typ)
+		}
+	}
+	h := &countingHook{}
+	w, err := dedupworker.NewWorker(store, dedupworker.Config{Hooks: []dedupworker.Hook{h}})
+	if err != nil {
+		t.Fatalf("a HookOutcome was refused: %v", err)
+	}
+	src := consumertest.NewSource(consumertest.NewMessage("k", "x"))
+	if err := w.Handle("h", src, dedupworker.HandlerFunc(func(context.Context, *dedupworker.Message) ([]byte, error) { return nil, nil })); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if h.n != 1 {
+		t.Errorf("the hook saw %d outcomes, want 1", h.n)
 	}
 }

@@ -29,7 +29,7 @@ type Result struct {
 // ctx is the run's context: it ends when the worker stops past its drain
 // timeout or the Kafka partition is revoked. Each message also has a context
 // of its own, MessageContext(ctx, i), which carries that message's claim
-// (idempotency.FromContext, idempotency.Step) and ends when that claim's
+// (dedupworker.ClaimOf, dedupworker.Step) and ends when that claim's
 // lease is lost; a handler that cannot tell the messages' contexts apart
 // uses ctx. A panic in HandleBatch becomes a *PanicError for every message
 // of the call.
@@ -55,43 +55,30 @@ func (f BatchFunc) Handle(ctx context.Context, m *Message) ([]byte, error) {
 	return res[0].Value, res[0].Err
 }
 
-// CallBatchHandler runs h on msgs, turning a panic into a *PanicError in
-// every result. results must have len(msgs); it is zeroed first.
-func CallBatchHandler(ctx context.Context, h BatchHandler, msgs []*Message, results []Result) {
-	clear(results)
-	defer func() {
-		if v := recover(); v != nil {
-			pe := &PanicError{Value: v, Stack: stack()}
-			for i := range results {
-				results[i] = Result{Err: pe}
-			}
-		}
-	}()
-	h.HandleBatch(ctx, msgs, results)
-}
-
-type batchCtxKey struct{}
-
-// batchContexts is the value WithMessageContexts stores.
-type batchContexts struct{ ctxs []context.Context }
-
-// WithMessageContexts returns ctx carrying the per-message contexts of a
-// batch call, for MessageContext. Processors that call HandleBatch use it;
-// ctxs[i] belongs to the i-th message and must not outlive the call.
-func WithMessageContexts(ctx context.Context, ctxs []context.Context) context.Context {
-	return context.WithValue(ctx, batchCtxKey{}, &batchContexts{ctxs: ctxs})
-}
-
-// MessageContext returns the context of the i-th message of a batch call
-// (see BatchHandler): it carries that message's claim and ends when the
-// claim is lost, as well as when ctx ends. Outside a batch call, or for an
-// index the call does not have, it returns ctx.
-func MessageContext(ctx context.Context, i int) context.Context {
-	b, ok := ctx.Value(batchCtxKey{}).(*batchContexts)
-	if !ok || i < 0 || i >= len(b.ctxs) || b.ctxs[i] == nil {
-		return ctx
-	}
-	return b.ctxs[i]
+// A RunHandledNotifier is a delivery of a source that keeps an order
+// (Kafka's offset order) and can start the next run of that order sooner
+// when it learns that a run's handlers are done. The source hands such a
+// delivery first in the run it passes to Runner.ProcessBatch.
+//
+// A Processor that supports it calls the run's first delivery's RunHandled,
+// when that delivery is a RunHandledNotifier, at most once during
+// ProcessBatch: when the handler
+// has returned for every delivery of the run with a result to store, and
+// nothing of the call is left to run a handler, so that no delivery of the
+// run is to be retried for its handler's failure or run again by this call.
+// What remains is storing the results and settling the deliveries, which
+// ProcessBatch still does before it returns.
+//
+// Once notified, the source may start the handler of the next run of the
+// same order while this call stores its results: every side effect of this
+// run happened before it. A delivery that the call settles with a Nak after
+// the notice (its result could not be stored because the store lost its
+// claim and record) is retried after what the source started since; its
+// handler's first run was in order. A processor that never notifies loses
+// nothing: the source then waits for ProcessBatch to return.
+type RunHandledNotifier interface {
+	// RunHandled returns promptly and does not call into the processor.
+	RunHandled()
 }
 
 type deliveryCtxKey struct{}
@@ -113,42 +100,4 @@ func DeliveryContext(ctx context.Context, d Delivery) context.Context {
 		}
 	}
 	return ctx
-}
-
-// A RunHandledNotifier is a delivery of a source that keeps an order
-// (Kafka's offset order) and can start the next run of that order sooner
-// when it learns that a run's handlers are done. The source hands such a
-// delivery first in the run it passes to Runner.ProcessBatch.
-//
-// A Processor that supports it calls RunHandled, through the package's
-// RunHandled function, at most once during ProcessBatch: when the handler
-// has returned for every delivery of the run with a result to store, and
-// nothing of the call is left to run a handler, so that no delivery of the
-// run is to be retried for its handler's failure or run again by this call.
-// What remains is storing the results and settling the deliveries, which
-// ProcessBatch still does before it returns.
-//
-// Once notified, the source may start the handler of the next run of the
-// same order while this call stores its results: every side effect of this
-// run happened before it. A delivery that the call settles with a Nak after
-// the notice (its result could not be stored because the store lost its
-// claim and record) is retried after what the source started since; its
-// handler's first run was in order. A processor that never notifies loses
-// nothing: the source then waits for ProcessBatch to return.
-type RunHandledNotifier interface {
-	// RunHandled returns promptly and does not call into the processor.
-	RunHandled()
-}
-
-// RunHandled notifies run's source that the handlers of run are done, when
-// run's first delivery is a RunHandledNotifier; otherwise it does nothing.
-// A Processor calls it from ProcessBatch, with the run ProcessBatch was
-// given, under the conditions RunHandledNotifier describes.
-func RunHandled(run []Delivery) {
-	if len(run) == 0 {
-		return
-	}
-	if n, ok := run[0].(RunHandledNotifier); ok {
-		n.RunHandled()
-	}
 }

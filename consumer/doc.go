@@ -1,33 +1,28 @@
-// Package consumer defines the transport-neutral vocabulary of dedupworker:
-// a Message, the Delivery that carries its acknowledgement obligations, the
-// Handler that does the user's work, and the Source and Processor contracts
-// through which transports (transports/kafkasource, transports/natssource) and the
-// deduplication engine (package idempotency) meet.
+// Package consumer is the contract between dedupworker and the code that
+// plugs into it: for those who write a transport (a [Source] and its
+// [Delivery]), a processor or a [ProcessorWrapper], or a store's hooks. A
+// handler author does not import it: the root package, dedupworker, names
+// everything a handler uses (Message, Handler, BatchHandler, Middleware,
+// Permanent, RetryAfter, the Worker and its options).
 //
-// Handler authors start from the module's root package, dedupworker, which
-// names what they use (Message, Handler, BatchHandler, Middleware,
-// Permanent, RetryAfter, the Worker and its options); this package is the
-// contract behind it, for those who write a transport, a processor or a
-// wrapper, and for a Worker without the engine.
-//
-// The package imports only the standard library. Transports implement Source
-// and Delivery; the engine makes a Processor for each Handler
-// (WithProcessor). Without one a Handler runs at least once, exactly as the
-// broker delivers it.
+// The package imports only the standard library. Transports implement
+// [Source] and [Delivery], and hand each fetched delivery to the [Runner]
+// the worker gives them; the deduplication engine is the [Processor] of
+// every deduplicated handler. The worker itself, and what only it and the
+// engine call, are internal to the module.
 //
 // Cross-cutting concerns stack at two levels. A Middleware wraps the
 // Handler (logging, metrics of the handler's own work) and runs only when
-// the handler does; a ProcessorWrapper (Config.Wrap) wraps the Processor and
-// sees every delivery and its outcome, duplicates included (a trace span per
+// the handler does; a ProcessorWrapper (the worker's Config.Wrap) wraps
+// the Processor and sees every delivery and its outcome, duplicates included (a trace span per
 // delivery, package consumer/tracing). A Processor carries every method of
 // its contract (Prepare, Process, ProcessBatch, Batching), so no wrapper can
 // drop batch claims or runs.
 //
 // A handler chooses the fate of a failed message with the error it returns:
-//
-//	return nil, consumer.Permanent(err)          // dead-letter, never retry
-//	return nil, consumer.RetryAfter(time.Minute)  // retry after a minute
-//	return nil, err                               // retry with the backoff
+// a [PermanentError] dead-letters it, a [RetryError] retries it after its
+// Delay, any other error retries it with the backoff. A processor honours
+// both.
 //
 // # Batch handlers
 //
@@ -37,12 +32,12 @@
 // hand runs to Runner.ProcessBatch: the Kafka source a lane's queued
 // contiguous run (a partition's under partition ordering, a key's under key
 // ordering, at most BatchSize), the NATS source each fetched batch.
-// Processors that are not Batching, and handlers that are not
+// [Processor]s that are not Batching, and handlers that are not
 // BatchHandlers, get the run one delivery at a time, in order (the NATS
 // source then keeps calling Process concurrently: Runner.Batching). A run
 // holds one Concurrency slot for the whole call. A processor that knows when
 // a run's handlers are done, before it has stored their results, tells the
-// run's source (RunHandledNotifier): the Kafka source then starts the lane's
+// run's source ([RunHandledNotifier]): the Kafka source then starts the lane's
 // next run while the first call stores them. So that a lane of a plain
 // handler overlaps the same way, the Kafka source hands a processor that is
 // not Batching runs of one delivery through ProcessBatch.

@@ -6,16 +6,16 @@ import (
 )
 
 // Outcome is what was done with a delivery. The values are the label values
-// of dedup_messages_total (SPEC §8.4).
+// of dedup_messages_total.
 type Outcome string
 
-// The outcomes of SPEC §8.4.
+// The outcomes, one per way a delivery can end.
 const (
 	OutcomeProcessed     Outcome = "processed"      // the handler ran and its result was stored
 	OutcomeDuplicate     Outcome = "duplicate"      // a completed key: acked without running
 	OutcomeReclaimed     Outcome = "reclaimed"      // processed after taking over an expired lease
-	OutcomeMismatch      Outcome = "mismatch"       // the key was reused for other content (SPEC §3.4)
-	OutcomeMissingKey    Outcome = "missing_key"    // no idempotency key (SPEC §3.2)
+	OutcomeMismatch      Outcome = "mismatch"       // the key was reused for other content
+	OutcomeMissingKey    Outcome = "missing_key"    // no idempotency key
 	OutcomePassthrough   Outcome = "passthrough"    // ran without deduplication (missing key, passthrough policy)
 	OutcomeFailed        Outcome = "failed"         // the handler failed; the message will be retried
 	OutcomeDeadLettered  Outcome = "dead_lettered"  // sent to the dead-letter destination and completed
@@ -54,7 +54,7 @@ type HookInflight interface {
 // one of claim, complete, renew, release, inflight (a wait for a key in
 // flight elsewhere), get, delete, step; a store may report its own parts of
 // a call under other names (the Redis store: wait, the time of one WAIT for
-// replicas, SPEC §11.1).
+// replicas).
 type HookStoreCall interface {
 	OnStoreCall(op string, took time.Duration, err error)
 }
@@ -76,7 +76,7 @@ type HookLeaseRenewal interface {
 }
 
 // HookCorruptRecord is called when a stored value was not a valid record and
-// a claim replaced it (SPEC §4.8).
+// a claim replaced it.
 type HookCorruptRecord interface {
 	OnCorruptRecord(handler string)
 }

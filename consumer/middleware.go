@@ -3,14 +3,13 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 )
 
 // Middleware wraps a Handler with a cross-cutting concern: logging, metrics
 // or tracing of the handler's own work. It returns the handler to call
 // instead of next. Middleware runs inside the Processor, once per handler
 // call: with deduplication, after the key is claimed, so a duplicate never
-// reaches it, and the claim is in ctx (idempotency.FromContext).
+// reaches it, and the claim is in ctx (dedupworker.ClaimOf).
 //
 // A Worker applies Config.Middleware around every handler, then the
 // handler's own WithMiddleware, each list in order: the first listed is the
@@ -27,26 +26,6 @@ type Middleware func(next Handler) Handler
 // return when a Middleware wraps a BatchHandler in a Handler that is not
 // one.
 var ErrMiddlewareDropsBatch = errors.New("dedup: middleware drops the BatchHandler")
-
-// Chain returns h wrapped in mws, mws[0] outermost, as a Worker wraps a
-// handler. It fails when a middleware is nil, returns nil, or drops a
-// BatchHandler (ErrMiddlewareDropsBatch).
-func Chain(h Handler, mws ...Middleware) (Handler, error) {
-	for i := len(mws) - 1; i >= 0; i-- {
-		if mws[i] == nil {
-			return nil, fmt.Errorf("dedup: middleware %d is nil", i)
-		}
-		_, batch := h.(BatchHandler)
-		h = mws[i](h)
-		if h == nil {
-			return nil, fmt.Errorf("dedup: middleware %d returned a nil Handler", i)
-		}
-		if _, ok := h.(BatchHandler); batch && !ok {
-			return nil, fmt.Errorf("%w: middleware %d wraps a BatchHandler in a %T: return consumer.Batched(handler, batchHandler) from it", ErrMiddlewareDropsBatch, i, h)
-		}
-	}
-	return h, nil
-}
 
 // Batched returns a Handler whose Handle is h's and that is also a
 // BatchHandler whose HandleBatch is b's: what a Middleware returns when the

@@ -62,7 +62,7 @@ func (f ProcessorFunc) ProcessBatch(ctx context.Context, ds []Delivery) {
 func (f ProcessorFunc) Batching() bool { return false }
 
 // ProcessorFactory makes the Processor of a named handler; the name is the
-// handler's scope (SPEC §2). h is the handler with its middleware applied.
+// handler's scope. h is the handler with its middleware applied.
 // The deduplication engine is one (idempotency.Engine.Processor); a Worker
 // uses it through WithProcessor.
 type ProcessorFactory func(name string, h Handler) Processor

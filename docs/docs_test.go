@@ -8,13 +8,11 @@ package docs_test
 import (
 	"bytes"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"unicode"
@@ -27,49 +25,6 @@ const root = ".."
 // built from, which the repository does not hold. It is spelled with a
 // character class so that this file does not match itself.
 var externalRef = regexp.MustCompile(`\bS[P]EC\b`)
-
-// pendingSweep lists files that another branch of the same change rewrites
-// without external references, and pendingPages the docs pages another
-// branch creates. While listed, a file may still hold an external reference,
-// and a page may be linked before it exists. Each entry must still be
-// needed: once the file is clean or the page exists, the test fails until
-// the entry is removed, so both lists only shrink, and are empty once the
-// branches are merged.
-var (
-	pendingSweep = map[string]bool{
-		"cmd/dedupbench/main.go":           true,
-		"cmd/dedupbench/relay/main.go":     true,
-		"consumer/backoff.go":              true,
-		"consumer/fate.go":                 true,
-		"consumer/hooks.go":                true,
-		"consumer/source.go":               true,
-		"consumer/tracing/tracing.go":      true,
-		"consumer/tracing/tracing_test.go": true,
-		"consumer/worker.go":               true,
-		"doc.go":                           true,
-		"idempotency/batch.go":             true,
-		"idempotency/clock.go":             true,
-		"idempotency/complete.go":          true,
-		"idempotency/crashloop_test.go":    true,
-		"idempotency/deadletter.go":        true,
-		"idempotency/doc.go":               true,
-		"idempotency/engine.go":            true,
-		"idempotency/engine_test.go":       true,
-		"idempotency/fuzz_test.go":         true,
-		"idempotency/key.go":               true,
-		"idempotency/options.go":           true,
-		"idempotency/prepare.go":           true,
-		"idempotency/process.go":           true,
-		"idempotency/renew.go":             true,
-		"idempotency/settle.go":            true,
-		"idempotency/step.go":              true,
-		"internal/app/app.go":              true,
-		"internal/app/connect.go":          true,
-		"internal/app/health.go":           true,
-		"worker.go":                        true,
-	}
-	pendingPages = map[string]bool{}
-)
 
 // trackedFiles lists the repository's tracked files, relative to root.
 func trackedFiles(t *testing.T) []string {
@@ -108,30 +63,17 @@ func readText(t *testing.T, name string) (string, bool) {
 }
 
 func TestNoExternalDesignReferences(t *testing.T) {
-	swept := map[string]bool{}
 	for _, f := range trackedFiles(t) {
 		text, ok := readText(t, f)
 		if !ok {
 			continue
 		}
-		pending := pendingSweep[f]
-		found := false
 		for i, line := range strings.Split(text, "\n") {
-			if !externalRef.MatchString(line) {
-				continue
-			}
-			found = true
-			if !pending {
+			if externalRef.MatchString(line) {
 				t.Errorf("%s:%d refers to a design document the repository lacks: state the fact, or link the docs/ page that does: %s",
 					f, i+1, strings.TrimSpace(line))
 			}
 		}
-		if pending && !found {
-			swept[f] = true
-		}
-	}
-	for f := range swept {
-		t.Errorf("%s is listed in pendingSweep but holds no external reference any more: remove it from the list", f)
 	}
 }
 
@@ -229,9 +171,6 @@ func TestMarkdownLinks(t *testing.T) {
 				if file != "" {
 					dest = path.Clean(path.Join(path.Dir(f), file))
 				}
-				if pendingPages[dest] && !tree[dest] {
-					continue
-				}
 				if !tree[dest] {
 					t.Errorf("%s links %q: the repository has no %s", f, target, dest)
 					continue
@@ -250,7 +189,6 @@ func TestMarkdownLinks(t *testing.T) {
 			}
 		}
 	}
-	checkPendingPages(t, tree)
 }
 
 // TestDocsPageMentions: a mention of docs/<page>.md in any tracked file (code
@@ -267,9 +205,6 @@ func TestDocsPageMentions(t *testing.T) {
 		for i, line := range strings.Split(text, "\n") {
 			for _, m := range docsPage.FindAllStringSubmatch(line, -1) {
 				page := "docs/" + m[1]
-				if pendingPages[page] && !tree[page] {
-					continue
-				}
 				if !tree[page] {
 					t.Errorf("%s:%d mentions %s, which the repository lacks", f, i+1, page)
 					continue
@@ -283,17 +218,6 @@ func TestDocsPageMentions(t *testing.T) {
 					t.Errorf("%s:%d mentions %s, %q: the page has no such heading", f, i+1, page, h)
 				}
 			}
-		}
-	}
-	checkPendingPages(t, tree)
-}
-
-// checkPendingPages fails for a pending page that exists now.
-func checkPendingPages(t *testing.T, tree map[string]bool) {
-	t.Helper()
-	for _, f := range slices.Sorted(maps.Keys(pendingPages)) {
-		if tree[f] {
-			t.Errorf("%s exists now: remove it from pendingPages", f)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // ownedRun is one delivery of a run whose claim is owned and ready.
@@ -17,9 +18,9 @@ type ownedRun struct {
 	ctx context.Context
 }
 
-// ProcessBatch takes a contiguous run of deliveries through SPEC §5–§7,
-// handing a consumer.BatchHandler the deliveries it owns in one call
-// (SPEC §11.4). A handler that is not a BatchHandler, and shadow mode,
+// ProcessBatch takes a contiguous run of deliveries through the claim, the
+// handler and the settlement, handing a consumer.BatchHandler the
+// deliveries it owns in one call. A handler that is not a BatchHandler, and shadow mode,
 // which runs every delivery, get them one at a time.
 //
 // In order, each delivery of ds is:
@@ -52,7 +53,7 @@ type ownedRun struct {
 func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	// A plain handler's run of one takes the path of a batch handler's: the
 	// same steps as Process, and its source learns when the handler is done
-	// (consumer.RunHandled), so that a Kafka lane starts its next delivery
+	// (consumer.RunHandledNotifier), so that a Kafka lane starts its next delivery
 	// while this one's result is stored. bh is used only for runs of two or
 	// more.
 	bh, ok := p.h.(consumer.BatchHandler)
@@ -68,7 +69,7 @@ func (p *processor) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	var behind []heldBack
 	// flush runs the pending batch, then what it held back. The last flush
 	// of the call notifies the source once the batch's handlers are done
-	// (consumer.RunHandled) when nothing was held back behind it: nothing
+	// (consumer.RunHandledNotifier) when nothing was held back behind it: nothing
 	// of the call is then left to run.
 	flush := func(last bool) {
 		var handled []consumer.Delivery
@@ -188,7 +189,7 @@ func (p *processor) Batching() bool {
 // completions together and settles them. A run of one goes through Handle.
 // When every delivery of run has a result to store, runBatch notifies the
 // source of handled, a non-empty run of ProcessBatch, that its handlers are
-// done before it stores them (consumer.RunHandled).
+// done before it stores them (consumer.RunHandledNotifier).
 func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run []ownedRun, handled []consumer.Delivery) {
 	switch len(run) {
 	case 0:
@@ -198,12 +199,12 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		r, hctx := p.start(o.ctx, o.d, o.pr, o.leaseEnd)
 		start := time.Now()
 		p.e.handlerStarted()
-		result, herr := consumer.CallHandler(hctx, p.h, o.d.Message())
+		result, herr := dispatch.CallHandler(hctx, p.h, o.d.Message())
 		p.e.handlerReturned()
 		took := time.Since(start)
 		r.renewer.stop()
 		if c, ok := p.outcome(o.ctx, o.d, o.pr, r, hctx, result, herr, took, true); ok {
-			consumer.RunHandled(handled)
+			dispatch.RunHandled(handled)
 			p.completeOne(o.ctx, c, true)
 		}
 		r.cancel(nil)
@@ -217,10 +218,10 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		msgs[i] = o.d.Message()
 	}
 	results := make([]consumer.Result, len(run))
-	bctx, cancel := context.WithCancel(consumer.WithMessageContexts(ctx, hctxs))
+	bctx, cancel := context.WithCancel(dispatch.WithMessageContexts(ctx, hctxs))
 	start := time.Now()
 	p.e.handlerStarted()
-	consumer.CallBatchHandler(bctx, bh, msgs, results)
+	dispatch.CallBatchHandler(bctx, bh, msgs, results)
 	p.e.handlerReturned()
 	took := time.Since(start)
 	cancel()
@@ -240,7 +241,7 @@ func (p *processor) runBatch(ctx context.Context, bh consumer.BatchHandler, run 
 		}
 	}
 	if len(cs) == len(run) {
-		consumer.RunHandled(handled)
+		dispatch.RunHandled(handled)
 	}
 	if len(cs) > 0 {
 		p.complete(ctx, cs)

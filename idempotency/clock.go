@@ -4,7 +4,7 @@ import "time"
 
 // Clock is the engine's local time: the moments it estimates a lease's end
 // from, and the timer that sends lease renewals. Leases themselves follow
-// the store's clock (Redis TIME, SPEC §6); a Clock only decides when the
+// the store's clock (Redis TIME); a Clock only decides when the
 // engine renews. Tests inject idempotencytest.Clock to drive renewals
 // without waiting; Config's default is the system clock.
 type Clock interface {

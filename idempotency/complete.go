@@ -9,8 +9,7 @@ import (
 	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
-// completing is an outcome to store before its delivery is acked
-// (SPEC §5.2).
+// completing is an outcome to store before its delivery is acked.
 type completing struct {
 	d       consumer.Delivery
 	cl      *Claim
@@ -51,7 +50,7 @@ func (p *processor) completeOne(ctx context.Context, c completing, patient bool)
 }
 
 // complete stores the outcomes of cs, submitted together so that one store
-// call carries a whole run's (SPEC §4.4), then settles each delivery: acked
+// call carries a whole run's, then settles each delivery: acked
 // once its outcome is stored, redelivered when it could not be, settled as a
 // lost claim when another owner holds its key. cs are a batch handler's
 // run, whose store call may linger for other runs' to share it
@@ -74,8 +73,8 @@ func (p *processor) completeInto(ctx context.Context, cs []completing, owned []b
 	// back earlier would be redelivered and, once its lease ran out, run
 	// again: a store outage longer than a few tries (a Redis restart, a
 	// failover that waits for a replica's resync) would turn every handler
-	// that finished in it into a duplicate (SPEC §11.1). While the store is down nothing new can be
-	// claimed either (SPEC §7.3); on a Cluster with one primary down, the
+	// that finished in it into a duplicate. While the store is down nothing new can be
+	// claimed either; on a Cluster with one primary down, the
 	// held deliveries take concurrency slots that keys of the other slots
 	// could use, until the primary is back.
 	for attempt, wait := 0, completeRetryMin; len(todo) > 0; attempt++ {

@@ -76,7 +76,7 @@ type batcher[Req, Res any] struct {
 
 	// free holds requests whose caller took the answer, for reuse: a
 	// request and its channel per completion were a tenth of the worker's
-	// allocated bytes (a memory profile of cmd/dedupbench).
+	// allocated bytes (a memory profile of the bench module's dedupbench).
 	free sync.Pool
 }
 
@@ -111,7 +111,7 @@ func (r *batchReq[Req, Res]) answer() {
 // Two keep Redis busy (one batch is answered while the next is sent) and let
 // the rest queue into large batches: with four, a completion that found a
 // free flight often went alone, and completions cost 0.033-0.045 round trips
-// per message instead of 0.019-0.039 (cmd/dedupbench).
+// per message instead of 0.019-0.039 (the bench module's dedupbench).
 const batchFlights = 2
 
 // nodeFlights is how many batch calls of one kind a node's batcher (a

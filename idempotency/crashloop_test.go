@@ -13,7 +13,7 @@ import (
 
 // A key whose max_attempts runs all died with their worker (each claimed,
 // none completed, released or dead-lettered) is dead-lettered on its next
-// claim without running the handler again (SPEC §7.2, §11.3), and the
+// claim without running the handler again, and the
 // engine's claims ask the store to keep an abandoned claim for the
 // handler's retention, so the count is there however late that claim comes.
 func TestClaimPastMaxAttemptsDeadLettersWithoutRunning(t *testing.T) {

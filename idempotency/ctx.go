@@ -3,15 +3,16 @@ package idempotency
 import (
 	"context"
 
+	"github.com/idemkit/dedupworker/internal/claimctx"
 	"github.com/idemkit/dedupworker/internal/ctxshare"
 )
 
 // handlerRun is what one run of the handler under a claim needs, in one
-// allocation: the context that carries the run's state (FromContext and
-// Step find it under ctxKey), the lease renewer, and the cancel of the
-// handler's context, which is derived from it.
+// allocation: the context that carries the run's state (claimctx.From finds
+// it), the lease renewer, and the cancel of the handler's context, which is
+// derived from it.
 type handlerRun struct {
-	ctxshare.Carrier[ctxKey, runState]
+	ctxshare.Carrier[claimctx.Key, runState]
 	renewer renewer
 	cancel  context.CancelCauseFunc // the handler context's
 }

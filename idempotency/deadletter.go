@@ -25,7 +25,7 @@ func (p *processor) deadLetterOwned(ctx context.Context, d consumer.Delivery, cl
 
 // publishDeadLetter sends dl and reports whether the message may now be
 // acked: true when published, or when there is no destination (logged: the
-// record still says dead_lettered, SPEC §7.2); false when publishing failed.
+// record still says dead_lettered); false when publishing failed.
 func (p *processor) publishDeadLetter(ctx context.Context, d consumer.Delivery, dl consumer.DeadLetter) bool {
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()

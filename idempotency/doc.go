@@ -1,40 +1,34 @@
 // Package idempotency is the transport-neutral deduplication engine of
 // dedupworker.
 //
-// For every delivery it extracts the message's idempotency key (SPEC §3.1)
-// and payload fingerprint (SPEC §3.3), claims the key in a Store (one round
-// trip per fetched batch, SPEC §4.4), and then, by the claim's outcome, runs
-// the handler under a renewed lease (SPEC §6), acks a duplicate without
+// For every delivery it extracts the message's idempotency key
+// and payload fingerprint, claims the key in a Store (one round
+// trip per fetched batch), and then, by the claim's outcome, runs
+// the handler under a renewed lease, acks a duplicate without
 // running it, waits for a key in flight elsewhere, or rejects a key reused for
-// other content. A handler's result is stored before the delivery is acked
-// (SPEC §5.2); a result the store cannot take yet is held and its
+// other content. A handler's result is stored before the delivery is acked;
+// a result the store cannot take yet is held and its
 // completion retried until it is stored, or the delivery's context ends
 // (the worker's drain deadline), so a store outage does not run the handler
 // again. Failures are retried with backoff and dead-lettered after max
-// attempts (SPEC §7).
+// attempts.
 //
-// The root package dedupworker runs it for you. Used directly, the engine
-// is a consumer.Worker's processor for each handler:
+// The root package, dedupworker, runs it for every handler its Worker
+// deduplicates, and names what a handler uses (its options, key sources,
+// ClaimOf and Step). This package is for those who write a [Store]
+// (storetest is its conformance suite) and for the worker itself: its
+// [Engine] makes the consumer.Processor of each handler.
 //
-//	store, _ := redisbackend.NewFromURL(ctx, "redis://127.0.0.1:6379/0", redisbackend.Options{})
-//	engine, _ := idempotency.New(store, idempotency.Config{Logger: logger})
-//	dedup, err := engine.Processor(idempotency.WithLease(30*time.Second), idempotency.WithMaxAttempts(5))
-//	w := consumer.NewWorker(consumer.Config{Logger: logger})
-//	w.Handle("orders", source, handler, consumer.WithProcessor(dedup))
-//	err = w.Run(ctx)
-//
-// Inside a handler, FromContext tells the claim (key, fence, attempt) and
-// Step makes single side effects survive a retry without repeating.
-//
-// A handler's failure is retried or dead-lettered as consumer.Decide says,
-// under the handler's WithBackoff and WithMaxAttempts. Lease renewals are
-// sent on Config.Clock; tests drive it with idempotencytest.Clock.
+// A handler's failure is retried after its backoff ([WithBackoff]) or
+// dead-lettered once [WithMaxAttempts] is reached, or at once for a
+// permanent error. Lease renewals are sent on [Config.Clock]; tests drive
+// it with idempotencytest.Clock.
 //
 // # Batch handlers
 //
 // A handler that also implements consumer.BatchHandler is given the
-// messages of a run that the engine owns in one HandleBatch call
-// (SPEC §11.4), when the source hands it a run (consumer.Runner.ProcessBatch:
+// messages of a run that the engine owns in one HandleBatch call,
+// when the source hands it a run (consumer.Runner.ProcessBatch:
 // a Kafka lane's queued messages, a NATS fetch). Of the run, already claimed
 // by Prepare:
 //
@@ -56,8 +50,8 @@
 //     Handle as a single delivery does (waiting for the key's owner), then
 //     the rest of the run.
 //
-// Each message of a call has its own context, consumer.MessageContext(ctx,
-// i), carrying its claim (FromContext, Step) and cancelled when that claim's
+// Each message of a call has its own context, dedupworker.MessageContext(ctx,
+// i), carrying its claim (dedupworker.ClaimOf, dedupworker.Step) and cancelled when that claim's
 // lease is lost; the lease of every claim of the call is renewed while the
 // call runs. After the call each message completes, retries or is
 // dead-lettered on its own, from its consumer.Result, by the same rules as
@@ -66,7 +60,7 @@
 // other handlers' completions already fill a batch), and the deliveries are
 // acked after them. When every message of the run's last call has a result
 // to store and nothing of the run waits behind it, the engine tells the
-// run's source so before it stores them (consumer.RunHandled): the Kafka
+// run's source so before it stores them (consumer.RunHandledNotifier): the Kafka
 // source then starts the lane's next run while the completions are in
 // flight. The completions may wait up to Config.CompletionLinger for
 // other runs' to share their store call. A plain Handler's run of one (what

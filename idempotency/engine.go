@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/ctxshare"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // Config configures an Engine. The zero value is usable.
@@ -28,7 +29,7 @@ type Config struct {
 	// one each, and every call costs Redis far more than a key in it.
 	// Only the run's acks, and the concurrency slot it holds, wait as
 	// long: the Kafka source starts a lane's next run meanwhile
-	// (consumer.RunHandled). A single delivery's completion, which its
+	// (consumer.RunHandledNotifier). A single delivery's completion, which its
 	// lane or slot waits for, never waits, and takes any that linger
 	// along. Default 3ms (DefaultCompletionLinger); a negative value
 	// turns the linger off.
@@ -128,7 +129,7 @@ func (e *Engine) Close() error {
 }
 
 // Processor returns what makes the deduplicating consumer.Processor of a
-// handler with opts (consumer.WithProcessor). It fails, naming the option,
+// handler with opts (the Worker registers it). It fails, naming the option,
 // when an option is invalid.
 func (e *Engine) Processor(opts ...Option) (consumer.ProcessorFactory, error) {
 	cfg := defaultHandlerConfig()
@@ -148,9 +149,9 @@ func (e *Engine) Processor(opts ...Option) (consumer.ProcessorFactory, error) {
 			prepared:      make(map[consumer.Delivery]*prepared),
 			held:          make(map[string]*prepared),
 			renewals:      schedule{clock: e.clock, tick: max(cfg.lease/100, time.Millisecond)},
-			retry:         consumer.RetryPolicy{MaxAttempts: cfg.maxAttempts, BackoffInitial: cfg.backoffInitial, BackoffMax: cfg.backoffMax},
-			storeRetry:    consumer.RetryPolicy{BackoffInitial: cfg.storeRetryMin, BackoffMax: cfg.storeRetryMax},
-			inFlightRetry: consumer.RetryPolicy{BackoffInitial: cfg.backoffInitial, BackoffMax: max(cfg.backoffInitial, cfg.lease)},
+			retry:         dispatch.RetryPolicy{MaxAttempts: cfg.maxAttempts, BackoffInitial: cfg.backoffInitial, BackoffMax: cfg.backoffMax},
+			storeRetry:    dispatch.RetryPolicy{BackoffInitial: cfg.storeRetryMin, BackoffMax: cfg.storeRetryMax},
+			inFlightRetry: dispatch.RetryPolicy{BackoffInitial: cfg.backoffInitial, BackoffMax: max(cfg.backoffInitial, cfg.lease)},
 		}
 	}, nil
 }
@@ -163,12 +164,12 @@ type processor struct {
 	cfg  handlerConfig
 	log  *slog.Logger
 
-	// retry decides the fate of a failed handler run (consumer.Decide) and
+	// retry decides the fate of a failed handler run (the worker's Decide) and
 	// the delay of a retry after a failed dead-letter publish; storeRetry
-	// the delay of a redelivery while the store is unavailable (SPEC §7.3);
-	// inFlightRetry that of a key still in flight elsewhere after the wait
-	// (SPEC §5.1), at most a lease.
-	retry, storeRetry, inFlightRetry consumer.RetryPolicy
+	// the delay of a redelivery while the store is unavailable;
+	// inFlightRetry that of a key still in flight elsewhere after the wait,
+	// at most a lease.
+	retry, storeRetry, inFlightRetry dispatch.RetryPolicy
 
 	renewals schedule // of the running handlers' lease renewals
 

@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
@@ -68,7 +71,7 @@ func (b *batchRecorder) handler(t *testing.T) consumer.BatchFunc {
 	return func(ctx context.Context, msgs []*consumer.Message, results []consumer.Result) {
 		keys := make([]string, len(msgs))
 		for i, m := range msgs {
-			ci, ok := idempotency.FromContext(consumer.MessageContext(ctx, i))
+			ci, ok := dedupworker.ClaimOf(dedupworker.MessageContext(ctx, i))
 			want := m.Header.Get("Idempotency-Key")
 			if !ok || ci.Key != want {
 				t.Errorf("message %d (%s): context claim %+v %v, want the claim of its own key", i, want, ci, ok)
@@ -124,7 +127,7 @@ func TestProcessBatchCutsAtInFlightAndSettlesEachMessage(t *testing.T) {
 	busy := claim("busy", time.Minute)
 
 	rec := &batchRecorder{
-		fail: map[string]error{"flaky": errors.New("downstream hiccup"), "poison": consumer.Permanent(errors.New("bad payload"))},
+		fail: map[string]error{"flaky": errors.New("downstream hiccup"), "poison": dispatch.Permanent(errors.New("bad payload"))},
 		// While the first run is in the handler, the other worker lets
 		// "busy" go: the cut delivery, waiting for it, then claims it.
 		during: func() {
@@ -215,7 +218,7 @@ func TestProcessBatchLeaseRenewedForEveryClaim(t *testing.T) {
 		deadline := time.Now().Add(3 * lease)
 		for time.Now().Before(deadline) {
 			for i := range msgs {
-				if err := consumer.MessageContext(ctx, i).Err(); err != nil {
+				if err := dedupworker.MessageContext(ctx, i).Err(); err != nil {
 					results[i].Err = err
 				}
 			}

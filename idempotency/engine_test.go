@@ -12,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/consumer/consumertest"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 )
@@ -120,7 +123,7 @@ func TestHandlerErrorReleasesAndNaksWithBackoff(t *testing.T) {
 	fail.Store(true)
 	var fences []int64
 	h := &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
-		ci, _ := idempotency.FromContext(ctx)
+		ci, _ := dedupworker.ClaimOf(ctx)
 		fences = append(fences, ci.Fence)
 		if fail.Load() {
 			return nil, errBoom
@@ -158,7 +161,7 @@ func TestRetryAfterOverridesBackoff(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	p := f.processor(t, &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
-		return nil, consumer.RetryAfter(7 * time.Second)
+		return nil, dispatch.RetryAfter(7*time.Second, nil)
 	}})
 	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	p.Process(context.Background(), d)
@@ -222,7 +225,7 @@ func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) {
-		return nil, consumer.Permanent(errors.New("bad order"))
+		return nil, dispatch.Permanent(errors.New("bad order"))
 	}}
 	p := f.processor(t, h)
 	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
@@ -235,7 +238,7 @@ func TestPermanentErrorDeadLettersAtOnce(t *testing.T) {
 func TestDeadLetterPublishFailureIsRetriedNotAcked(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, dispatch.Permanent(errBoom) }}
 	p := f.processor(t, h)
 	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	d.FailWith(consumertest.Errors{DeadLetter: errors.New("broker down")})
@@ -250,7 +253,7 @@ func TestDeadLetterPublishFailureIsRetriedNotAcked(t *testing.T) {
 func TestNoDeadLetterDestinationStillCompletes(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, consumer.Permanent(errBoom) }}
+	h := &countingHandler{fn: func(context.Context, *consumer.Message) ([]byte, error) { return nil, dispatch.Permanent(errBoom) }}
 	p := f.processor(t, h)
 	d := consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1)
 	d.FailWith(consumertest.Errors{DeadLetter: consumer.ErrNoDeadLetter})
@@ -388,13 +391,13 @@ func TestStepsSkipFinishedStepsOnRetry(t *testing.T) {
 	failEmail := atomic.Bool{}
 	failEmail.Store(true)
 	h := &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
-		receipt, err := idempotency.Step(ctx, "charge", func(context.Context) ([]byte, error) {
+		receipt, err := dedupworker.Step(ctx, "charge", func(context.Context) ([]byte, error) {
 			return []byte("receipt-" + strconv.Itoa(int(charges.Add(1)))), nil
 		})
 		if err != nil {
 			return nil, err
 		}
-		_, err = idempotency.Step(ctx, "email", func(context.Context) ([]byte, error) {
+		_, err = dedupworker.Step(ctx, "email", func(context.Context) ([]byte, error) {
 			emails.Add(1)
 			if failEmail.Load() {
 				return nil, errors.New("smtp down")
@@ -549,9 +552,9 @@ func TestCancelledBeforeRunReleasesAndNaks(t *testing.T) {
 func TestClaimInfoInContext(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	var got idempotency.ClaimInfo
+	var got dedupworker.Claim
 	p := f.processor(t, &countingHandler{fn: func(ctx context.Context, _ *consumer.Message) ([]byte, error) {
-		got, _ = idempotency.FromContext(ctx)
+		got, _ = dedupworker.ClaimOf(ctx)
 		return nil, nil
 	}})
 	p.Process(context.Background(), consumertest.NewDelivery(consumertest.NewMessage("k", "x"), 1))
@@ -561,7 +564,7 @@ func TestClaimInfoInContext(t *testing.T) {
 	if err != nil || rec == nil || rec.Fence < 1 {
 		t.Fatalf("stored record %+v, %v: want one with a positive fence", rec, err)
 	}
-	want := idempotency.ClaimInfo{Handler: "orders", Key: "k", EffectiveKey: "orders:k", Fence: rec.Fence, Attempt: 1}
+	want := dedupworker.Claim{Handler: "orders", Key: "k", EffectiveKey: "orders:k", Fence: rec.Fence, Attempt: 1}
 	if got != want {
 		t.Fatalf("claim info %+v, want %+v", got, want)
 	}
@@ -652,9 +655,8 @@ func TestHeldCompletionGivenBackWhenContextEnds(t *testing.T) {
 }
 
 // With Options.Durability against a Redis that has no replica, every claim
-// falls short of its replicas (SPEC §11.1): the store fails closed, so the
-// handler never runs and the delivery is not acked but redelivered later
-// (SPEC §7.3).
+// falls short of its replicas: the store fails closed, so the
+// handler never runs and the delivery is not acked but redelivered later.
 func TestDurabilityShortfallRunsNothing(t *testing.T) {
 	t.Parallel()
 	store, err := redisbackend.New(testenv.RedisClient(t), redisbackend.Options{

@@ -11,8 +11,8 @@ import (
 	"github.com/idemkit/dedupworker/idempotency"
 )
 
-// jsonAt walks a decoded JSON value along path the way a reader of SPEC §3.1
-// would: objects only, exact member names.
+// jsonAt walks a decoded JSON value along path the way a reader of the
+// JSONKey documentation would: objects only, exact member names.
 func jsonAt(payload []byte, path []string) (any, bool) {
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
@@ -34,7 +34,7 @@ func jsonAt(payload []byte, path []string) (any, bool) {
 
 // FuzzExtractKey: over arbitrary payloads, header values and paths, key
 // extraction with header: and json: sources never panics and never errors
-// (a non-JSON payload is a missing key, SPEC §3.2); a key found by the
+// (a non-JSON payload is a missing key); a key found by the
 // header source is that header's value; a key found by the json source is a
 // non-empty string or number at exactly that path of the payload; and the
 // fingerprint is stable and versioned.

@@ -19,7 +19,7 @@ import (
 // means the message has none.
 type KeyFunc func(m *consumer.Message) (string, error)
 
-// KeySource is one place an idempotency key may come from (SPEC §3.1). Build
+// KeySource is one place an idempotency key may come from. Build
 // one with HeaderKey, NatsMsgID, KafkaKey, JSONKey, PayloadHash, KeyFrom or
 // ParseKeySource.
 type KeySource struct {
@@ -130,7 +130,7 @@ func jsonField(payload []byte, path []string) (string, error) {
 
 // ExtractKey tries sources in order and returns the first non-empty key and
 // the source it came from. ok is false when no source yields a key; a payload
-// that is not JSON for a json: source counts as no key (SPEC §3.2). fp is the
+// that is not JSON for a json: source counts as no key. fp is the
 // message's fingerprint, used by PayloadHash.
 func ExtractKey(m *consumer.Message, sources []KeySource, fp string) (key string, from KeySource, err error) {
 	for _, s := range sources {
@@ -146,7 +146,7 @@ func ExtractKey(m *consumer.Message, sources []KeySource, fp string) (key string
 }
 
 // MaxKeyBytes is the longest key kept verbatim in an effective key; longer
-// keys are replaced by "sha256:<hex>" of themselves (SPEC §2).
+// keys are replaced by "sha256:<hex>" of themselves.
 const MaxKeyBytes = 200
 
 // EffectiveKey returns "<scope>:<key>", the store key of a key in a scope.
@@ -161,11 +161,11 @@ func EffectiveKey(scope, key string) string {
 }
 
 // FingerprintVersion is the version of Fingerprint's algorithm, stored with
-// every record (SPEC §3.3).
+// every record.
 const FingerprintVersion = 1
 
 // Fingerprint returns "1:<hex sha256>" over the payload and then each named
-// header's name and values, in name order (SPEC §3.3). Every part is
+// header's name and values, in name order. Every part is
 // length-prefixed, so no two different inputs hash the same text.
 //
 // The hash state and its scratch buffer are pooled: a hash allocated per

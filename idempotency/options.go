@@ -9,10 +9,11 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // MissingKeyPolicy says what to do with a message that has no idempotency
-// key (SPEC §3.2).
+// key.
 type MissingKeyPolicy string
 
 // Missing-key policies.
@@ -25,7 +26,7 @@ const (
 )
 
 // MismatchPolicy says what to do when a key arrives with a fingerprint other
-// than the stored one (SPEC §3.4).
+// than the stored one.
 type MismatchPolicy string
 
 // Mismatch policies.
@@ -66,7 +67,7 @@ type handlerConfig struct {
 }
 
 func defaultHandlerConfig() handlerConfig {
-	retry := consumer.DefaultRetryPolicy()
+	retry := dispatch.DefaultRetryPolicy()
 	return handlerConfig{
 		keySources:     DefaultKeySources(),
 		missingKey:     MissingKeyReject,
@@ -81,16 +82,16 @@ func defaultHandlerConfig() handlerConfig {
 	}
 }
 
-// WithKeySources sets where keys come from, tried in order (SPEC §3.1).
+// WithKeySources sets where keys come from, tried in order.
 // Default: header:Idempotency-Key.
 func WithKeySources(sources ...KeySource) Option {
 	return func(c *handlerConfig) { c.keySources = sources }
 }
 
-// WithMissingKey sets the missing-key policy (SPEC §3.2). Default reject.
+// WithMissingKey sets the missing-key policy. Default reject.
 func WithMissingKey(p MissingKeyPolicy) Option { return func(c *handlerConfig) { c.missingKey = p } }
 
-// WithMismatch sets the fingerprint-mismatch policy (SPEC §3.4). Default
+// WithMismatch sets the fingerprint-mismatch policy. Default
 // reject.
 func WithMismatch(p MismatchPolicy) Option { return func(c *handlerConfig) { c.mismatch = p } }
 
@@ -99,7 +100,7 @@ func WithFingerprintHeaders(names ...string) Option {
 	return func(c *handlerConfig) { c.fpHeaders = names }
 }
 
-// WithLease sets the claim lease (SPEC §6). It is renewed every third of
+// WithLease sets the claim lease. It is renewed every third of
 // itself while the handler runs. Default 30s.
 func WithLease(d time.Duration) Option { return func(c *handlerConfig) { c.lease = d } }
 
@@ -108,33 +109,33 @@ func WithLease(d time.Duration) Option { return func(c *handlerConfig) { c.lease
 func WithRetention(d time.Duration) Option { return func(c *handlerConfig) { c.retention = d } }
 
 // WithMaxAttempts sets how many runs of the handler a key gets before it is
-// dead-lettered (SPEC §7.2). Default 5.
+// dead-lettered. Default 5.
 func WithMaxAttempts(n int) Option { return func(c *handlerConfig) { c.maxAttempts = n } }
 
 // WithBackoff sets the retry backoff after handler errors: initial, doubling
-// up to max, with jitter (SPEC §7.1). Default 1s to 5m.
+// up to max, with jitter. Default 1s to 5m.
 func WithBackoff(initial, max time.Duration) Option {
 	return func(c *handlerConfig) { c.backoffInitial, c.backoffMax = initial, max }
 }
 
 // WithInFlightWait bounds how long a delivery waits for another worker that
-// holds its key (SPEC §5.1) before it is redelivered later. Default: the
+// holds its key before it is redelivered later. Default: the
 // lease.
 func WithInFlightWait(d time.Duration) Option { return func(c *handlerConfig) { c.inFlightWait = d } }
 
 // WithStoreRetry sets the backoff for redeliveries while the store is
-// unavailable (SPEC §7.3). Default 500ms to 15s.
+// unavailable. Default 500ms to 15s.
 func WithStoreRetry(initial, max time.Duration) Option {
 	return func(c *handlerConfig) { c.storeRetryMin, c.storeRetryMax = initial, max }
 }
 
-// WithShadow enables shadow mode (SPEC §8.5): claims and completes as usual
+// WithShadow enables shadow mode: claims and completes as usual
 // but always runs the handler, counting would_skip for every delivery that
 // enforcement would have skipped.
 func WithShadow() Option { return func(c *handlerConfig) { c.shadow = true } }
 
 // WithFailOpen runs the handler without deduplication when the store is
-// unavailable, counted as store_bypassed (SPEC §7.3). The default is
+// unavailable, counted as store_bypassed. The default is
 // fail-closed: nothing runs and nothing is acked until the store answers.
 func WithFailOpen() Option { return func(c *handlerConfig) { c.failOpen = true } }
 

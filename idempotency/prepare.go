@@ -30,8 +30,8 @@ func (p *processor) inspectInto(pr *prepared, d consumer.Delivery) {
 	}
 }
 
-// Prepare claims the keys of a fetched batch in one store call
-// (SPEC §4.4), which the batches other partitions fetched while an earlier
+// Prepare claims the keys of a fetched batch in one store call,
+// which the batches other partitions fetched while an earlier
 // call was in flight share (newPrepareClaimer). A key that appears twice in the batch is claimed for its first
 // delivery only; the later one claims when it runs and finds the key in
 // flight or done.

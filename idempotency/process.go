@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/claimctx"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // maxClaimRounds bounds re-claims after an in-flight key was released.
@@ -16,7 +18,8 @@ const maxClaimRounds = 3
 // the distance between this clock and the store's.
 const leaseSlack = 50 * time.Millisecond
 
-// Process takes one delivery through SPEC §5–§7.
+// Process takes one delivery through its claim, its handler and its
+// settlement.
 func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 	pr := p.take(d)
 	if pr == nil {
@@ -25,8 +28,8 @@ func (p *processor) Process(ctx context.Context, d consumer.Delivery) {
 	p.process(ctx, d, pr)
 }
 
-// process takes d, whose prepared state pr was taken, through SPEC §5–§7
-// on its own.
+// process takes d, whose prepared state pr was taken, through its claim,
+// its handler and its settlement on its own.
 func (p *processor) process(ctx context.Context, d consumer.Delivery, pr *prepared) {
 	p.await(pr)
 	if ctx.Err() != nil {
@@ -97,7 +100,7 @@ const (
 
 // onInFlight acts on a claim of round that found pr's key in flight
 // elsewhere: claim again at once after a batch claim, run it unclaimed in
-// shadow mode, wait for the owner (SPEC §5.1), or redeliver it later once
+// shadow mode, wait for the owner, or redeliver it later once
 // the rounds are used up or the owner still holds it after the wait.
 func (p *processor) onInFlight(ctx context.Context, d consumer.Delivery, pr *prepared, round int) inFlightNext {
 	if pr.batched && !p.cfg.shadow {
@@ -133,7 +136,7 @@ func (p *processor) onInFlight(ctx context.Context, d consumer.Delivery, pr *pre
 }
 
 // waitInFlight waits up to the in-flight wait for the owner of key to
-// finish (SPEC §5.1). It returns nil when the key should be claimed again
+// finish. It returns nil when the key should be claimed again
 // (completed, released, gone, or its owner's lease ran out: a crashed worker
 // is reclaimed as soon as its lease ends, not after the whole wait), or the
 // record still in flight when the wait is over.
@@ -193,7 +196,7 @@ func (p *processor) runOwned(ctx context.Context, d consumer.Delivery, pr *prepa
 	run, hctx := p.start(ctx, d, pr, leaseEnd)
 	start := time.Now()
 	p.e.handlerStarted()
-	result, herr := consumer.CallHandler(hctx, p.h, d.Message())
+	result, herr := dispatch.CallHandler(hctx, p.h, d.Message())
 	p.e.handlerReturned()
 	took := time.Since(start)
 	run.renewer.stop()
@@ -243,12 +246,12 @@ func (p *processor) ready(ctx context.Context, d consumer.Delivery, pr *prepared
 		// The key has had its max_attempts runs, and the last of them
 		// ended with no outcome stored (its worker died, or it lost its
 		// lease): an error would have dead-lettered it. The attempts are
-		// counted in the record, across restarts (SPEC §7.2, §11.3), so a
+		// counted in the record, across restarts, so a
 		// key that kills its worker on every run stops here instead of
 		// running for ever.
 		runs := cl.Attempts - 1
 		err := fmt.Errorf("dedup: the key had %d runs (max_attempts %d) and the last ended without an outcome: its worker stopped or lost the lease during it", runs, p.retry.MaxAttempts)
-		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, consumer.ReasonMaxAttempts, err, runs); ok {
+		if c, ok := p.deadLetterOwned(ctx, d, cl, pr.key, dispatch.ReasonMaxAttempts, err, runs); ok {
 			p.completeOne(ctx, c, false)
 		}
 		return leaseEnd, claimSettled
@@ -271,7 +274,7 @@ func (p *processor) startIn(run *handlerRun, ctx context.Context, d consumer.Del
 	cl := pr.res.Claim
 	run.Bind(ctx)
 	run.Val = runState{
-		info: ClaimInfo{
+		info: claimctx.Info{
 			Handler: p.name, Key: pr.key, EffectiveKey: cl.Key, Fence: cl.Fence,
 			Attempt: max(cl.Attempts, 1), Reclaimed: pr.res.Outcome == ClaimReclaimed,
 		},
@@ -286,7 +289,7 @@ func (p *processor) startIn(run *handlerRun, ctx context.Context, d consumer.Del
 }
 
 // outcome decides the fate of d after its handler ran under run's claim
-// and returned result and herr (SPEC §5.2, §7): a success or a dead-letter
+// and returned result and herr: a success or a dead-letter
 // returns the completion still to be stored and true (the caller stores it,
 // with those of the rest of its run, and settles it in complete); a lost
 // claim, a cancellation or a retry is settled here and returns false.
@@ -307,15 +310,15 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 		return completing{}, false
 	}
 	attempt := rs.info.Attempt
-	f := consumer.Decide(ctx, herr, attempt, p.retry)
+	f := dispatch.Decide(ctx, herr, attempt, p.retry)
 	switch f.Action {
-	case consumer.ActAck:
+	case dispatch.ActAck:
 		outcome := consumer.OutcomeProcessed
 		if pr.res.Outcome == ClaimReclaimed {
 			outcome = consumer.OutcomeReclaimed
 		}
 		return p.completion(d, cl, RecordOutcomeOK, result, nil, outcome), true
-	case consumer.ActRedeliver:
+	case dispatch.ActRedeliver:
 		p.log.Info("handler cancelled; claim released for redelivery", "origin", m.Origin.String(), "cause", context.Cause(ctx))
 		p.release(ctx, cl)
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
@@ -325,7 +328,7 @@ func (p *processor) outcome(ctx context.Context, d consumer.Delivery, pr *prepar
 	if errors.As(herr, &pe) {
 		p.log.Error("handler panicked", "origin", m.Origin.String(), "panic", fmt.Sprint(pe.Value), "stack", string(pe.Stack))
 	}
-	if f.Action == consumer.ActDeadLetter {
+	if f.Action == dispatch.ActDeadLetter {
 		return p.deadLetterOwned(ctx, d, cl, pr.key, f.Reason, herr, attempt)
 	}
 	p.log.Warn("handler failed; released for retry", "origin", m.Origin.String(), "attempt", attempt,
@@ -343,22 +346,22 @@ func (p *processor) runUnclaimed(ctx context.Context, d consumer.Delivery, key s
 	// delivery's context between deliveries).
 	hctx, cancel := context.WithCancel(ctx)
 	start := time.Now()
-	_, herr := consumer.CallHandler(hctx, p.h, m)
+	_, herr := dispatch.CallHandler(hctx, p.h, m)
 	cancel()
 	p.e.hooks.HandlerDone(p.name, time.Since(start), herr)
-	switch f := consumer.Decide(ctx, herr, d.Attempt(), p.retry); f.Action {
-	case consumer.ActAck:
+	switch f := dispatch.Decide(ctx, herr, d.Attempt(), p.retry); f.Action {
+	case dispatch.ActAck:
 		p.settle(ctx, d, outcome, ack)
-	case consumer.ActRedeliver:
+	case dispatch.ActRedeliver:
 		p.settle(ctx, d, consumer.OutcomeCancelled, nak(0))
-	case consumer.ActDeadLetter:
+	case dispatch.ActDeadLetter:
 		dl := consumer.DeadLetter{Reason: f.Reason, Err: herr.Error(), Key: key, Handler: p.name, Attempts: d.Attempt()}
 		if !p.publishDeadLetter(ctx, d, dl) {
 			p.retryDeadLetter(ctx, d, d.Attempt())
 			return
 		}
 		p.settle(ctx, d, consumer.OutcomeDeadLettered, ack)
-	case consumer.ActRetry:
+	case dispatch.ActRetry:
 		p.log.Warn("handler failed; will retry", "origin", m.Origin.String(), "attempt", d.Attempt(), "delay", f.Delay, "err", herr)
 		p.settle(ctx, d, consumer.OutcomeFailed, nak(f.Delay))
 	}

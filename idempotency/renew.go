@@ -9,7 +9,7 @@ import (
 )
 
 // renew starts r: it renews the lease every third of it (with jitter) and
-// heartbeats the transport, until r.stop is called (SPEC §6). When the claim is
+// heartbeats the transport, until r.stop is called. When the claim is
 // lost, or renewals fail until the lease is about to run out, it cancels the
 // handler with ErrLeaseLost. The processor's schedule runs it.
 func (p *processor) renew(r *renewer, hctx context.Context, cancel context.CancelCauseFunc, d consumer.Delivery, cl *Claim, leaseEnd time.Time) {

@@ -3,6 +3,8 @@ package idempotency
 import (
 	"sync"
 	"time"
+
+	"github.com/idemkit/dedupworker/internal/ilist"
 )
 
 // renewJob is what a schedule runs: one handler run's lease renewals.
@@ -24,10 +26,10 @@ type schedule struct {
 	clock Clock
 	tick  time.Duration
 
-	mu         sync.Mutex
-	head, tail *entry
-	timer      Timer // nil until the first add; armed while head != nil
-	armed      bool
+	mu    sync.Mutex
+	list  ilist.List[entry, *entry]
+	timer Timer // nil until the first add; armed while the list is not empty
+	armed bool
 }
 
 // entry is one job's place in a schedule. Its zero value is ready for add;
@@ -36,11 +38,11 @@ type entry struct {
 	job renewJob
 
 	// Guarded by the schedule's mu:
-	prev, next *entry
-	listed     bool      // in the list: not stopped, not over
-	due        time.Time // when to run next
-	firing     bool      // a run is in progress or about to start
-	busy       sync.WaitGroup
+	ilist.Links[entry]
+	listed bool      // in the list: not stopped, not over
+	due    time.Time // when to run next
+	firing bool      // a run is in progress or about to start
+	busy   sync.WaitGroup
 }
 
 // add lists e to run job at due, then again as job says.
@@ -48,13 +50,7 @@ func (s *schedule) add(e *entry, job renewJob, due time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e.job, e.due, e.listed = job, due, true
-	e.prev, e.next = s.tail, nil
-	if s.tail != nil {
-		s.tail.next = e
-	} else {
-		s.head = e
-	}
-	s.tail = e
+	s.list.PushBack(e)
 	if s.armed {
 		return
 	}
@@ -80,17 +76,8 @@ func (s *schedule) unlink(e *entry) {
 	if !e.listed {
 		return
 	}
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
-		s.head = e.next
-	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
-		s.tail = e.prev
-	}
-	e.prev, e.next, e.listed = nil, nil, false
+	s.list.Remove(e)
+	e.listed = false
 }
 
 // scan starts the entries that are due, and arms the timer again while
@@ -99,14 +86,14 @@ func (s *schedule) scan() {
 	now := s.clock.Now()
 	var due []*entry
 	s.mu.Lock()
-	for e := s.head; e != nil; e = e.next {
+	for e := s.list.Front(); e != nil; e = e.Next() {
 		if !e.firing && !e.due.After(now) {
 			e.firing = true
 			e.busy.Add(1)
 			due = append(due, e)
 		}
 	}
-	if s.head != nil {
+	if s.list.Front() != nil {
 		s.timer.Reset(s.tick)
 	} else {
 		s.armed = false

@@ -59,7 +59,7 @@ func nak(delay time.Duration) settleFunc {
 
 // afterLoss settles a delivery whose claim was lost: acked when the record
 // shows a new owner (claimed under another token) or a completion, who
-// finishes the key (SPEC §5.2); otherwise redelivered after the store
+// finishes the key; otherwise redelivered after the store
 // backoff. A record that is gone (Redis restarted without its data), or a
 // store that cannot say, has no new owner: acking would lose the message.
 func (p *processor) afterLoss(ctx context.Context, d consumer.Delivery, cl *Claim) settleFunc {
@@ -144,7 +144,7 @@ func (p *processor) inFlight(ctx context.Context, d consumer.Delivery, pr *prepa
 	p.settle(ctx, d, consumer.OutcomeInFlight, nak(delay))
 }
 
-// storeDown handles an unavailable store (SPEC §7.3): fail-closed by default.
+// storeDown handles an unavailable store: fail-closed by default.
 func (p *processor) storeDown(ctx context.Context, d consumer.Delivery, op string, err error) {
 	if ctx.Err() != nil {
 		p.abandon(ctx, d, &prepared{})

@@ -5,34 +5,13 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemkit/dedupworker/internal/claimctx"
 )
-
-// ClaimInfo describes the claim a handler runs under.
-type ClaimInfo struct {
-	// Handler is the scope.
-	Handler string
-	// Key is the raw idempotency key.
-	Key string
-	// EffectiveKey is "<scope>:<key>" as stored (without the namespace).
-	EffectiveKey string
-	// Fence grows with every new owner of the key, also after its record
-	// was lost (expired, deleted, a wiped Redis): pass it to downstream
-	// systems so they can reject a stale writer, one whose fence is lower
-	// than the highest they have seen for the key. See Record.Fence for
-	// what it rests on.
-	Fence int64
-	// Attempt is the 1-based run of the handler for this key.
-	Attempt int
-	// Reclaimed is true when this run took over an expired lease of a worker
-	// that crashed or stalled: its side effects may be partly done.
-	Reclaimed bool
-}
-
-type ctxKey struct{}
 
 // runState is what the context carries for a handler run.
 type runState struct {
-	info  ClaimInfo
+	info  claimctx.Info
 	store Store
 	token string
 
@@ -40,20 +19,13 @@ type runState struct {
 	steps map[string][]byte
 }
 
-// FromContext returns the claim the handler runs under. ok is false outside
-// a deduplicated run (passthrough, shadow-mode duplicates, fail-open).
-func FromContext(ctx context.Context) (ClaimInfo, bool) {
-	rs, ok := ctx.Value(ctxKey{}).(*runState)
-	if !ok {
-		return ClaimInfo{}, false
-	}
-	return rs.info, true
-}
+// Claim returns the claim of the run.
+func (rs *runState) Claim() claimctx.Info { return rs.info }
 
 // stepSaveTimeout bounds one SaveStep call.
 const stepSaveTimeout = 5 * time.Second
 
-// Step runs fn once per key across retries and crashes (SPEC §5.4): when the
+// Step runs fn once per key across retries and crashes: when the
 // key's handler runs again, a step that finished before returns its stored
 // result without calling fn. Each finished step's result is stored, fenced by
 // the claim's token, before Step returns, so a repeat of a side effect is
@@ -62,11 +34,7 @@ const stepSaveTimeout = 5 * time.Second
 // Outside a deduplicated run Step just calls fn. If the claim was lost, Step
 // returns an error wrapping ErrLeaseLost; if the result cannot be stored, an
 // error wrapping ErrStoreUnavailable (the step will run again on retry).
-func Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
-	rs, ok := ctx.Value(ctxKey{}).(*runState)
-	if !ok {
-		return fn(ctx)
-	}
+func (rs *runState) Step(ctx context.Context, name string, fn func(ctx context.Context) ([]byte, error)) ([]byte, error) {
 	rs.mu.Lock()
 	res, done := rs.steps[name]
 	rs.mu.Unlock()

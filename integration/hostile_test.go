@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
@@ -68,7 +70,7 @@ type hostileCounter struct {
 }
 
 func (h *hostileCounter) Handle(ctx context.Context, m *consumer.Message) ([]byte, error) {
-	ci, _ := idempotency.FromContext(ctx)
+	ci, _ := dedupworker.ClaimOf(ctx)
 	h.mu.Lock()
 	if h.runs == nil {
 		h.runs = map[string]int{}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -113,7 +114,7 @@ func kafkaBenchWorkerWith(dedup bool, ordering string) func(b *testing.B, h *kaf
 			b.Fatal(err)
 		}
 		count := &kafkaCountOutcomes{}
-		opts := []consumer.HandleOption{consumer.WithConcurrency(16)}
+		opts := []dispatch.HandleOption{dispatch.WithConcurrency(16)}
 		if dedup {
 			store := newKafkaStore(b, h.ns)
 			testenv.DropNamespace(b, h.ns)
@@ -125,9 +126,9 @@ func kafkaBenchWorkerWith(dedup bool, ordering string) func(b *testing.B, h *kaf
 			if err != nil {
 				b.Fatal(err)
 			}
-			opts = append(opts, consumer.WithProcessor(dedup))
+			opts = append(opts, dispatch.WithProcessor(dedup))
 		}
-		w := consumer.NewWorker(consumer.Config{Hooks: consumer.Hooks{count}})
+		w := dispatch.NewWorker(dispatch.Config{Hooks: consumer.Hooks{count}})
 		if err := w.Handle("bench", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) {
 			return nil, nil
 		}), opts...); err != nil {

@@ -12,10 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
@@ -215,12 +218,12 @@ func (h *kafkaHarness) start(t *testing.T, spec kafkaWorkerSpec) *testenv.Runnin
 	if spec.concurrency == 0 {
 		spec.concurrency = 16
 	}
-	wcfg := consumer.Config{Logger: testenv.Logger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second}
+	wcfg := dispatch.Config{Logger: testenv.Logger(t), Hooks: spec.hooks, ShutdownTimeout: 10 * time.Second}
 	if spec.spy != nil {
 		wcfg.Wrap = []consumer.ProcessorWrapper{spec.spy.wrap}
 	}
-	w := consumer.NewWorker(wcfg)
-	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithProcessor(dedup)); err != nil {
+	w := dispatch.NewWorker(wcfg)
+	if err := w.Handle("orders", src, spec.handler, dispatch.WithConcurrency(spec.concurrency), dispatch.WithProcessor(dedup)); err != nil {
 		t.Fatal(err)
 	}
 	return testenv.Go(t, w.Run)
@@ -239,7 +242,7 @@ func newKafkaLedger() *kafkaLedger {
 
 func (l *kafkaLedger) handler() consumer.Handler {
 	return consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-		c, _ := idempotency.FromContext(ctx)
+		c, _ := dedupworker.ClaimOf(ctx)
 		l.mu.Lock()
 		l.starts[c.Key]++
 		if len(m.Key) > 0 {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -91,9 +92,9 @@ func benchDirect(b *testing.B, h *natsHarness, n int) time.Duration {
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := consumer.NewWorker(consumer.Config{Hooks: consumer.Hooks{count}})
+	w := dispatch.NewWorker(dispatch.Config{Hooks: consumer.Hooks{count}})
 	handler := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) { return nil, nil })
-	if err := w.Handle("direct", src, handler, consumer.WithConcurrency(64)); err != nil {
+	if err := w.Handle("direct", src, handler, dispatch.WithConcurrency(64)); err != nil {
 		b.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -10,12 +10,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 	"github.com/idemkit/dedupworker/transports/natssource"
@@ -162,7 +165,7 @@ func newNATSLedger() *natsLedger {
 }
 
 func (l *natsLedger) start(ctx context.Context) string {
-	ci, _ := idempotency.FromContext(ctx)
+	ci, _ := dedupworker.ClaimOf(ctx)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.starts[ci.Key]++
@@ -261,8 +264,8 @@ func (h *natsHarness) start(t testing.TB, spec natsWorkerSpec) *natsRunning {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := consumer.NewWorker(consumer.Config{Logger: log, Hooks: spec.hooks, ShutdownTimeout: spec.shutdown})
-	if err := w.Handle("orders", src, spec.handler, consumer.WithConcurrency(spec.concurrency), consumer.WithProcessor(dedup)); err != nil {
+	w := dispatch.NewWorker(dispatch.Config{Logger: log, Hooks: spec.hooks, ShutdownTimeout: spec.shutdown})
+	if err := w.Handle("orders", src, spec.handler, dispatch.WithConcurrency(spec.concurrency), dispatch.WithProcessor(dedup)); err != nil {
 		t.Fatal(err)
 	}
 	return &natsRunning{Running: testenv.Go(t, w.Run), src: src}

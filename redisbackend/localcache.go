@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/dedupworker/internal/ilist"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/idempotency"
@@ -102,7 +104,7 @@ type LocalCacheStats struct {
 // becomes its cache entry in place, so a key costs the cache one map entry
 // from its claim to its eviction, and a completion finds its claim by the
 // key it is looked up by anyway. The cached slots form a list, oldest
-// first, through prev and next: a slot is its own list element.
+// first, through the Links it embeds: a slot is its own list element.
 type cacheSlot struct {
 	key        string // the caller's key; rkey is the Redis key
 	rkey       string
@@ -137,7 +139,7 @@ type cacheSlot struct {
 	result      []byte
 	meta        map[string]string
 	expires     time.Time
-	prev, next  *cacheSlot
+	ilist.Links[cacheSlot]
 }
 
 // leaseMargin is how long before its lease end, as this process reckons
@@ -192,8 +194,8 @@ type localCache struct {
 
 	mu    sync.Mutex
 	slots map[string]*cacheSlot
-	// oldest and newest are the ends of the list of cached slots.
-	oldest, newest *cacheSlot
+	// list holds the cached slots, oldest first.
+	list ilist.List[cacheSlot, *cacheSlot]
 	// pending, held and cached count the slots of each kind: held ones
 	// are pending too.
 	pending, held, cached int
@@ -369,7 +371,8 @@ func (c *localCache) unholdLocked(s *cacheSlot) {
 // out of the list when cached, else ending its claim's local answers.
 func (c *localCache) removeLocked(s *cacheSlot) {
 	if s.cached {
-		c.unlinkLocked(s)
+		c.list.Remove(s)
+		c.cached--
 	} else {
 		c.unholdLocked(s)
 		c.pending--
@@ -449,39 +452,12 @@ func (c *localCache) completed(epoch uint64, start time.Time, cs []idempotency.C
 				s.meta[k] = v
 			}
 		}
-		c.pushLocked(s)
+		c.list.PushBack(s)
+		c.cached++
 		for c.cached > c.max {
-			c.removeLocked(c.oldest)
+			c.removeLocked(c.list.Front())
 		}
 	}
-}
-
-// pushLocked puts the cached slot s at the newest end of the list.
-func (c *localCache) pushLocked(s *cacheSlot) {
-	s.prev, s.next = c.newest, nil
-	if c.newest != nil {
-		c.newest.next = s
-	} else {
-		c.oldest = s
-	}
-	c.newest = s
-	c.cached++
-}
-
-// unlinkLocked takes the cached slot s out of the list.
-func (c *localCache) unlinkLocked(s *cacheSlot) {
-	if s.prev != nil {
-		s.prev.next = s.next
-	} else {
-		c.oldest = s.next
-	}
-	if s.next != nil {
-		s.next.prev = s.prev
-	} else {
-		c.newest = s.prev
-	}
-	s.prev, s.next = nil, nil
-	c.cached--
 }
 
 // invalidate drops the cached record of rkey and ends the local answers of

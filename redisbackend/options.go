@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/dedupworker/internal/redisprobe"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/dedupworker/consumer"
@@ -205,7 +207,7 @@ func NewFromURL(ctx context.Context, rawURL string, opts Options, clientOpts ...
 	if err != nil {
 		return nil, err
 	}
-	if err := probe(ctx, ro); err != nil {
+	if _, err := redisprobe.Node(ctx, ro); err != nil {
 		return nil, storeErr("connect to "+ro.Addr, err)
 	}
 	client := redis.NewClient(ro)
@@ -216,21 +218,4 @@ func NewFromURL(ctx context.Context, rawURL string, opts Options, clientOpts ...
 	}
 	s.ownsClient = true
 	return s, nil
-}
-
-// probe PINGs the server of ro once, within the connect timeout, on a
-// throwaway connection without go-redis's retries, so that an unreachable
-// server fails fast with the dial's own error ("connection refused") rather
-// than a deadline that ran out during retries.
-func probe(ctx context.Context, ro *redis.Options) error {
-	po := *ro
-	po.MaxRetries = -1
-	po.DialerRetries = 1
-	po.PoolSize = 1
-	po.MinIdleConns = 0
-	c := redis.NewClient(&po)
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, ro.DialTimeout)
-	defer cancel()
-	return c.Ping(ctx).Err()
 }

@@ -1,5 +1,5 @@
 // Command watermill-relay is the Watermill peer of dedupbench's relay
-// benchmark (cmd/dedupbench/relay): a Watermill v1.5.1 router that forwards
+// benchmark (bench/dedupbench/relay): a Watermill v1.5.1 router that forwards
 // Kafka→Kafka or NATS JetStream→NATS JetStream through the in-memory
 // Deduplicator middleware, keyed by the Idempotency-Key header. Its
 // deduplication is per process, not distributed: a second replica does not

@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/dedupworker/consumer/tracing"
 	"github.com/idemkit/dedupworker/internal/app"
 	"github.com/idemkit/dedupworker/internal/config"
 	"github.com/idemkit/dedupworker/internal/memlimit"
@@ -42,7 +41,7 @@ setup -c FILE' creates both); else it exits 2 naming the field.`, `  dedupworker
 	memlimit.Apply(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	tracer, stopTracing, err := tracing.FromEnv(ctx, versionString())
+	tracer, stopTracing, err := app.TracerFromEnv(ctx, versionString())
 	if err != nil {
 		return fmt.Errorf("tracing (OTEL_* environment): %w", err)
 	}

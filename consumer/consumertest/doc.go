@@ -16,6 +16,6 @@
 //
 // FailWith makes a Delivery's broker calls fail, to test what the code does
 // when the broker refuses an Ack or has no dead-letter destination. A Source
-// feeds messages to a consumer.Worker and ends when every one is done, so a
+// feeds messages to a dedupworker.Worker and ends when every one is done, so a
 // test reads the results after Run returns.
 package consumertest

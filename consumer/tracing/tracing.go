@@ -1,5 +1,4 @@
-// Package tracing continues W3C trace context through dedupworker
-// (SPEC §8.7): a span per delivery, child of the message's traceparent
+// Package tracing continues W3C trace context through dedupworker: a span per delivery, child of the message's traceparent
 // header, carrying the outcome, a hash of the key (never the key) and the
 // fence; the handler runs inside it, so what it sends onward can carry the
 // trace (Propagator, HeaderCarrier).
@@ -8,30 +7,23 @@
 // wraps every handler's Processor with it:
 //
 //	tr := tracing.New(otel.GetTracerProvider())
-//	w, err := dedupworker.NewWorker(store, dedupworker.Config{Wrap: []consumer.ProcessorWrapper{tr.Wrap}})
+//	w, err := dedupworker.NewWorker(store, dedupworker.Config{Wrap: []dedupworker.Wrapper{tr.Wrap}})
 //
 // The span wraps the Processor, not the Handler, because the outcome it
 // records (duplicate, dead-lettered, ...) is decided there, and a duplicate
 // never reaches the handler.
 //
-// The dedupworker binary makes its Tracer with FromEnv. Tracing is then off
-// unless the standard OpenTelemetry environment asks for it:
-// OTEL_TRACES_EXPORTER=otlp, or an OTEL_EXPORTER_OTLP_ENDPOINT /
-// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT. The OTLP/HTTP exporter reads the rest
-// of its settings (headers, timeout, TLS) from the same OTEL_* variables.
+// The package needs only the OpenTelemetry API: the program that uses it
+// sets up the SDK and its exporter (the dedupworker binary does from the
+// OTEL_* environment).
 package tracing
 
 import (
 	"context"
-	"os"
-	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -54,45 +46,6 @@ func New(tp trace.TracerProvider) *Tracer {
 
 // Propagator is what forward actions inject into outgoing messages.
 func (t *Tracer) Propagator() propagation.TextMapPropagator { return t.prop }
-
-// Enabled reports whether the environment asks for traces (see the package
-// documentation).
-func Enabled() bool {
-	switch strings.ToLower(os.Getenv("OTEL_TRACES_EXPORTER")) {
-	case "none":
-		return false
-	case "otlp":
-		return true
-	}
-	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
-}
-
-// FromEnv returns a Tracer exporting over OTLP/HTTP as the OTEL_* variables
-// say, and the function that flushes and stops it; nil and a no-op when
-// tracing is off.
-func FromEnv(ctx context.Context, version string) (*Tracer, func(context.Context) error, error) {
-	if !Enabled() {
-		return nil, func(context.Context) error { return nil }, nil
-	}
-	exp, err := otlptracehttp.New(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
-		semconv.ServiceName(serviceName()), semconv.ServiceVersion(version)))
-	if err != nil {
-		res = resource.Default()
-	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return New(tp), tp.Shutdown, nil
-}
-
-func serviceName() string {
-	if s := os.Getenv("OTEL_SERVICE_NAME"); s != "" {
-		return s
-	}
-	return "dedupworker"
-}
 
 // HeaderCarrier adapts consumer.Header to propagation.TextMapCarrier.
 type HeaderCarrier consumer.Header
@@ -122,7 +75,7 @@ const (
 )
 
 // Wrap returns next with a span around every delivery; it is a
-// consumer.ProcessorWrapper (consumer.Config.Wrap, dedupworker.Config.Wrap).
+// consumer.ProcessorWrapper (dedupworker.Config.Wrap).
 // The span is a child of the message's traceparent, if any, and the
 // handler's context carries it. Wrap forwards every method of next: next
 // still sees each fetched batch (Prepare) and takes runs (ProcessBatch), in
@@ -151,7 +104,7 @@ func (t *traced) ProcessBatch(ctx context.Context, ds []consumer.Delivery) {
 	if !t.next.Batching() {
 		if len(ds) == 1 {
 			// A plain handler's run of one, which next may report handled
-			// before it returns (consumer.RunHandled).
+			// before it returns (consumer.RunHandledNotifier).
 			ctx, end := t.begin(ctx, ds[0])
 			defer end()
 			t.next.ProcessBatch(ctx, ds)

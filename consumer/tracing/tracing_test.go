@@ -74,7 +74,7 @@ func tracedForward(t *testing.T) (consumer.Processor, *tracetest.InMemoryExporte
 }
 
 func TestDeliverySpanContinuesTraceparent(t *testing.T) {
-	// A new key's fence is the Redis clock in µs (SPEC §11.3).
+	// A new key's fence is the Redis clock in µs.
 	floor := time.Now().Add(-time.Minute).UnixMicro()
 	proc, exp, out := tracedForward(t)
 
@@ -189,27 +189,6 @@ func TestBatchKeepsASpanPerDelivery(t *testing.T) {
 		if got, want := m.Header.Get("traceparent"), "00-"+traceID+"-"+s.SpanContext.SpanID().String()+"-01"; got != want {
 			t.Errorf("forwarded message %d traceparent %q, want %q (child of its delivery's span)", i, got, want)
 		}
-	}
-}
-
-func TestEnabledFollowsOTELEnvironment(t *testing.T) {
-	t.Setenv("OTEL_TRACES_EXPORTER", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
-	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
-	if tracing.Enabled() {
-		t.Fatal("tracing must be off by default")
-	}
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
-	if !tracing.Enabled() {
-		t.Fatal("an OTLP endpoint turns tracing on")
-	}
-	t.Setenv("OTEL_TRACES_EXPORTER", "none")
-	if tracing.Enabled() {
-		t.Fatal("OTEL_TRACES_EXPORTER=none turns it off")
-	}
-	tr, stop, err := tracing.FromEnv(context.Background(), "test")
-	if err != nil || tr != nil || stop(context.Background()) != nil {
-		t.Fatalf("off: tracer %v err %v", tr, err)
 	}
 }
 

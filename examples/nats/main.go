@@ -1,9 +1,11 @@
-// Command nats runs a handler on a JetStream durable, effectively once, until SIGTERM:
+// Command nats runs a handler on a JetStream durable, effectively once, until SIGTERM.
+// With Redis on 6379 and nats-server -js on 4222, the binary creates the streams
+// (ORDERS on orders.new, DLQ_ORDERS on dlq.orders) and publishes test messages:
 //
-//	nats stream add ORDERS --subjects 'orders.>' --defaults
+//	go run ./cmd/dedupworker setup -c examples/config/nats-relay.yaml
 //	go run ./examples/nats   # $NATS_URL and $REDIS_URL, default local servers
-//	nats pub orders.new '{"id":"o-1"}' -H Idempotency-Key:o-1
-//	nats pub orders.new '{"id":"o-1"}' -H Idempotency-Key:o-1   # a duplicate: not run again
+//	go run ./cmd/dedupworker publish -c examples/config/nats-relay.yaml --handler orders --key o-1 '{"id":"o-1"}'
+//	go run ./cmd/dedupworker publish -c examples/config/nats-relay.yaml --handler orders --key o-1 '{"id":"o-1"}'   # a duplicate: not run again
 package main
 
 import (
@@ -43,7 +45,7 @@ func main() {
 		// The side effect; claim.Fence lets a downstream refuse a stale writer.
 		log.Info("processing order", "key", claim.Key, "fence", claim.Fence, "attempt", claim.Attempt, "bytes", len(m.Payload))
 		return []byte("accepted " + claim.Key), nil
-	})))
+	}), dedupworker.WithKey(dedupworker.HeaderKey("Idempotency-Key"), dedupworker.JSONKey("id"))))
 	check(log, w.Run(ctx))
 }
 

@@ -2,12 +2,12 @@
 // action of a configured handler: forward to Kafka or NATS, POST over HTTP,
 // or exec a command.
 // Each is a consumer.Handler; the key, fence and attempt come from the claim
-// in the handler's context (idempotency.FromContext).
+// in the handler's context (dedupworker.ClaimOf).
 //
 // The forward actions are also consumer.BatchHandlers: a run of messages is
 // one produce call (Kafka) or a burst of asynchronous publishes whose
 // PubAcks are awaited together (NATS), and each message's claim is found in
-// consumer.MessageContext. http and exec make one call a message and are
+// dedupworker.MessageContext. http and exec make one call a message and are
 // plain Handlers, so they run exactly as concurrently as the source's
 // ordering allows: at once on NATS and across keys under Kafka key
 // ordering, one after another within a Kafka partition under partition
@@ -20,22 +20,23 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/idemkit/dedupworker/consumer"
-	"github.com/idemkit/dedupworker/idempotency"
 )
 
 // claimOf returns the claim a handler runs under; outside a deduplicated run
-// (passthrough, fail-open) it is the zero ClaimInfo with Attempt 1.
-func claimOf(ctx context.Context, handler string) idempotency.ClaimInfo {
-	ci, ok := idempotency.FromContext(ctx)
+// (passthrough, fail-open) it is the zero Claim with Attempt 1.
+func claimOf(ctx context.Context, handler string) dedupworker.Claim {
+	ci, ok := dedupworker.ClaimOf(ctx)
 	if !ok {
-		ci = idempotency.ClaimInfo{Handler: handler, Attempt: 1}
+		ci = dedupworker.Claim{Handler: handler, Attempt: 1}
 	}
 	return ci
 }
 
 // dedupHeaders are the headers the http action adds.
-func dedupHeaders(ci idempotency.ClaimInfo) map[string]string {
+func dedupHeaders(ci dedupworker.Claim) map[string]string {
 	return map[string]string{
 		"X-Dedup-Key":     ci.Key,
 		"X-Dedup-Fence":   strconv.FormatInt(ci.Fence, 10),

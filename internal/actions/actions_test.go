@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 func msg() *consumer.Message {
@@ -58,13 +59,13 @@ func TestHTTPStatusClasses(t *testing.T) {
 	}{{404, true}, {400, true}, {408, false}, {429, false}, {500, false}, {503, false}} {
 		status = c.status
 		_, err := h.Handle(context.Background(), msg())
-		if err == nil || consumer.IsPermanent(err) != c.permanent {
+		if err == nil || dispatch.IsPermanent(err) != c.permanent {
 			t.Errorf("status %d: err %v, want permanent=%v", c.status, err, c.permanent)
 		}
 	}
 	status, retryAfter = 429, "7"
 	_, err = h.Handle(context.Background(), msg())
-	if d, ok := consumer.RetryDelay(err); !ok || d != 7*time.Second {
+	if d, ok := dispatch.RetryDelay(err); !ok || d != 7*time.Second {
 		t.Fatalf("429 with Retry-After: 7 must retry after 7s, got %v", err)
 	}
 }
@@ -145,7 +146,7 @@ func TestHTTPTimeoutIsTransient(t *testing.T) {
 	defer close(release)
 	h := HTTP(HTTPConfig{URL: srv.URL, Timeout: 100 * time.Millisecond, MaxResultBytes: 10})
 	_, err := h.Handle(context.Background(), msg())
-	if err == nil || consumer.IsPermanent(err) {
+	if err == nil || dispatch.IsPermanent(err) {
 		t.Fatalf("a timeout must be a transient error, got %v", err)
 	}
 }
@@ -160,14 +161,14 @@ func TestExecExitCodesAndEnvironment(t *testing.T) {
 	if err != nil || string(res) != "{\"id\":7}|orders|1|orders.eu|x\n" {
 		t.Fatalf("exit 0: result %q err %v", res, err)
 	}
-	if _, err := run("echo bad >&2; exit 65", 5*time.Second); !consumer.IsPermanent(err) || !strings.Contains(err.Error(), "bad") {
+	if _, err := run("echo bad >&2; exit 65", 5*time.Second); !dispatch.IsPermanent(err) || !strings.Contains(err.Error(), "bad") {
 		t.Fatalf("exit 65 must be permanent and carry stderr, got %v", err)
 	}
-	if _, err := run("exit 3", 5*time.Second); err == nil || consumer.IsPermanent(err) {
+	if _, err := run("exit 3", 5*time.Second); err == nil || dispatch.IsPermanent(err) {
 		t.Fatalf("exit 3 must be transient, got %v", err)
 	}
 	start := time.Now()
-	if _, err := run("sleep 30 & wait", 200*time.Millisecond); err == nil || consumer.IsPermanent(err) {
+	if _, err := run("sleep 30 & wait", 200*time.Millisecond); err == nil || dispatch.IsPermanent(err) {
 		t.Fatalf("a timeout must be transient, got %v", err)
 	}
 	if time.Since(start) > 5*time.Second {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/idemkit/dedupworker/consumer"
 )
 
@@ -86,7 +88,7 @@ func Exec(cfg ExecConfig) consumer.Handler {
 		if errors.As(err, &ee) {
 			e := fmt.Errorf("exec %s: exit %d: %s", cfg.Command[0], ee.ExitCode(), detail)
 			if ee.ExitCode() == ExitDataErr {
-				return nil, consumer.Permanent(e)
+				return nil, dedupworker.Permanent(e)
 			}
 			return nil, e
 		}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
@@ -93,7 +95,7 @@ func kafkaRun(ctx context.Context, ms []*consumer.Message, handler string, injec
 	keys := make([]string, len(ms))
 	n, size := 0, 0
 	for i, m := range ms {
-		keys[i] = claimOf(consumer.MessageContext(ctx, i), handler).Key
+		keys[i] = claimOf(dedupworker.MessageContext(ctx, i), handler).Key
 		for _, vs := range m.Header {
 			n += len(vs)
 			for _, v := range vs {
@@ -114,7 +116,7 @@ func kafkaRun(ctx context.Context, ms []*consumer.Message, handler string, injec
 		start := len(hs)
 		key := keys[i]
 		if inject != nil {
-			for name, vs := range outgoing(consumer.MessageContext(ctx, i), m, key, inject) {
+			for name, vs := range outgoing(dedupworker.MessageContext(ctx, i), m, key, inject) {
 				for _, v := range vs {
 					add(name, v)
 				}
@@ -166,7 +168,7 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 		out := make([]nats.Msg, len(ms))
 		keys := make([]string, len(ms))
 		for i, m := range ms {
-			mctx := consumer.MessageContext(ctx, i)
+			mctx := dedupworker.MessageContext(ctx, i)
 			var kv []string
 			if key := claimOf(mctx, handler).Key; key != "" {
 				keys[i] = key
@@ -184,7 +186,7 @@ func ForwardNATS(handler string, js NATSPublisher, subject string, inject Inject
 		}
 		res := resultBlock{left: len(ms)}
 		for i := range out {
-			ack, err := js.PublishMsg(consumer.MessageContext(ctx, i), &out[i])
+			ack, err := js.PublishMsg(dedupworker.MessageContext(ctx, i), &out[i])
 			if err != nil {
 				res.left--
 				results[i].Err = fmt.Errorf("forward to nats %s: %w", subject, err)

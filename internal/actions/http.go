@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/idemkit/dedupworker/consumer"
 )
 
@@ -73,7 +75,7 @@ func HTTP(cfg HTTPConfig) consumer.Handler {
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL, bytes.NewReader(m.Payload))
 		if err != nil {
-			return nil, consumer.Permanent(fmt.Errorf("http action: %w", err))
+			return nil, dedupworker.Permanent(fmt.Errorf("http action: %w", err))
 		}
 		h := m.Header.Clone()
 		if h == nil {
@@ -119,11 +121,11 @@ func HTTP(cfg HTTPConfig) consumer.Handler {
 		case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code/100 == 5:
 			err := fmt.Errorf("http action: POST %s: %s", cfg.URL, resp.Status)
 			if s, perr := strconv.Atoi(resp.Header.Get("Retry-After")); perr == nil && s >= 0 {
-				return nil, consumer.RetryAfterErr(time.Duration(s)*time.Second, err)
+				return nil, dedupworker.RetryAfter(time.Duration(s)*time.Second, err)
 			}
 			return nil, err
 		case code/100 == 4:
-			return nil, consumer.Permanent(fmt.Errorf("http action: POST %s: %s", cfg.URL, resp.Status))
+			return nil, dedupworker.Permanent(fmt.Errorf("http action: POST %s: %s", cfg.URL, resp.Status))
 		default:
 			return nil, errors.New("http action: unexpected status " + resp.Status)
 		}

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,8 +44,7 @@ type App struct {
 	store      *redisbackend.Store
 	client     redis.UniversalClient // the store's, for the health checks
 	closeStore func() error          // closes store, and a client it does not own
-	engine     *idempotency.Engine
-	worker     *consumer.Worker
+	worker     *dedupworker.Worker
 	metrics    *metrics.Metrics
 	reg        *prometheus.Registry
 	checks     []metrics.Check
@@ -60,13 +61,13 @@ type Options struct {
 	// Registry receives the metrics; a new one when nil.
 	Registry *prometheus.Registry
 	// Hooks are added to the metrics hooks (the demo counts runs).
-	Hooks consumer.Hooks
+	Hooks []dedupworker.Hook
 	// Wrap, when set, wraps each handler's action as its middleware (the
 	// demo counts runs). A forward action is a consumer.BatchHandler: Wrap
 	// returns one around it (consumer.Batched), or Build fails.
-	Wrap func(handler string, h consumer.Handler) consumer.Handler
+	Wrap func(handler string, h dedupworker.Handler) dedupworker.Handler
 	// Tracer, when set, puts a span around every delivery and injects its
-	// context into what forward and http actions send (SPEC §8.7).
+	// context into what forward and http actions send.
 	Tracer *tracing.Tracer
 }
 
@@ -89,10 +90,10 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if a.metrics, err = metrics.New(a.reg); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	hooks := append(consumer.Hooks{a.metrics}, opts.Hooks...)
+	hooks := append([]dedupworker.Hook{a.metrics}, opts.Hooks...)
 
 	// The store gets the hooks too: its WAITs and durability shortfalls
-	// (SPEC §11.1) reach /metrics.
+	// reach /metrics.
 	if a.store, a.client, a.closeStore, err = openStore(ctx, &cfg.Redis, log, hooks); err != nil {
 		return nil, err
 	}
@@ -100,16 +101,9 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	if err := registerLocalCache(a.reg, a.store); err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	engine, err := idempotency.New(a.store, engineConfig(&cfg.Redis, log, hooks))
-	if err != nil {
+	if a.worker, err = dedupworker.NewWorker(a.store, workerConfig(cfg, log, hooks, opts.Tracer)); err != nil {
 		return nil, err
 	}
-	a.engine = engine
-	wcfg := consumer.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()}
-	if opts.Tracer != nil {
-		wcfg.Wrap = []consumer.ProcessorWrapper{opts.Tracer.Wrap}
-	}
-	a.worker = consumer.NewWorker(wcfg)
 
 	conns := &natsConns{app: a, ctx: ctx}
 	var inject actions.Injector
@@ -127,14 +121,10 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 		if err != nil {
 			return nil, fmt.Errorf("%s.action: %w", field, err)
 		}
-		dedup, err := engine.Processor(h.DedupOptions()...)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", field, err)
-		}
-		hopts := []consumer.HandleOption{consumer.WithProcessor(dedup), consumer.WithConcurrency(h.Concurrency)}
+		hopts := handlerOptions(h)
 		if opts.Wrap != nil {
 			name := h.Name
-			hopts = append(hopts, consumer.WithMiddleware(func(next consumer.Handler) consumer.Handler { return opts.Wrap(name, next) }))
+			hopts = append(hopts, dedupworker.WithMiddleware(func(next dedupworker.Handler) dedupworker.Handler { return opts.Wrap(name, next) }))
 		}
 		if err := a.worker.Handle(h.Name, src, action, hopts...); err != nil {
 			return nil, fmt.Errorf("%s: %w", field, err)
@@ -144,19 +134,54 @@ func Build(ctx context.Context, cfg *config.Config, log *slog.Logger, opts Optio
 	return a, nil
 }
 
-// engineConfig is the engine's configuration: the logger, the hooks, and
+// workerConfig is the worker's configuration, as a library user writes
+// it: the logger, the hooks, shutdown_timeout, the tracer's wrapper and
 // redis.completion_linger, whose "omitted" and "0s (off)" are the library's
 // 0 (its default) and negative (off).
-func engineConfig(rc *config.Redis, log *slog.Logger, hooks consumer.Hooks) idempotency.Config {
-	ec := idempotency.Config{Logger: log, Hooks: hooks}
-	switch l := rc.CompletionLinger; {
+func workerConfig(cfg *config.Config, log *slog.Logger, hooks []dedupworker.Hook, tracer *tracing.Tracer) dedupworker.Config {
+	wc := dedupworker.Config{Logger: log, Hooks: hooks, ShutdownTimeout: cfg.ShutdownTimeout.D()}
+	switch l := cfg.Redis.CompletionLinger; {
 	case l == nil: // the library's default
 	case *l == 0:
-		ec.CompletionLinger = -1
+		wc.CompletionLinger = -1
 	default:
-		ec.CompletionLinger = l.D()
+		wc.CompletionLinger = l.D()
 	}
-	return ec
+	if tracer != nil {
+		wc.Wrap = []dedupworker.Wrapper{tracer.Wrap}
+	}
+	return wc
+}
+
+// handlerOptions are a handler's options, as a library user writes them.
+// validate has refused what the library would (through
+// idempotency.ValidateOptions), so Handle fails here only on what the
+// configuration cannot express.
+func handlerOptions(h *config.Handler) []dedupworker.Option {
+	keys := make([]dedupworker.KeySource, 0, len(h.Key))
+	for _, k := range h.Key {
+		ks, _ := idempotency.ParseKeySource(k) // validate refuses a key that does not parse
+		keys = append(keys, ks)
+	}
+	opts := []dedupworker.Option{
+		dedupworker.WithConcurrency(h.Concurrency),
+		dedupworker.WithKey(keys...),
+		dedupworker.WithMissingKey(dedupworker.MissingKeyPolicy(h.MissingKey)),
+		dedupworker.WithMismatch(dedupworker.MismatchPolicy(h.Mismatch)),
+		dedupworker.WithFingerprintHeaders(h.FingerprintHeaders...),
+		dedupworker.WithLease(h.Lease.D()),
+		dedupworker.WithRetention(h.Retention.D()),
+		dedupworker.WithInFlightWait(h.InFlightWait.D()),
+		dedupworker.WithMaxAttempts(h.MaxAttempts),
+		dedupworker.WithBackoff(h.Backoff.Initial.D(), h.Backoff.Max.D()),
+	}
+	if h.Mode == "shadow" {
+		opts = append(opts, dedupworker.WithShadow())
+	}
+	if h.FailOpen {
+		opts = append(opts, dedupworker.WithFailOpen())
+	}
+	return opts
 }
 
 // Registry is the Prometheus registry behind /metrics.
@@ -175,7 +200,7 @@ func (a *App) HTTPAddr() string {
 	return a.httpSrv.Addr()
 }
 
-// Run checks the store's settings (SPEC §11.2: a warning and
+// Run checks the store's settings (a warning and
 // dedup_store_risk per risk), serves metrics, samples the store's evictions
 // and runs the worker until ctx is cancelled (then drains and returns nil)
 // or a source fails.
@@ -223,10 +248,6 @@ func (a *App) close() {
 		if err := cs[i](); err != nil {
 			a.log.Warn("closing", "err", err)
 		}
-	}
-	if a.engine != nil {
-		_ = a.engine.Close() // its last completions, before the store goes
-		a.engine = nil
 	}
 	if a.store != nil {
 		_ = a.closeStore()

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/dedupworker/internal/redisprobe"
+
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
@@ -32,7 +34,7 @@ import (
 // OpenStore connects to the deduplication store of rc through RedisClient
 // and probes it, within rc.ConnectTimeout plus a second, and logs which
 // kind of deployment it found (standalone, cluster or sentinel). The store
-// waits for rc.Durability's replicas after every write (SPEC §11.1) and
+// waits for rc.Durability's replicas after every write and
 // reports its own measurements (the WAITs' time, durability shortfalls) to
 // hooks: run passes the hooks that feed /metrics. It keeps
 // redis.local_cache (on by default) of the records it completes. close closes the store,
@@ -152,9 +154,9 @@ func urlClient(ctx context.Context, rc *config.Redis, password string, tc *tls.C
 	if tc != nil {
 		ro.TLSConfig = tc
 	}
-	cluster, err := clusterEnabled(ctx, ro)
+	cluster, err := redisprobe.Node(ctx, ro)
 	if err != nil {
-		return nil, fmt.Errorf("redis.url: connect to %s: %w: %w", ro.Addr, idempotency.ErrStoreUnavailable, err)
+		return nil, connectError("redis.url: connect to "+ro.Addr, ro.Addr, err)
 	}
 	if !cluster {
 		return pinged(ctx, redis.NewClient(ro), "redis.url: "+ro.Addr)
@@ -176,33 +178,6 @@ func urlClient(ctx context.Context, rc *config.Redis, password string, tc *tls.C
 		ContextTimeoutEnabled: true,
 	})
 	return pinged(ctx, c, "redis.url: Cluster seeded with "+ro.Addr)
-}
-
-// clusterEnabled asks the node of ro, on a throwaway connection without
-// retries, whether it runs in Cluster mode. A node that refuses INFO (an
-// ACL without +info, a renamed command) but answers PING is taken as
-// standalone: a Cluster whose user may not run INFO is given as
-// redis.addrs.
-func clusterEnabled(ctx context.Context, ro *redis.Options) (bool, error) {
-	po := *ro
-	po.DB = 0 // a Cluster node refuses SELECT of any other
-	po.MaxRetries = -1
-	po.DialerRetries = 1
-	po.PoolSize = 1
-	po.MinIdleConns = 0
-	c := redis.NewClient(&po)
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, ro.DialTimeout)
-	defer cancel()
-	info, err := c.Info(ctx, "cluster").Result()
-	if err == nil {
-		return strings.Contains(info, "cluster_enabled:1"), nil
-	}
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false, err // no answer at all
-	}
-	return false, c.Ping(ctx).Err() // refused INFO, or refused us
 }
 
 // sentinelClient is RedisClient for redis.sentinel.
@@ -247,9 +222,21 @@ func sentinelPassword(s *config.Sentinel) (string, error) {
 func pinged(ctx context.Context, c redis.UniversalClient, where string) (redis.UniversalClient, error) {
 	if err := c.Ping(ctx).Err(); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("%s: %w: %w", where, idempotency.ErrStoreUnavailable, err)
+		return nil, connectError(where, where, err)
 	}
 	return c, nil
+}
+
+// connectError is a failed first contact with Redis, wrapping
+// idempotency.ErrStoreUnavailable. Refused credentials are the password's
+// fault, not the address's: the error then names the fields that set them
+// rather than where.
+func connectError(where, server string, err error) error {
+	if redisprobe.AuthRefused(err) {
+		return fmt.Errorf("redis.password / redis.password_file (and redis.username, or the user:password of redis.url): "+
+			"%s refused the credentials, check them: %w: %w", server, idempotency.ErrStoreUnavailable, err)
+	}
+	return fmt.Errorf("%s: %w: %w", where, idempotency.ErrStoreUnavailable, err)
 }
 
 // DialNATS connects to the NATS server(s) at url with the credentials of

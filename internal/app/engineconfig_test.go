@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker"
 	"github.com/idemkit/dedupworker/idempotency"
 	"github.com/idemkit/dedupworker/internal/config"
 )
@@ -24,13 +24,13 @@ func TestEngineConfigCompletionLinger(t *testing.T) {
 		{"0s", dur(0), -1},
 		{"5ms", dur(5 * time.Millisecond), 5 * time.Millisecond},
 	} {
-		if got := engineConfig(&config.Redis{CompletionLinger: c.set}, nil, nil).CompletionLinger; got != c.want {
-			t.Errorf("completion_linger %s: engine's CompletionLinger %s, want %s", c.name, got, c.want)
+		if got := workerConfig(&config.Config{Redis: config.Redis{CompletionLinger: c.set}}, nil, nil, nil).CompletionLinger; got != c.want {
+			t.Errorf("completion_linger %s: worker's CompletionLinger %s, want %s", c.name, got, c.want)
 		}
 	}
-	log, hooks := slog.New(slog.DiscardHandler), consumer.Hooks{struct{}{}}
-	if ec := engineConfig(&config.Redis{}, log, hooks); ec.Logger != log || len(ec.Hooks) != 1 {
-		t.Errorf("engineConfig dropped the logger or the hooks: %+v", ec)
+	log, hooks := slog.New(slog.DiscardHandler), []dedupworker.Hook{&metricsless{}}
+	if wc := workerConfig(&config.Config{}, log, hooks, nil); wc.Logger != log || len(wc.Hooks) != 1 {
+		t.Errorf("workerConfig dropped the logger or the hooks: %+v", wc)
 	}
 	for y, want := range map[string]time.Duration{
 		"":                                  idempotency.DefaultCompletionLinger,
@@ -40,8 +40,13 @@ func TestEngineConfigCompletionLinger(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := engineConfig(&cfg.Redis, nil, nil).CompletionLinger; got != want {
-			t.Errorf("parsed %q: engine's CompletionLinger %s, want %s", y, got, want)
+		if got := workerConfig(cfg, nil, nil, nil).CompletionLinger; got != want {
+			t.Errorf("parsed %q: worker's CompletionLinger %s, want %s", y, got, want)
 		}
 	}
 }
+
+// metricsless is a hook that counts nothing.
+type metricsless struct{}
+
+func (*metricsless) OnInflight(string, int) {}

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/dedupworker/internal/metrics"
 )
 
-// The store health checks of SPEC §11.2: Redis settings under which a
+// The store health checks: Redis settings under which a
 // record can vanish, so that a duplicate runs again. Each has a name, the
 // check label of dedup_store_risk:
 //

@@ -8,7 +8,7 @@
 //     cancellation (an ack that must outlive its delivery's cancellation but
 //     keep its values, such as the trace span);
 //   - Binder binds a source's delivery context to the worker's hard-stop
-//     context once for every delivery that passes it (consumer.Worker);
+//     context once for every delivery that passes it (dispatch.Worker);
 //   - Carrier carries one value inside a struct that is allocated anyway (the
 //     engine's state of one handler run).
 //

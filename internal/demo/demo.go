@@ -23,6 +23,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/idemkit/dedupworker"
+
 	"github.com/alicebob/miniredis/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -34,6 +36,7 @@ import (
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/app"
 	"github.com/idemkit/dedupworker/internal/config"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // Options configure a demo run. The zero value runs the standard demo.
@@ -354,14 +357,14 @@ func (c *handlerCounts) wrap(next consumer.Handler, n int) consumer.Handler {
 				continue
 			}
 			pass = append(pass, m)
-			ctxs = append(ctxs, consumer.MessageContext(ctx, i))
+			ctxs = append(ctxs, dedupworker.MessageContext(ctx, i))
 			idx = append(idx, i)
 		}
 		if len(pass) == 0 {
 			return
 		}
 		sub := make([]consumer.Result, len(pass))
-		consumer.CallBatchHandler(consumer.WithMessageContexts(ctx, ctxs), bh, pass, sub)
+		dispatch.CallBatchHandler(dispatch.WithMessageContexts(ctx, ctxs), bh, pass, sub)
 		for j, i := range idx {
 			results[i] = sub[j]
 			if sub[j].Err == nil {
@@ -390,7 +393,7 @@ func (c *handlerCounts) forcedFailure(m *consumer.Message, n int) error {
 		return nil
 	}
 	c.failed.Add(1)
-	return consumer.RetryAfterErr(20*time.Millisecond, errors.New("demo: forced failure"))
+	return dedupworker.RetryAfter(20*time.Millisecond, errors.New("demo: forced failure"))
 }
 
 type outcomeCounter map[string]*handlerCounts

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -77,7 +78,7 @@ func TestBatchRunWithProducerRetriesIsOneCall(t *testing.T) {
 		}
 	})
 	src := e.source(func(c *kafkasource.Config) { c.BatchSize = 10 })
-	r := run(t, worker(t, "retries", src, h, consumer.WithProcessor(factory), consumer.WithConcurrency(4)))
+	r := run(t, worker(t, "retries", src, h, dispatch.WithProcessor(factory), dispatch.WithConcurrency(4)))
 	ends := map[int]int64{0: int64(len(msgs))}
 	testenv.Eventually(t, 60*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })
 	if err := r.Stop(t, 30*time.Second); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -103,7 +104,7 @@ func TestBatchRunsKeepPartitionOrder(t *testing.T) {
 			if failing[m.Origin.Offset] {
 				delete(failing, m.Origin.Offset)
 				failed[m] = true
-				results[i].Err = consumer.RetryAfter(400 * time.Millisecond)
+				results[i].Err = dispatch.RetryAfter(400*time.Millisecond, nil)
 				continue
 			}
 			if len(ms) == 1 && (m.Origin.Offset == 37 || m.Origin.Offset == 41) {
@@ -118,7 +119,7 @@ func TestBatchRunsKeepPartitionOrder(t *testing.T) {
 		chk.call(ms, func(m *consumer.Message) bool { return failed[m] })
 	})
 	src := e.source(func(c *kafkasource.Config) { c.BatchSize = 50 })
-	w := worker(t, "batch", src, h, consumer.WithConcurrency(8))
+	w := worker(t, "batch", src, h, dispatch.WithConcurrency(8))
 	r := run(t, w)
 	ends := e.ends(e.topic, parts)
 	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
@@ -178,14 +179,14 @@ func TestBatchRunsKeepKeyOrder(t *testing.T) {
 			if string(m.Payload) == "7" && !failed[string(m.Key)] {
 				failed[string(m.Key)] = true
 				fails[m] = true
-				results[i].Err = consumer.RetryAfter(200 * time.Millisecond)
+				results[i].Err = dispatch.RetryAfter(200*time.Millisecond, nil)
 			}
 		}
 		failMu.Unlock()
 		chk.call(ms, func(m *consumer.Message) bool { return fails[m] })
 	})
 	src := e.source(func(c *kafkasource.Config) { c.Ordering = kafkasource.OrderingKey; c.BatchSize = 50 })
-	r := run(t, worker(t, "batchkey", src, h, consumer.WithConcurrency(8)))
+	r := run(t, worker(t, "batchkey", src, h, dispatch.WithConcurrency(8)))
 	ends := e.ends(e.topic, parts)
 	testenv.Eventually(t, 60*time.Second, "every offset committed", func() bool { return reachedEnds(e.committed(), ends) })
 	if err := r.Stop(t, 30*time.Second); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
@@ -78,7 +79,7 @@ func TestPreparedAlwaysProcessed(t *testing.T) {
 		causes: map[int64]error{}, block: make(chan struct{}), started: make(chan struct{})}
 	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 	src := e.source(func(c *kafkasource.Config) { c.BatchSize, c.MaxUnfinished = 10, 10 })
-	r := run(t, worker(t, "prep", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), consumer.WithProcessor(newProc)))
+	r := run(t, worker(t, "prep", src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), dispatch.WithProcessor(newProc)))
 	select {
 	case <-proc.started:
 	case <-time.After(30 * time.Second):
@@ -121,7 +122,7 @@ func TestStopDuringRetryWait(t *testing.T) {
 		case failed <- struct{}{}:
 		default:
 		}
-		return nil, consumer.RetryAfter(time.Hour)
+		return nil, dispatch.RetryAfter(time.Hour, nil)
 	})
 	r := run(t, worker(t, "wait", e.source(nil), h))
 	select {

@@ -17,6 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -76,7 +77,7 @@ func TestRecoversFromCutsAndRebalances(t *testing.T) {
 		if noKeeper {
 			kafkasource.DisableKeeper(src)
 		}
-		return run(t, worker(t, "cuts", src, h, consumer.WithConcurrency(4)))
+		return run(t, worker(t, "cuts", src, h, dispatch.WithConcurrency(4)))
 	}
 
 	produce := func(from, n int) {

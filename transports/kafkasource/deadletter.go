@@ -78,7 +78,7 @@ func (w *deadLetterWriter) write(ctx context.Context, m *kafka.Message, dl consu
 	defer cancel()
 	err := w.w.WriteMessages(ctx, kafka.Message{Key: m.Key, Value: m.Value, Headers: hs, Time: m.Time})
 	if err != nil {
-		return fmt.Errorf("kafka: dead-letter to %q: %w", w.w.Topic, err)
+		return fmt.Errorf("dedup: kafka: dead-letter to %q: %w", w.w.Topic, err)
 	}
 	return nil
 }

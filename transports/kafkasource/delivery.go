@@ -14,7 +14,7 @@ import (
 
 // ErrSettled is returned by Ack and Nak on a delivery that is already
 // settled.
-var ErrSettled = errors.New("kafka: delivery already settled")
+var ErrSettled = errors.New("dedup: kafka: delivery already settled")
 
 type settlement int
 

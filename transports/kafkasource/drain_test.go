@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -91,9 +92,9 @@ func TestDrainHeartbeats(t *testing.T) {
 		defer mu.Unlock()
 		return len(*members)
 	}
-	a := run(t, worker(t, "a", src(&aGens), h, consumer.WithConcurrency(2)))
+	a := run(t, worker(t, "a", src(&aGens), h, dispatch.WithConcurrency(2)))
 	testenv.Eventually(t, 30*time.Second, "a's first generation", func() bool { return count(&aGens) == 1 })
-	b := run(t, worker(t, "b", src(&bGens), h, consumer.WithConcurrency(2)))
+	b := run(t, worker(t, "b", src(&bGens), h, dispatch.WithConcurrency(2)))
 	testenv.Eventually(t, 60*time.Second, "a generation with both members", func() bool { return count(&aGens) >= 2 && count(&bGens) >= 1 })
 	mu.Lock()
 	got := append([]string(nil), aGens...)

@@ -8,14 +8,14 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker"
+	"github.com/idemkit/dedupworker/idempotency/memstore"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
-// A Worker consuming a topic through a Kafka consumer group. Without a
-// processor every message is processed at least once; add the
-// deduplication engine with consumer.WithProcessor(engine.Processor(...)),
-// or use dedupworker.Worker.
+// A Worker consuming a topic through a Kafka consumer group. The handler is
+// registered WithoutDedup, so every message is processed at least once;
+// leave that option out to make it effectively once.
 func ExampleSource() {
 	// An in-process Kafka-protocol broker stands in for a real cluster.
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"),
@@ -49,14 +49,17 @@ func ExampleSource() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	seen := 0
-	worker := consumer.NewWorker(consumer.Config{})
-	err = worker.Handle("orders", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+	worker, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{})
+	if err != nil {
+		panic(err)
+	}
+	err = worker.Handle("orders", src, dedupworker.HandlerFunc(func(ctx context.Context, m *dedupworker.Message) ([]byte, error) {
 		fmt.Printf("%s %s (%s)\n", m.Key, m.Payload, m.Origin)
 		if seen++; seen == 3 {
 			cancel() // stop after the three messages: Run drains, commits and returns nil
 		}
 		return nil, nil
-	}), consumer.WithConcurrency(1))
+	}), dedupworker.WithoutDedup(), dedupworker.WithConcurrency(1))
 	if err != nil {
 		panic(err)
 	}

@@ -43,7 +43,7 @@ func (s *Source) transport() *kafka.Transport {
 			}
 			resolved, err := r.LookupHost(ctx, host)
 			if err != nil {
-				return nil, fmt.Errorf("kafka: resolving %s: %w", host, err)
+				return nil, fmt.Errorf("dedup: kafka: resolving %s: %w", host, err)
 			}
 			if len(resolved) > 0 {
 				rh, rp, serr := net.SplitHostPort(resolved[0])
@@ -77,7 +77,7 @@ func (p *partition) lastStable(ctx context.Context, tr *kafka.Transport) (int64,
 	}
 	end, ok := ends[p.id]
 	if !ok {
-		return 0, fmt.Errorf("kafka: list offsets response without partition %d", p.id)
+		return 0, fmt.Errorf("dedup: kafka: list offsets response without partition %d", p.id)
 	}
 	return end, nil
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -120,9 +121,9 @@ func TestRebalance(t *testing.T) {
 	stopWatch := watchCommits(t, e, rec)
 	defer stopWatch()
 
-	a := run(t, worker(t, "rb", e.source(nil), handler(false), consumer.WithConcurrency(4)))
+	a := run(t, worker(t, "rb", e.source(nil), handler(false), dispatch.WithConcurrency(4)))
 	testenv.Eventually(t, 30*time.Second, "member A made progress", func() bool { return rec.distinct() >= 40 })
-	b := run(t, worker(t, "rb", e.source(nil), handler(true), consumer.WithConcurrency(4)))
+	b := run(t, worker(t, "rb", e.source(nil), handler(true), dispatch.WithConcurrency(4)))
 	testenv.Eventually(t, 30*time.Second, "member B took partitions", func() bool { return byB.Load() >= 10 })
 	if err := a.Stop(t, 30*time.Second); err != nil {
 		t.Fatalf("member A: Run returned %v, want nil", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -120,14 +121,14 @@ func (e *env) readAll(topic string, partitions int) []kafka.Message {
 }
 
 // run runs w until the test stops it (Stop) or ends.
-func run(t *testing.T, w *consumer.Worker) *testenv.Running {
+func run(t *testing.T, w *dispatch.Worker) *testenv.Running {
 	t.Helper()
 	return testenv.Go(t, w.Run)
 }
 
-func worker(t *testing.T, name string, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *consumer.Worker {
+func worker(t *testing.T, name string, src consumer.Source, h consumer.Handler, opts ...dispatch.HandleOption) *dispatch.Worker {
 	t.Helper()
-	w := consumer.NewWorker(consumer.Config{Logger: testenv.Logger(t), ShutdownTimeout: 10 * time.Second})
+	w := dispatch.NewWorker(dispatch.Config{Logger: testenv.Logger(t), ShutdownTimeout: 10 * time.Second})
 	if err := w.Handle(name, src, h, opts...); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/idempotency"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/redisbackend"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
@@ -42,7 +43,7 @@ func TestIsolationThroughEngine(t *testing.T) {
 		return nil, nil
 	})
 	src := e.source(func(c *kafkasource.Config) { c.DeadLetterTopic = dlq })
-	r := run(t, worker(t, "iso-engine", src, h, consumer.WithProcessor(dedup)))
+	r := run(t, worker(t, "iso-engine", src, h, dispatch.WithProcessor(dedup)))
 	ends := map[int]int64{0: 32}
 	testenv.Eventually(t, 30*time.Second, "both transaction markers written", func() bool { return e.ends(e.topic, 1)[0] == 32 })
 	testenv.Eventually(t, 30*time.Second, "committed offset at the partition end", func() bool { return reachedEnds(e.committed(), ends) })

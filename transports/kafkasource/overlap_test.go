@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
 
 // overlapping is a Processor that tells the source when a run's
-// handlers are done (consumer.RunHandled) and then holds the run in
+// handlers are done (consumer.RunHandledNotifier) and then holds the run in
 // ProcessBatch, as a result being stored would, until the lane's next run
 // has started. The run that holds the partition's last offset is not held.
 // It naks the offsets of nakOnce on their first attempt after the notice,
@@ -101,7 +102,7 @@ func (p *overlapping) ProcessBatch(ctx context.Context, ds []consumer.Delivery) 
 	p.mu.Unlock()
 
 	if ctx.Err() == nil {
-		consumer.RunHandled(ds)
+		dispatch.RunHandled(ds)
 		if offs[len(offs)-1] != p.last {
 			select {
 			case <-next:
@@ -193,7 +194,7 @@ func testLaneOverlap(t *testing.T, ordering string, single bool) {
 	newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 	// Room for the next run while one stores its results.
 	src := e.source(func(c *kafkasource.Config) { c.Ordering, c.BatchSize, c.MaxUnfinished = ordering, batch, 4*batch })
-	r := run(t, worker(t, "overlap", src, ignore, consumer.WithProcessor(newProc), consumer.WithConcurrency(4)))
+	r := run(t, worker(t, "overlap", src, ignore, dispatch.WithProcessor(newProc), dispatch.WithConcurrency(4)))
 	proc.settle(t, e, r, int64(n))
 	if proc.maxActive != 2 {
 		t.Errorf("at most %d ProcessBatch calls of the lane at once, want 2: a run overlaps the storing of the one before, and no more", proc.maxActive)
@@ -252,7 +253,7 @@ func TestLaneStartsRunQueuedWhileStoring(t *testing.T) {
 			first := proc.startedCh(0)
 			newProc := func(string, consumer.Handler) consumer.Processor { return proc }
 			src := e.source(func(c *kafkasource.Config) { c.Ordering, c.BatchSize = ordering, batch })
-			r := run(t, worker(t, "queued", src, ignore, consumer.WithProcessor(newProc), consumer.WithConcurrency(4)))
+			r := run(t, worker(t, "queued", src, ignore, dispatch.WithProcessor(newProc), dispatch.WithConcurrency(4)))
 			select {
 			case <-first:
 			case <-time.After(30 * time.Second):

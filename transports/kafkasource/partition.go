@@ -291,7 +291,7 @@ func (p *partition) fetch() {
 
 // fail ends Consume with err, naming the partition.
 func (p *partition) fail(err error) {
-	p.g.fail(fmt.Errorf("kafka: topic %q partition %d: %w", p.g.m.s.cfg.Topic, p.id, err))
+	p.g.fail(fmt.Errorf("dedup: kafka: topic %q partition %d: %w", p.g.m.s.cfg.Topic, p.id, err))
 }
 
 // connect dials the partition leader and positions at offset, resolving
@@ -384,7 +384,7 @@ func (p *partition) readLoop(ctx context.Context, leader *leaderRounds, offset i
 
 // errBudgetWait is fetchBudgeted's error when ctx ended while it waited for
 // the source's budget: nothing was fetched.
-var errBudgetWait = errors.New("kafka: stopped while waiting for the fetch budget")
+var errBudgetWait = errors.New("dedup: kafka: stopped while waiting for the fetch budget")
 
 // fetchBudgeted is fetchOnce within the source's budget: it acquires the
 // fetch's expected cost first, and after the fetch holds exactly what the

@@ -39,7 +39,7 @@ type procCall struct {
 
 	done sync.WaitGroup // Process: the caller waits on it
 	// A ProcessBatch call reports on ev: false once its handlers are done
-	// (the run's first delivery is notified, consumer.RunHandled), true
+	// (the run's first delivery is notified, [consumer.RunHandledNotifier]), true
 	// when the call returned. state makes the first report of each kind
 	// the only one: callIdle, callRunning, then callHandled, then
 	// callReturned.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 )
 
 // countingRunner counts Process calls and the most that overlapped; each
@@ -97,8 +98,8 @@ func (r *batchRunner) Batching() bool { return true }
 func (r *batchRunner) ProcessBatch(_ context.Context, ds []consumer.Delivery) {
 	r.entered <- struct{}{}
 	if r.notify {
-		consumer.RunHandled(ds)
-		consumer.RunHandled(ds) // a second notice is ignored
+		dispatch.RunHandled(ds)
+		dispatch.RunHandled(ds) // a second notice is ignored
 	}
 	<-r.release
 }

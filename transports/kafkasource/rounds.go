@@ -314,7 +314,7 @@ func (l *leaderRounds) answer(asks []*fetchAsk, res *fetchapi.Response) bool {
 		}
 	}
 	for _, q := range byPartition {
-		q.done <- fetchAnswer{err: fmt.Errorf("kafka: fetch response without partition %d", q.partition)}
+		q.done <- fetchAnswer{err: fmt.Errorf("dedup: kafka: fetch response without partition %d", q.partition)}
 		ok = false
 	}
 	if ok && quiet {

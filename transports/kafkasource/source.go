@@ -22,13 +22,13 @@ import (
 
 // ErrRevoked is the cause of a Process context cancelled because its
 // partition was revoked in a rebalance and RevokeTimeout ran out.
-var ErrRevoked = errors.New("kafka: partition revoked")
+var ErrRevoked = errors.New("dedup: kafka: partition revoked")
 
 // ErrStopping is the cause of the already-cancelled context with which
 // deliveries that were fetched (and prepared) but had not started are handed
 // to Runner.Process when the source stops or loses their partition: the
 // processor releases their claims and the offsets stay uncommitted.
-var ErrStopping = errors.New("kafka: source stopping: delivery not started")
+var ErrStopping = errors.New("dedup: kafka: source stopping: delivery not started")
 
 // Source consumes one topic as a member of a Kafka consumer group and
 // implements consumer.Source. Create it with New.
@@ -221,7 +221,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 	}
 	cg, err := newGroup()
 	if err != nil {
-		return fmt.Errorf("kafka: consumer group %q: %w", s.cfg.GroupID, err)
+		return fmt.Errorf("dedup: kafka: consumer group %q: %w", s.cfg.GroupID, err)
 	}
 
 	m := &member{
@@ -249,7 +249,7 @@ func (s *Source) Consume(ctx context.Context, r consumer.Runner) error {
 				break
 			}
 			if isFatal(err) {
-				fatal = fmt.Errorf("kafka: joining group %q: %w", s.cfg.GroupID, err)
+				fatal = fmt.Errorf("dedup: kafka: joining group %q: %w", s.cfg.GroupID, err)
 				break
 			}
 			if errors.Is(err, kafka.RebalanceInProgress) {
@@ -343,13 +343,13 @@ func (s *Source) checkTopic(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case isFatal(err):
-			return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+			return fmt.Errorf("dedup: kafka: topic %q: %w", s.cfg.Topic, err)
 		case err == nil || errors.As(err, &kerr):
 			if err == nil {
 				err = kafka.UnknownTopicOrPartition
 			}
 			if unknown++; unknown >= 5 {
-				return fmt.Errorf("kafka: topic %q: %w", s.cfg.Topic, err)
+				return fmt.Errorf("dedup: kafka: topic %q: %w", s.cfg.Topic, err)
 			}
 			s.log.Debug("topic not available yet", "attempt", attempt, "err", err)
 		default:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/kafkasource"
 )
@@ -65,7 +66,7 @@ func TestPartitionOrder(t *testing.T) {
 		rec.finish(m)
 		return nil, nil
 	})
-	w := worker(t, "order", e.source(nil), h, consumer.WithConcurrency(concurrency))
+	w := worker(t, "order", e.source(nil), h, dispatch.WithConcurrency(concurrency))
 	r := run(t, w)
 
 	ends := e.ends(e.topic, parts)
@@ -133,7 +134,7 @@ func TestKeyOrdering(t *testing.T) {
 		c.BatchSize = 50
 		c.MaxUnfinished = 400
 	})
-	w := worker(t, "keys", src, h, consumer.WithConcurrency(4))
+	w := worker(t, "keys", src, h, dispatch.WithConcurrency(4))
 	r := run(t, w)
 
 	// Everything but the slow message finishes.
@@ -252,7 +253,7 @@ func TestRetryInPlaceThenDeadLetter(t *testing.T) {
 	})
 	var calls sync.Map
 	src := e.source(func(c *kafkasource.Config) { c.DeadLetterTopic = dlq })
-	w := worker(t, "dl", src, h, consumer.WithProcessor(deadLetterAfter3("bad", &calls)))
+	w := worker(t, "dl", src, h, dispatch.WithProcessor(deadLetterAfter3("bad", &calls)))
 	r := run(t, w)
 	testenv.Eventually(t, 30*time.Second, "commit at the end of partition 1", func() bool { return e.committed()[1] == 4 })
 	if err := r.Stop(t, 30*time.Second); err != nil {
@@ -326,7 +327,7 @@ func TestNoDeadLetterTopic(t *testing.T) {
 			_ = d.Ack(ctx)
 		})
 	}
-	w := worker(t, "nodl", e.source(nil), consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), consumer.WithProcessor(proc))
+	w := worker(t, "nodl", e.source(nil), consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }), dispatch.WithProcessor(proc))
 	r := run(t, w)
 	select {
 	case err := <-got:

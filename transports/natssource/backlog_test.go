@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -25,7 +26,7 @@ func TestPending(t *testing.T) {
 		if p, ok := src.Pending(); ok {
 			t.Fatalf("Pending before Consume = %+v, true", p)
 		}
-		r := run(t, consumer.Config{}, src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		r := run(t, dispatch.Config{}, src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 			select {
 			case <-release:
 				s.add(string(m.Payload), 1)
@@ -33,7 +34,7 @@ func TestPending(t *testing.T) {
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
-		}), consumer.WithConcurrency(2))
+		}), dispatch.WithConcurrency(2))
 
 		want := func(n uint64) func() error {
 			return func() error {

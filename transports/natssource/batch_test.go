@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -45,7 +46,7 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 				p := string(m.Payload)
 				handled[p] = append(handled[p], len(handled[p])+1)
 				if p == "m7" && len(handled[p]) == 1 {
-					results[i].Err = consumer.RetryAfter(50 * time.Millisecond)
+					results[i].Err = dispatch.RetryAfter(50*time.Millisecond, nil)
 				}
 			}
 			mu.Unlock()
@@ -57,7 +58,7 @@ func TestBatchHandlerGetsFetches(t *testing.T) {
 			mu.Unlock()
 		})
 		src := newSource(t, e, natssource.Config{AckWait: 5 * time.Second})
-		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(conc))
+		run(t, dispatch.Config{}, src, h, dispatch.WithConcurrency(conc))
 		done := func() bool {
 			mu.Lock()
 			defer mu.Unlock()
@@ -129,7 +130,7 @@ func TestBatchRunDefaultsToMoreThanConcurrency(t *testing.T) {
 			}
 		})
 		src := newSource(t, e, natssource.Config{AckWait: 10 * time.Second})
-		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(1))
+		run(t, dispatch.Config{}, src, h, dispatch.WithConcurrency(1))
 		testenv.EventuallyNil(t, 10*time.Second, "the server delivers a default run's window while the first run blocks", func() error {
 			ctx := ctxT(t, 5*time.Second)
 			c, err := e.js.Consumer(ctx, e.stream, "c")
@@ -197,7 +198,7 @@ func TestBatchRunHoldsOneSlot(t *testing.T) {
 			mu.Unlock()
 		})
 		src := newSource(t, e, natssource.Config{AckWait: 10 * time.Second, Batch: batch})
-		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(conc))
+		run(t, dispatch.Config{}, src, h, dispatch.WithConcurrency(conc))
 		testenv.EventuallyNil(t, 10*time.Second, "more than concurrency messages in blocked calls", func() error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -277,7 +278,7 @@ func TestBatchExistingConsumerRaised(t *testing.T) {
 		idle := consumer.BatchFunc(func(context.Context, []*consumer.Message, []consumer.Result) {})
 		logs := &testenv.SyncBuffer{}
 		src := newSource(t, e, natssource.Config{AckWait: 5 * time.Second, Batch: batch, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-		r := run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(conc))
+		r := run(t, dispatch.Config{}, src, idle, dispatch.WithConcurrency(conc))
 		e.drained(t, "c", 10*time.Second)
 		if got := e.consumerInfo(t, "c").Config.MaxAckPending; got != conc*batch {
 			t.Errorf("existing consumer's MaxAckPending %d, want concurrency × batch %d", got, conc*batch)
@@ -293,7 +294,7 @@ func TestBatchExistingConsumerRaised(t *testing.T) {
 
 		// Explicit wins: a second durable, created with Config.MaxAckPending.
 		src = newSource(t, e, natssource.Config{Consumer: "explicit", AckWait: 5 * time.Second, Batch: batch, MaxAckPending: 6})
-		run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(conc))
+		run(t, dispatch.Config{}, src, idle, dispatch.WithConcurrency(conc))
 		e.drained(t, "explicit", 10*time.Second)
 		if got := e.consumerInfo(t, "explicit").Config.MaxAckPending; got != 6 {
 			t.Errorf("explicit MaxAckPending: got %d, want 6", got)

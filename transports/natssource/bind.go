@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/sleep"
 )
 
@@ -28,7 +28,7 @@ func (s *Source) bind(ctx context.Context, defaultPending int) (jetstream.Consum
 		if errors.As(err, &fatal) || s.js.Conn().IsClosed() {
 			return nil, err
 		}
-		delay := consumer.Backoff(attempt, 200*time.Millisecond, 5*time.Second)
+		delay := dispatch.Backoff(attempt, 200*time.Millisecond, 5*time.Second)
 		s.log.Warn("binding the consumer failed; retrying", "attempt", attempt, "delay", delay, "err", err)
 		if !sleep.For(ctx, delay) {
 			return nil, ctx.Err()

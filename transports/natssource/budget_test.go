@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -104,7 +105,7 @@ func TestFetchBufferBoundsReceivedBytes(t *testing.T) {
 					conc, cfg.Batch, cfg.MaxAckPending = 2, 64, 1000
 				}
 				src := newSource(t, e, cfg)
-				r := run(t, consumer.Config{}, src, h, consumer.WithConcurrency(conc))
+				r := run(t, dispatch.Config{}, src, h, dispatch.WithConcurrency(conc))
 
 				// The bound fills and the callback waits for room.
 				// The bound fills, the callback waits for room, and what
@@ -173,7 +174,7 @@ func TestFetchBufferTakesALargerMessageAlone(t *testing.T) {
 			return nil, nil
 		})
 		src := newSource(t, e, natssource.Config{AckWait: 30 * time.Second, FetchBufferBytes: 64 << 10})
-		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(8))
+		run(t, dispatch.Config{}, src, h, dispatch.WithConcurrency(8))
 		e.drained(t, "c", 60*time.Second)
 		if _, peak, distinct := calls.state(); distinct != n || peak != 1 {
 			t.Errorf("%d distinct messages handled, at most %d at once; want %d, one at a time", distinct, peak, n)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/dedupworker/consumer"
 	"github.com/idemkit/dedupworker/internal/bytebudget"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/gopool"
 )
 
@@ -234,7 +235,7 @@ func (l *consumeLoop) subscribe() error {
 // the failures in a row.
 func (l *consumeLoop) retryLater(msg string, err error) {
 	l.failures++
-	delay := consumer.Backoff(l.failures, 100*time.Millisecond, 5*time.Second)
+	delay := dispatch.Backoff(l.failures, 100*time.Millisecond, 5*time.Second)
 	if err != nil {
 		l.s.log.Warn(msg, "handler", l.r.Name(), "attempt", l.failures, "delay", delay, "err", err)
 	} else {

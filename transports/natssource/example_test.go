@@ -11,13 +11,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker"
+	"github.com/idemkit/dedupworker/idempotency/memstore"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
 
-// A handler run by a Worker behind a JetStream durable consumer. Without a
-// processor it runs at least once; add the deduplication engine with
-// consumer.WithProcessor(engine.Processor(...)), or use dedupworker.Worker,
+// A handler run by a Worker behind a JetStream durable consumer. It is
+// registered WithoutDedup, so it runs at least once; leave that option out
 // to make it effectively once.
 // The example runs its own nats-server in-process.
 func Example() {
@@ -57,8 +57,11 @@ func Example() {
 		got  []string
 		done = make(chan struct{})
 	)
-	w := consumer.NewWorker(consumer.Config{})
-	err = w.Handle("orders", src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+	w, err := dedupworker.NewWorker(memstore.New(memstore.Options{}), dedupworker.Config{})
+	if err != nil {
+		panic(err)
+	}
+	err = w.Handle("orders", src, dedupworker.HandlerFunc(func(ctx context.Context, m *dedupworker.Message) ([]byte, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, fmt.Sprintf("%s from %s#%d", m.Payload, m.Origin.Topic, m.Origin.Offset))
@@ -66,7 +69,7 @@ func Example() {
 			close(done)
 		}
 		return nil, nil
-	}), consumer.WithConcurrency(4))
+	}), dedupworker.WithoutDedup(), dedupworker.WithConcurrency(4))
 	if err != nil {
 		panic(err)
 	}

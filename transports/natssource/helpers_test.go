@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 )
 
@@ -133,12 +134,12 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 
 // run starts a worker with one handler on src and returns a handle; the
 // test's cleanup stops it if the test did not.
-func run(t *testing.T, cfg consumer.Config, src consumer.Source, h consumer.Handler, opts ...consumer.HandleOption) *testenv.Running {
+func run(t *testing.T, cfg dispatch.Config, src consumer.Source, h consumer.Handler, opts ...dispatch.HandleOption) *testenv.Running {
 	t.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = testenv.Logger(t)
 	}
-	w := consumer.NewWorker(cfg)
+	w := dispatch.NewWorker(cfg)
 	if err := w.Handle("h", src, h, opts...); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -84,7 +85,7 @@ func TestPullAsksForRunsAhead(t *testing.T) {
 				cfgBatch = 0
 			}
 			src := newSource(t, e, natssource.Config{Consumer: c.durable, AckWait: 10 * time.Second, Batch: cfgBatch, MaxAckPending: c.maxAckPending})
-			run(t, consumer.Config{}, src, h, consumer.WithConcurrency(conc))
+			run(t, dispatch.Config{}, src, h, dispatch.WithConcurrency(conc))
 		}
 		for _, c := range cases {
 			e.drained(t, c.durable, 30*time.Second)
@@ -137,10 +138,10 @@ func TestStarvedSubscriptionWarns(t *testing.T) {
 		logs := &testenv.SyncBuffer{}
 		s := newSeen()
 		src := newSource(t, e, natssource.Config{BindOnly: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-		run(t, consumer.Config{}, src, consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
+		run(t, dispatch.Config{}, src, consumer.HandlerFunc(func(_ context.Context, m *consumer.Message) ([]byte, error) {
 			s.add(string(m.Payload[:min(len(m.Payload), 5)]), len(m.Payload))
 			return nil, nil
-		}), consumer.WithConcurrency(2))
+		}), dispatch.WithConcurrency(2))
 		const warning = "sent none to this worker"
 		testenv.Eventually(t, 30*time.Second, "the starvation warning", func() bool { return strings.Contains(logs.String(), warning) })
 		if got := s.get("small"); s.count() != 1 || len(got) != 1 || got[0] != 5 {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -53,7 +54,7 @@ func TestReconnect(t *testing.T) {
 		s.add(string(m.Payload), 0)
 		return nil, nil
 	})
-	run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), h, consumer.WithConcurrency(4))
+	run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), h, dispatch.WithConcurrency(4))
 	publish := func(from, to int) {
 		for i := from; i < to; i++ {
 			if _, err := js.Publish(ctxT(t, 10*time.Second), "reconnect.x", fmt.Appendf(nil, "m%d", i)); err != nil {
@@ -104,7 +105,7 @@ func TestClosedConnection(t *testing.T) {
 		own := *e
 		own.js = js
 		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
-		r := run(t, consumer.Config{}, newSource(t, &own, natssource.Config{}), idle)
+		r := run(t, dispatch.Config{}, newSource(t, &own, natssource.Config{}), idle)
 		e.drained(t, "c", 10*time.Second) // bound and idle
 		nc.Close()
 		err = r.Wait(t, 10*time.Second)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -115,7 +116,7 @@ func TestFetchAck(t *testing.T) {
 			return nil, nil
 		})
 		src := newSource(t, e, natssource.Config{AckWait: 7 * time.Second})
-		run(t, consumer.Config{}, src, h, consumer.WithConcurrency(7))
+		run(t, dispatch.Config{}, src, h, dispatch.WithConcurrency(7))
 		testenv.EventuallyNil(t, 20*time.Second, "every message handled", func() error {
 			if c := s.count(); c < n {
 				return fmt.Errorf("%d of %d handled", c, n)
@@ -158,10 +159,10 @@ func TestExistingConsumerFollowsConfig(t *testing.T) {
 		s := newSeen()
 		logs := &testenv.SyncBuffer{}
 		src := newSource(t, e, natssource.Config{Subject: e.subj + ".>", AckWait: 3 * time.Second, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-		run(t, consumer.Config{}, src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
+		run(t, dispatch.Config{}, src, consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 			s.add(string(m.Payload), 0)
 			return nil, nil
-		}), consumer.WithConcurrency(2))
+		}), dispatch.WithConcurrency(2))
 		e.drained(t, "c", 10*time.Second)
 		if s.count() != 2 || len(s.get("m1")) != 1 || len(s.get("m4")) != 1 {
 			t.Errorf("handled %v, want m1 and m4 once", s.runs)
@@ -194,7 +195,7 @@ func TestExistingConsumerLargerMaxAckPendingKept(t *testing.T) {
 		logs := &testenv.SyncBuffer{}
 		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
 		src := newSource(t, e, natssource.Config{AckWait: 3 * time.Second, BindOnly: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
-		run(t, consumer.Config{}, src, idle, consumer.WithConcurrency(2))
+		run(t, dispatch.Config{}, src, idle, dispatch.WithConcurrency(2))
 		e.drained(t, "c", 10*time.Second)
 		c := e.consumerInfo(t, "c").Config
 		if c.MaxAckPending != 100 || c.AckWait != 11*time.Second {
@@ -233,7 +234,7 @@ func TestConcurrencyCap(t *testing.T) {
 			done.Add(1)
 			return nil, nil
 		})
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), h, consumer.WithConcurrency(limit))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), h, dispatch.WithConcurrency(limit))
 		testenv.EventuallyNil(t, 20*time.Second, "every message done", func() error {
 			if d := done.Load(); d != n {
 				return fmt.Errorf("%d of %d done", d, n)
@@ -307,7 +308,7 @@ func TestPrepareOncePerBatch(t *testing.T) {
 		e.publish(t, n)
 		b := &batchRecorder{prepared: map[int64]bool{}}
 		proc := func(string, consumer.Handler) consumer.Processor { return b }
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), consumer.WithConcurrency(limit), consumer.WithProcessor(proc))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), dispatch.WithConcurrency(limit), dispatch.WithProcessor(proc))
 		e.drained(t, "c", 20*time.Second)
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -365,7 +366,7 @@ func TestNakWithDelayAndAttempt(t *testing.T) {
 		e.publish(t, 1)
 		a := &attemptRecorder{delay: 400 * time.Millisecond, okAt: 3}
 		proc := func(string, consumer.Handler) consumer.Processor { return consumer.ProcessorFunc(a.Process) }
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), consumer.WithProcessor(proc))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), dispatch.WithProcessor(proc))
 		e.drained(t, "c", 10*time.Second)
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -438,8 +439,8 @@ func TestHeartbeatPreventsRedelivery(t *testing.T) {
 					s.add(string(m.Payload), 0)
 					return nil, nil
 				})
-				run(t, consumer.Config{}, newSource(t, e, natssource.Config{AckWait: ackWait}), h,
-					consumer.WithConcurrency(2), consumer.WithProcessor(heartbeating(tc.period)))
+				run(t, dispatch.Config{}, newSource(t, e, natssource.Config{AckWait: ackWait}), h,
+					dispatch.WithConcurrency(2), dispatch.WithProcessor(heartbeating(tc.period)))
 				e.drained(t, "c", 10*time.Second)
 				if got := starts.Load(); (got > 1) != tc.redeliver {
 					t.Errorf("handler started %d times; redelivery expected: %v", got, tc.redeliver)
@@ -468,9 +469,9 @@ func TestDeadLetter(t *testing.T) {
 				}
 				e.publish(t, 1)
 				h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
-					return nil, consumer.Permanent(errors.New("boom"))
+					return nil, dispatch.Permanent(errors.New("boom"))
 				})
-				run(t, consumer.Config{}, newSource(t, e, natssource.Config{DeadLetterSubject: dlSubj}), h)
+				run(t, dispatch.Config{}, newSource(t, e, natssource.Config{DeadLetterSubject: dlSubj}), h)
 				e.drained(t, "c", 10*time.Second)
 				var dl *nats.Msg
 				if inStream {
@@ -521,7 +522,7 @@ func TestDeadLetter(t *testing.T) {
 func TestDeadLetterLoopRefused(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		src := newSource(t, e, natssource.Config{DeadLetterSubject: e.subj + ".dlq"})
-		r := run(t, consumer.Config{}, src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }))
+		r := run(t, dispatch.Config{}, src, consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil }))
 		err := r.Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "consumed again") {
 			t.Errorf("Run = %v, want the dead-letter loop refused", err)
@@ -540,7 +541,7 @@ func TestNoDeadLetterConfigured(t *testing.T) {
 				_ = d.Ack(ctx)
 			})
 		}
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), consumer.WithProcessor(proc))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), dispatch.WithProcessor(proc))
 		select {
 		case err := <-got:
 			if !errors.Is(err, consumer.ErrNoDeadLetter) {
@@ -565,7 +566,7 @@ func TestGoneIsAnError(t *testing.T) {
 	t.Run("missing stream", func(t *testing.T) {
 		forEachServer(t, func(t *testing.T, e *env) {
 			src := newSource(t, e, natssource.Config{Stream: e.stream + "_NONE"})
-			err := run(t, consumer.Config{}, src, idle).Wait(t, 10*time.Second)
+			err := run(t, dispatch.Config{}, src, idle).Wait(t, 10*time.Second)
 			if !errors.Is(err, jetstream.ErrStreamNotFound) || !strings.Contains(err.Error(), e.stream+"_NONE") {
 				t.Errorf("Run = %v", err)
 			}
@@ -573,7 +574,7 @@ func TestGoneIsAnError(t *testing.T) {
 	})
 	t.Run("bind only", func(t *testing.T) {
 		forEachServer(t, func(t *testing.T, e *env) {
-			err := run(t, consumer.Config{}, newSource(t, e, natssource.Config{BindOnly: true}), idle).Wait(t, 10*time.Second)
+			err := run(t, dispatch.Config{}, newSource(t, e, natssource.Config{BindOnly: true}), idle).Wait(t, 10*time.Second)
 			check(t, err, e, jetstream.ErrConsumerNotFound)
 		})
 	})
@@ -586,7 +587,7 @@ func TestGoneIsAnError(t *testing.T) {
 					s.add(string(m.Payload), 0)
 					return nil, nil
 				})
-				r := run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), h)
+				r := run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), h)
 				testenv.Eventually(t, 10*time.Second, "the 3 messages handled", func() bool { return s.count() == 3 })
 				ctx := ctxT(t, 5*time.Second)
 				var err error
@@ -632,7 +633,7 @@ func TestShutdownInFlight(t *testing.T) {
 		// redelivery to such a request unless the Source made the
 		// server drop it first.
 		src := newSource(t, e, natssource.Config{AckWait: 30 * time.Second, FetchMaxWait: 20 * time.Second})
-		r := run(t, consumer.Config{ShutdownTimeout: 500 * time.Millisecond}, src, h, consumer.WithConcurrency(4))
+		r := run(t, dispatch.Config{ShutdownTimeout: 500 * time.Millisecond}, src, h, dispatch.WithConcurrency(4))
 		for range 4 {
 			select {
 			case <-started:
@@ -652,7 +653,7 @@ func TestShutdownInFlight(t *testing.T) {
 			s.add(string(m.Payload), 0)
 			return nil, nil
 		})
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), h2, consumer.WithConcurrency(4))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), h2, dispatch.WithConcurrency(4))
 		e.drained(t, "c", 15*time.Second)
 		if s.count() != 2 || len(s.get("m2")) != 1 || len(s.get("m3")) != 1 {
 			t.Errorf("second worker handled %v, want m2 and m3 once", s.runs)
@@ -665,12 +666,12 @@ func TestSecondConsumeRefused(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		src := newSource(t, e, natssource.Config{})
 		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
-		run(t, consumer.Config{}, src, idle)
+		run(t, dispatch.Config{}, src, idle)
 		testenv.EventuallyNil(t, 10*time.Second, "the consumer created", func() error {
 			_, err := e.js.Consumer(ctxT(t, 5*time.Second), e.stream, "c")
 			return err
 		})
-		err := run(t, consumer.Config{}, src, idle).Wait(t, 10*time.Second)
+		err := run(t, dispatch.Config{}, src, idle).Wait(t, 10*time.Second)
 		if err == nil || !strings.Contains(err.Error(), "already consuming") {
 			t.Errorf("second Run = %v", err)
 		}
@@ -685,7 +686,7 @@ func TestRequestReply(t *testing.T) {
 		h := consumer.HandlerFunc(func(ctx context.Context, m *consumer.Message) ([]byte, error) {
 			return nil, src.Reply(ctx, m, append([]byte("re:"), m.Payload...))
 		})
-		run(t, consumer.Config{}, src, h)
+		run(t, dispatch.Config{}, src, h)
 		msg := nats.NewMsg(e.subj + ".req")
 		msg.Data = []byte("hello")
 		reply, err := natssource.Request(ctxT(t, 10*time.Second), e.js, msg)
@@ -706,7 +707,7 @@ func TestRequestReply(t *testing.T) {
 func TestMaxAckPendingOverride(t *testing.T) {
 	forEachServer(t, func(t *testing.T, e *env) {
 		idle := consumer.HandlerFunc(func(context.Context, *consumer.Message) ([]byte, error) { return nil, nil })
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{MaxAckPending: 48}), idle, consumer.WithConcurrency(16))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{MaxAckPending: 48}), idle, dispatch.WithConcurrency(16))
 		e.drained(t, "c", 10*time.Second)
 		if got := e.consumerInfo(t, "c").Config.MaxAckPending; got != 48 {
 			t.Errorf("MaxAckPending %d, want 48", got)

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/dedupworker/consumer"
+	"github.com/idemkit/dedupworker/internal/dispatch"
 	"github.com/idemkit/dedupworker/internal/testenv"
 	"github.com/idemkit/dedupworker/transports/natssource"
 )
@@ -85,7 +86,7 @@ func TestStreamBoundedByConcurrency(t *testing.T) {
 				},
 			}
 		}
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), consumer.WithConcurrency(limit), consumer.WithProcessor(proc))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), consumer.HandlerFunc(nil), dispatch.WithConcurrency(limit), dispatch.WithProcessor(proc))
 		var open sync.Once
 		openGate := func() { open.Do(func() { close(gate) }) }
 		t.Cleanup(openGate) // before the worker's stop, also when the test fails
@@ -157,7 +158,7 @@ func TestStopNaksBuffered(t *testing.T) {
 			s.add(string(m.Payload), 0)
 			return nil, nil
 		})
-		r := run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), h, consumer.WithConcurrency(limit))
+		r := run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), h, dispatch.WithConcurrency(limit))
 		var open sync.Once
 		releaseAll := func() { open.Do(func() { close(release) }) }
 		t.Cleanup(releaseAll)
@@ -191,7 +192,7 @@ func TestStopNaksBuffered(t *testing.T) {
 			s.add(string(m.Payload), 0)
 			return nil, nil
 		})
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{}), h2, consumer.WithConcurrency(limit))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{}), h2, dispatch.WithConcurrency(limit))
 		testenv.EventuallyNil(t, 10*time.Second, "the nakked messages redelivered promptly", func() error {
 			if c := s.count(); c < n+later {
 				return fmt.Errorf("%d of %d handled", c, n+later)
@@ -221,7 +222,7 @@ func TestLoneMessageNotHeldBack(t *testing.T) {
 			got <- time.Now()
 			return nil, nil
 		})
-		run(t, consumer.Config{}, newSource(t, e, natssource.Config{FetchMaxWait: 5 * time.Second}), h, consumer.WithConcurrency(64))
+		run(t, dispatch.Config{}, newSource(t, e, natssource.Config{FetchMaxWait: 5 * time.Second}), h, dispatch.WithConcurrency(64))
 		e.drained(t, "c", 10*time.Second) // bound, its pull request waiting
 		for i := range 3 {
 			at := time.Now()

@@ -1,5 +1,0 @@
-package consumer
-
-import "runtime/debug"
-
-func stack() []byte { return debug.Stack() }

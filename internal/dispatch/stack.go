@@ -1,0 +1,5 @@
+package dispatch
+
+import "runtime/debug"
+
+func stack() []byte { return debug.Stack() }
