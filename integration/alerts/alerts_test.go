@@ -117,11 +117,14 @@ func TestAlertsEndToEnd(t *testing.T) {
 	touch(t, okFile)
 	touch(t, fastFile)
 
+	// The dead letters go to a stream of their own: the worker refuses a
+	// dead-letter subject that no stream stores.
+	dlq := testenv.NewNATSStream(t, natsURL, "ALDLQ").Subject + ".dead"
 	wMain := &worker{name: "main", dir: dir, addr: testenv.FreeAddr(t), redis: rMain.URL(), nats: natsURL, handlers: []handler{
 		// Fails every run (exit 1: retried, then dead-lettered) until the
 		// file exists.
 		{name: "fail", stream: stream("ALFAIL"), rate: 3, command: fmt.Sprintf(`test -e %s`, okFile),
-			extra: "max_attempts: 2\n    backoff: {initial: 100ms, max: 200ms}\n    dead_letter: {nats: {subject: alerts-dlq-" + testenv.RandID() + "}}"},
+			extra: "max_attempts: 2\n    backoff: {initial: 100ms, max: 200ms}\n    dead_letter: {nats: {subject: " + dlq + "}}"},
 		// Slower than its input (one run at a time, 0.5 s each, 4 messages a
 		// second) until the file exists.
 		{name: "slow", stream: stream("ALSLOW"), rate: 4, command: fmt.Sprintf(`test -e %s || sleep 0.5`, fastFile),
