@@ -376,11 +376,7 @@ func produce(ctx context.Context, t *testing.T, nc *nats.Conn, h handler) {
 // returns its path.
 func shortenedRules(t *testing.T, dir string) string {
 	t.Helper()
-	path, err := alertrules.Path()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
+	_, data, err := alertrules.Read()
 	if err != nil {
 		t.Fatal(err)
 	}

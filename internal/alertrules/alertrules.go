@@ -60,6 +60,15 @@ func Path() (string, error) {
 	}
 }
 
+// Read returns the rules file's path ([Path]) and its bytes.
+func Read() (path string, data []byte, err error) {
+	if path, err = Path(); err != nil {
+		return "", nil, err
+	}
+	data, err = os.ReadFile(path)
+	return path, data, err
+}
+
 // Parse decodes a rules file, refusing fields it does not know.
 func Parse(data []byte) (*File, error) {
 	var f File

@@ -219,11 +219,7 @@ func TestDashboardShape(t *testing.T) {
 // alertRules is every alerting rule of the rules file.
 func alertRules(t *testing.T) []alertrules.Rule {
 	t.Helper()
-	path, err := alertrules.Path()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
+	path, data, err := alertrules.Read()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,11 +67,7 @@ func checkPrometheusRule(t *testing.T, m manifests, vals map[string]any) {
 // file, with job="dedupworker" made the release's and runbook_url under base.
 func checkRulesMatchFile(t *testing.T, r *prometheusRule, job, base string) {
 	t.Helper()
-	path, err := alertrules.Path()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
+	_, data, err := alertrules.Read()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,11 +28,7 @@ import (
 
 func rulesFile(t *testing.T) (string, *alertrules.File) {
 	t.Helper()
-	path, err := alertrules.Path()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := os.ReadFile(path)
+	path, data, err := alertrules.Read()
 	if err != nil {
 		t.Fatal(err)
 	}
