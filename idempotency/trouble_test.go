@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// A batcher with node trouble sends one call for all nodes while they are
-// healthy; once a node failed a key, that node's requests go to its own
+// A batcher with node trouble takes one batch for all nodes while they are
+// healthy, sent as a call a node; once a node failed a key, that node's requests go to its own
 // batcher, so that while its calls hang the other nodes' requests are
 // answered.
 func TestTroubledNodeGoesApart(t *testing.T) {
@@ -52,8 +52,8 @@ func TestTroubledNodeGoesApart(t *testing.T) {
 
 	ctx := t.Context()
 	res, errs := b.doAll(ctx, []string{"a1", "b1", "a2"}, false)
-	if errs[0] != nil || errs[1] != nil || errs[2] != nil || res[1] != "b1" || calls.Load() != 1 {
-		t.Fatalf("healthy batch: %v %v in %d calls; want every key answered in one call", res, errs, calls.Load())
+	if errs[0] != nil || errs[1] != nil || errs[2] != nil || res[1] != "b1" || calls.Load() != 2 {
+		t.Fatalf("healthy batch: %v %v in %d calls; want every key answered, in a call a node", res, errs, calls.Load())
 	}
 	mode.Store("fail")
 	if _, err := b.do(ctx, "b2", false); err == nil {
@@ -92,5 +92,86 @@ func TestTroubledNodeGoesApart(t *testing.T) {
 	}
 	if b.trouble.any() {
 		t.Fatal("node b still in trouble after a call of its own succeeded")
+	}
+}
+
+// When a node starts to hang before any of its calls failed, the calls
+// that span it answer the other nodes' keys when their node answers, and
+// the hanging node is put in trouble once it is slow, so that the next
+// batches do not wait for it either.
+func TestHangOnsetHoldsBackOnlyItsNode(t *testing.T) {
+	unhang := make(chan struct{})
+	hanging := make(chan struct{}, 8)
+	send := func(ctx context.Context, keys []string) ([]string, error) {
+		errs := make([]error, len(keys))
+		failed := false
+		for i, k := range keys {
+			if !strings.HasPrefix(k, "b") {
+				continue
+			}
+			hanging <- struct{}{}
+			select {
+			case <-ctx.Done():
+			case <-unhang:
+			}
+			errs[i], failed = &NodeError{Node: "b", Err: fmt.Errorf("%w: hung", ErrStoreUnavailable)}, true
+		}
+		if failed {
+			return keys, &BatchError{Errs: errs}
+		}
+		return keys, nil
+	}
+	b := newBatcher("test", 20*time.Second, func(k string) string { return k }, send)
+	b.route = func(_ context.Context, k string) string { return k[:1] }
+	b.trouble = &nodeTrouble{}
+	t.Cleanup(b.wait)
+	t.Cleanup(func() { close(unhang) })
+
+	type answer struct {
+		key string
+		err error
+	}
+	answers := make(chan answer, 8)
+	keys := []string{"a1", "b1", "a2"}
+	b.doEach(t.Context(), keys, []int{0, 1, 2}, false, func(i int, _ string, err error) {
+		answers <- answer{keys[i], err}
+	})
+	for range 2 {
+		select {
+		case a := <-answers:
+			if a.err != nil || a.key == "b1" {
+				t.Fatalf("answer %s: %v; want a1 and a2 answered without error first", a.key, a.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the keys of node a, in a call with node b's hanging key, were not answered in 5s")
+		}
+	}
+	select {
+	case <-hanging:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b1's call was not sent")
+	}
+	// The next batches: node a's keys are answered while b1 still hangs,
+	// whether or not they share a call with another key of node b.
+	for i := range 4 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.do(t.Context(), fmt.Sprintf("a%d", 3+i), false)
+			done <- err
+		}()
+		if i%2 == 1 {
+			go func() { _, _ = b.do(t.Context(), fmt.Sprintf("b%d", 2+i), false) }()
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("a%d: %v", 3+i, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("a%d of a healthy node waited for the hanging node b", 3+i)
+		}
+	}
+	if !b.trouble.has("b") {
+		t.Error("node b, slow to answer, is not in trouble")
 	}
 }
