@@ -147,9 +147,6 @@ func newCompleter(store Store, timeout, linger time.Duration) *batcher[Completio
 	b := newBatcher("complete", timeout, func(c Completion) string { return c.Key }, store.Complete)
 	b.linger = linger
 	b.routeBy(store)
-	if b.route != nil {
-		b.trouble = &nodeTrouble{}
-	}
 	return b
 }
 
@@ -236,13 +233,16 @@ func newClaimer(store Store, timeout time.Duration) *batcher[ClaimRequest, Claim
 }
 
 // routeBy batches per node when store, or the store observed wraps, is a
-// NodeRouter.
+// NodeRouter: the requests of the healthy nodes go in one batch, sent as a
+// call a node (sendByNode), and each node in trouble (nodeTrouble) gets a
+// batcher of its own while it is.
 func (b *batcher[Req, Res]) routeBy(store Store) {
 	if o, ok := store.(observed); ok {
 		store = o.s
 	}
 	if r, ok := store.(NodeRouter); ok && r.MultiNode() {
 		b.route = r.Node
+		b.trouble = &nodeTrouble{}
 	}
 }
 

@@ -86,11 +86,12 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 }
 
 // prepareEach is Prepare on a store whose keys live on several nodes
-// (NodeRouter): it sends the claims without waiting, each node's keys in
-// their own batch call, and each delivery waits for its node's answer when
-// it runs (await). A node that hangs until the call's deadline then holds
-// back only the deliveries of its keys; the others run as soon as their
-// node answered.
+// (NodeRouter): it queues the claims without waiting, and each delivery
+// waits for its node's answer when it runs (await). The healthy nodes'
+// claims share the preparer's batches, sent as a call a node, and a node
+// in trouble has a batcher of its own (routeBy). A node that hangs until
+// the call's deadline then holds back only the deliveries of its keys; the
+// others run as soon as their node answered.
 func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, prs []prepared, reqs []ClaimRequest, idx []int) {
 	now := p.e.clock.Now()
 	b := p.e.preparer
@@ -137,7 +138,11 @@ func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, 
 	}
 	for _, g := range nodes {
 		g.left.Store(int64(len(g.reqs)))
-		b.node(g.node).doEach(cctx, g.reqs, g.idx, false, func(i int, res ClaimResult, err error) {
+		nb := b
+		if b.trouble.has(g.node) {
+			nb = b.node(g.node)
+		}
+		nb.doEach(cctx, g.reqs, g.idx, false, func(i int, res ClaimResult, err error) {
 			pr := &prs[i]
 			p.mu.Lock()
 			pr.res, pr.err = res, err
