@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemkit/dedupworker/consumer"
 )
@@ -86,8 +87,9 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 }
 
 // prepareEach is Prepare on a store whose keys live on several nodes
-// (NodeRouter): it queues the claims without waiting, and each delivery
-// waits for its node's answer when it runs (await). The healthy nodes'
+// (NodeRouter): it queues the claims, waits for the healthy nodes' answers
+// up to slowNode, and each delivery whose node has not answered by then
+// waits for it when it runs (await). The healthy nodes'
 // claims share the preparer's batches, sent as a call a node, and a node
 // in trouble has a batcher of its own (routeBy). A node that hangs until
 // the call's deadline then holds back only the deliveries of its keys; the
@@ -154,6 +156,25 @@ func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, 
 				nodeDone(g)
 			}
 		})
+	}
+	// As one call would, return once the healthy nodes answered, so that
+	// the source starts the batch's deliveries in order with their claims
+	// at hand; but no longer than slowNode, after which a node that has
+	// not answered is in trouble (sendByNode), and its deliveries alone
+	// wait for it in await.
+	slow := time.NewTimer(slowNode)
+	defer slow.Stop()
+	for _, g := range nodes {
+		if b.trouble.has(g.node) {
+			continue
+		}
+		select {
+		case <-g.ready:
+		case <-slow.C:
+			return
+		case <-ctx.Done():
+			return
+		}
 	}
 }
 
