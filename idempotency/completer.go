@@ -458,6 +458,33 @@ func (b *batcher[Req, Res]) doEach(ctx context.Context, reqs []Req, idx []int, p
 	b.enqueue(ps, patient)
 }
 
+// doEachRouted is doEach with the route: the requests of a node in trouble
+// go to its own batcher, the others to b.
+func (b *batcher[Req, Res]) doEachRouted(ctx context.Context, reqs []Req, idx []int, patient bool, then func(idx int, res Res, err error)) {
+	if b.trouble == nil || !b.trouble.any() {
+		b.doEach(ctx, reqs, idx, patient, then)
+		return
+	}
+	by := make(map[*batcher[Req, Res]]int, 2) // batcher -> index in order
+	var order []*batcher[Req, Res]
+	var rs [][]Req
+	var is [][]int
+	for i, req := range reqs {
+		nb := b.nodeOf(ctx, b.key(req))
+		j, ok := by[nb]
+		if !ok {
+			j = len(order)
+			by[nb] = j
+			order = append(order, nb)
+			rs, is = append(rs, nil), append(is, nil)
+		}
+		rs[j], is[j] = append(rs[j], req), append(is[j], idx[i])
+	}
+	for j, nb := range order {
+		nb.doEach(ctx, rs[j], is[j], patient, then)
+	}
+}
+
 // enqueue queues rs, in order, and hands them to a flusher.
 func (b *batcher[Req, Res]) enqueue(rs []*batchReq[Req, Res], patient bool) {
 	b.mu.Lock()
@@ -586,7 +613,9 @@ const slowNode = 100 * time.Millisecond
 // its own batcher, and the flight is handed on: sendByNode then returns
 // false once its calls have returned, and its flusher ends.
 func (b *batcher[Req, Res]) sendByNode(batch []*batchReq[Req, Res]) bool {
-	rctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	// Node answers from the store's cache, and within its caller's
+	// context when it must read the layout: the first request's.
+	rctx := batch[0].ctx
 	first := b.route(rctx, b.key(batch[0].req))
 	split := -1 // index of the first request of another node
 	for i, r := range batch[1:] {
@@ -596,7 +625,6 @@ func (b *batcher[Req, Res]) sendByNode(batch []*batchReq[Req, Res]) bool {
 		}
 	}
 	if split < 0 {
-		cancel()
 		b.sendBatch(batch)
 		return true
 	}
@@ -616,7 +644,6 @@ func (b *batcher[Req, Res]) sendByNode(batch []*batchReq[Req, Res]) bool {
 		}
 		p.batch = append(p.batch, r)
 	}
-	cancel()
 	done := make(chan *part, len(parts))
 	for _, p := range parts {
 		go func() {

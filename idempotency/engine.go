@@ -197,10 +197,13 @@ type prepared struct {
 	res     ClaimResult
 	err     error
 	claimAt time.Time // when the claim was requested, on the engine's Clock
-	// ready, when set, is closed once Prepare's claim, sent without
-	// waiting (a store that routes keys to nodes), was answered into res
-	// and err; until then they are not read (await). taken is set, under
-	// the processor's mu, once its delivery took it.
+	// out is set while Prepare's claim, which it did not wait for (a
+	// store that routes keys to nodes, one slow to answer), is not
+	// answered into res and err; until then they are not read (await).
+	// It is cleared under the processor's mu, which also guards ready: a
+	// waiter makes it, and the answer closes it. taken is set, under the
+	// processor's mu, once its delivery took it.
+	out   atomic.Bool
 	ready chan struct{}
 	taken bool
 }

@@ -87,37 +87,20 @@ func (p *processor) Prepare(ctx context.Context, batch []consumer.Delivery) {
 }
 
 // prepareEach is Prepare on a store whose keys live on several nodes
-// (NodeRouter): it queues the claims, waits for the healthy nodes' answers
-// up to slowNode, and each delivery whose node has not answered by then
-// waits for it when it runs (await). The healthy nodes'
-// claims share the preparer's batches, sent as a call a node, and a node
-// in trouble has a batcher of its own (routeBy). A node that hangs until
-// the call's deadline then holds back only the deliveries of its keys; the
-// others run as soon as their node answered.
+// (NodeRouter). The claims go to the preparer, which sends each node's
+// part of a batch as its own call and answers it as that node answers
+// (sendByNode); a node in trouble has a batcher of its own. Prepare
+// returns, as one call would, once every claim was answered, so that the
+// source starts the deliveries in order with their claims at hand; but no
+// longer than slowNode after which a node that has not answered is in
+// trouble: the deliveries of its keys then wait for their own answer when
+// they run (await), and the others run at once.
 func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, prs []prepared, reqs []ClaimRequest, idx []int) {
 	now := p.e.clock.Now()
-	b := p.e.preparer
-	// One readiness per node: its keys are answered by the same calls.
-	type nodeReqs struct {
-		node  string
-		reqs  []ClaimRequest
-		idx   []int
-		ready chan struct{}
-		left  atomic.Int64
-	}
-	var nodes []*nodeReqs
-	byNode := make(map[string]*nodeReqs, 4)
-	for j, i := range idx {
-		n := b.route(ctx, reqs[j].Key)
-		g := byNode[n]
-		if g == nil {
-			g = &nodeReqs{node: n, ready: make(chan struct{})}
-			byNode[n] = g
-			nodes = append(nodes, g)
-		}
-		g.reqs, g.idx = append(g.reqs, reqs[j]), append(g.idx, i)
+	for _, i := range idx {
 		pr := &prs[i]
-		pr.claimed, pr.claimAt, pr.batched, pr.ready = true, now, true, g.ready
+		pr.claimed, pr.claimAt, pr.batched = true, now, true
+		pr.out.Store(true)
 	}
 	// Each key is held from now: a delivery of the same key that runs
 	// first waits for the answer in adopt, and adopts an owned claim.
@@ -130,51 +113,32 @@ func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, 
 	}
 	p.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, p.e.timeout)
+	all := make(chan struct{})
 	var left atomic.Int64
-	left.Store(int64(len(nodes)))
-	nodeDone := func(g *nodeReqs) {
-		close(g.ready)
+	left.Store(int64(len(reqs)))
+	p.e.preparer.doEachRouted(cctx, reqs, idx, false, func(i int, res ClaimResult, err error) {
+		pr := &prs[i]
+		pr.res, pr.err = res, err
+		p.mu.Lock()
+		pr.out.Store(false)
+		if pr.ready != nil {
+			close(pr.ready)
+		}
+		if (err != nil || !res.Outcome.Owned()) && p.held[pr.ekey] == pr {
+			delete(p.held, pr.ekey)
+		}
+		p.mu.Unlock()
 		if left.Add(-1) == 0 {
 			cancel()
+			close(all)
 		}
-	}
-	for _, g := range nodes {
-		g.left.Store(int64(len(g.reqs)))
-		nb := b
-		if b.trouble.has(g.node) {
-			nb = b.node(g.node)
-		}
-		nb.doEach(cctx, g.reqs, g.idx, false, func(i int, res ClaimResult, err error) {
-			pr := &prs[i]
-			p.mu.Lock()
-			pr.res, pr.err = res, err
-			if (err != nil || !res.Outcome.Owned()) && p.held[pr.ekey] == pr {
-				delete(p.held, pr.ekey)
-			}
-			p.mu.Unlock()
-			if g.left.Add(-1) == 0 {
-				nodeDone(g)
-			}
-		})
-	}
-	// As one call would, return once the healthy nodes answered, so that
-	// the source starts the batch's deliveries in order with their claims
-	// at hand; but no longer than slowNode, after which a node that has
-	// not answered is in trouble (sendByNode), and its deliveries alone
-	// wait for it in await.
+	})
 	slow := time.NewTimer(slowNode)
 	defer slow.Stop()
-	for _, g := range nodes {
-		if b.trouble.has(g.node) {
-			continue
-		}
-		select {
-		case <-g.ready:
-		case <-slow.C:
-			return
-		case <-ctx.Done():
-			return
-		}
+	select {
+	case <-all:
+	case <-slow.C:
+	case <-ctx.Done():
 	}
 }
 
@@ -182,9 +146,20 @@ func (p *processor) prepareEach(ctx context.Context, batch []consumer.Delivery, 
 // the store timeout, as the claim call runs under it. A delivery whose
 // context ended waits too, so that abandon can give its claim back.
 func (p *processor) await(pr *prepared) {
-	if pr != nil && pr.ready != nil {
-		<-pr.ready
+	if pr == nil || !pr.out.Load() {
+		return
 	}
+	p.mu.Lock()
+	if !pr.out.Load() {
+		p.mu.Unlock()
+		return
+	}
+	if pr.ready == nil {
+		pr.ready = make(chan struct{})
+	}
+	ready := pr.ready
+	p.mu.Unlock()
+	<-ready
 }
 
 func (p *processor) claimRequest(pr *prepared) ClaimRequest {
@@ -215,10 +190,14 @@ func (p *processor) adopt(pr *prepared) bool {
 	if !ok || h == pr {
 		return false
 	}
-	if h.ready != nil {
+	if h.out.Load() {
 		// prepareEach's claim of the key: wait for its answer.
+		if h.ready == nil {
+			h.ready = make(chan struct{})
+		}
+		ready := h.ready
 		p.mu.Unlock()
-		<-h.ready
+		<-ready
 		p.mu.Lock()
 		if p.held[pr.ekey] != h || h.err != nil || !h.res.Outcome.Owned() {
 			return false
