@@ -73,6 +73,10 @@ type batcher[Req, Res any] struct {
 	// sent as a call a node (sendByNode).
 	trouble *nodeTrouble
 	self    string // the node of a node's own batcher, "" for the parent
+	// hedge: a request may be sent again while its first call is out, so
+	// a batch over several nodes goes in one call, and apart only when
+	// that call is slow (sendHedged); else apart at once (sendByNode).
+	hedge bool
 
 	// free holds requests whose caller took the answer, for reuse: a
 	// request and its channel per completion were a tenth of the worker's
@@ -138,15 +142,17 @@ func newBatcher[Req, Res any](op string, timeout time.Duration, key func(Req) st
 
 // newCompleter batches Store.Complete, a short batch waiting up to linger.
 // On a store with a NodeRouter the completions of all healthy nodes are
-// taken in one batch, sent as a call a node (sendByNode), and only the
-// completions of nodes in trouble go to batchers of their own
-// (nodeTrouble): a batcher per node would cost a healthy cluster a
-// quarter more CPU a message than one batcher over all of them
+// taken in one batch and sent in one call, and again as a call a node only
+// when that call is slow (sendHedged): a completion repeated by its token
+// changes nothing. The completions of nodes in trouble go to batchers of
+// their own (nodeTrouble): a batcher per node would cost a healthy cluster
+// a quarter more CPU a message than one batcher over all of them
 // (redisbackend's BenchmarkClusterEngine).
 func newCompleter(store Store, timeout, linger time.Duration) *batcher[Completion, bool] {
 	b := newBatcher("complete", timeout, func(c Completion) string { return c.Key }, store.Complete)
 	b.linger = linger
 	b.routeBy(store)
+	b.hedge = true
 	return b
 }
 
@@ -560,7 +566,11 @@ func (b *batcher[Req, Res]) flusher() {
 			return
 		}
 		if b.trouble != nil && b.route != nil && b.self == "" {
-			if !b.sendByNode(batch) {
+			send := b.sendByNode
+			if b.hedge {
+				send = b.sendHedged
+			}
+			if !send(batch) {
 				return
 			}
 			continue
@@ -571,28 +581,77 @@ func (b *batcher[Req, Res]) flusher() {
 
 // sendBatch sends batch in one call and answers its requests.
 func (b *batcher[Req, Res]) sendBatch(batch []*batchReq[Req, Res]) {
+	res, err := b.call(b.reqsOf(batch))
+	b.answerBatch(batch, res, err)
+}
+
+// reqsOf returns the requests of batch, read before any is answered: an
+// answered one may be reused at once.
+func (b *batcher[Req, Res]) reqsOf(batch []*batchReq[Req, Res]) []Req {
 	reqs := make([]Req, len(batch))
 	for i, r := range batch {
 		reqs[i] = r.req
 	}
+	return reqs
+}
+
+// call sends reqs in one call, under the batcher's timeout.
+func (b *batcher[Req, Res]) call(reqs []Req) ([]Res, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
-	res, err := b.send(ctx, reqs)
-	cancel()
-	if len(res) != len(reqs) && (err == nil || errors.As(err, new(*BatchError))) {
-		err = fmt.Errorf("%w: %s returned %d results for %d keys", ErrStoreUnavailable, b.op, len(res), len(reqs))
+	defer cancel()
+	return b.send(ctx, reqs)
+}
+
+// answerBatch answers batch's requests with the results of their call.
+func (b *batcher[Req, Res]) answerBatch(batch []*batchReq[Req, Res], res []Res, err error) {
+	n := len(batch)
+	if len(res) != n && (err == nil || errors.As(err, new(*BatchError))) {
+		err = fmt.Errorf("%w: %s returned %d results for %d keys", ErrStoreUnavailable, b.op, len(res), n)
 	}
 	if b.trouble != nil {
-		b.trouble.observe(b.self, err, len(reqs))
+		b.trouble.observe(b.self, err, n)
 	}
 	// A BatchError fails its keys alone: the others' results stand.
 	for i, r := range batch {
-		if kerr := KeyError(err, i, len(reqs)); kerr != nil {
+		if kerr := KeyError(err, i, n); kerr != nil {
 			r.err = kerr
 		} else {
 			r.res = res[i]
 		}
 		r.answer()
 	}
+}
+
+// sendHedged sends batch, whose keys may live on several nodes and whose
+// requests may be sent twice (Complete: a completion repeated by its token
+// changes nothing), in one call over all nodes, as cheap as a healthy
+// cluster allows. When that call has not returned after slowNode, a node
+// may hang: each node's part is sent again as its own call (sendByNode),
+// answered as its node answers, and the first call's answer, when it
+// comes, is dropped. It reports what sendByNode does, true when it was
+// not needed.
+func (b *batcher[Req, Res]) sendHedged(batch []*batchReq[Req, Res]) bool {
+	type answer struct {
+		res []Res
+		err error
+	}
+	first := make(chan answer, 1)
+	reqs := b.reqsOf(batch)
+	go func() {
+		res, err := b.call(reqs)
+		first <- answer{res, err}
+	}()
+	slow := time.NewTimer(slowNode)
+	select {
+	case a := <-first:
+		slow.Stop()
+		b.answerBatch(batch, a.res, a.err)
+		return true
+	case <-slow.C:
+	}
+	ok := b.sendByNode(batch)
+	<-first // the first call ends within the flusher's life
+	return ok
 }
 
 // slowNode is how long a node's part of a batch of several nodes may take

@@ -100,6 +100,14 @@ func TestTroubledNodeGoesApart(t *testing.T) {
 // the hanging node is put in trouble once it is slow, so that the next
 // batches do not wait for it either.
 func TestHangOnsetHoldsBackOnlyItsNode(t *testing.T) {
+	// hedge: the completer's way, one call for all nodes and apart once
+	// it is slow; else apart at once, the claimers' way.
+	for _, hedge := range []bool{false, true} {
+		t.Run(fmt.Sprintf("hedge %v", hedge), func(t *testing.T) { testHangOnset(t, hedge) })
+	}
+}
+
+func testHangOnset(t *testing.T, hedge bool) {
 	unhang := make(chan struct{})
 	hanging := make(chan struct{}, 8)
 	send := func(ctx context.Context, keys []string) ([]string, error) {
@@ -124,6 +132,7 @@ func TestHangOnsetHoldsBackOnlyItsNode(t *testing.T) {
 	b := newBatcher("test", 20*time.Second, func(k string) string { return k }, send)
 	b.route = func(_ context.Context, k string) string { return k[:1] }
 	b.trouble = &nodeTrouble{}
+	b.hedge = hedge
 	t.Cleanup(b.wait)
 	t.Cleanup(func() { close(unhang) })
 

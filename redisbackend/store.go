@@ -49,12 +49,18 @@ type Store struct {
 	replicas    int
 	waitTimeout time.Duration
 
-	// nodeBySlot keeps Node's answers on a cluster, valid while nodeGen
-	// has not moved on (a call failed since); prefixPlain says prefix has
-	// no '{' or '}', so a key's slot is found from prefixCRC without
-	// building its Redis key.
-	nodeBySlot  *[numSlots]atomic.Pointer[slotNode]
+	// nodeBySlot keeps Node's answers on a cluster, each a slot's
+	// primary as its index in nodeAddrs plus one, in the low 8 bits, and
+	// the low 24 bits of nodeGen when it was read above them: valid while
+	// nodeGen has not moved on (a call failed since). One word a slot
+	// keeps the table small enough to stay in cache; a generation that
+	// wrapped round only makes a hint stale, which Node's answers may be.
+	// prefixPlain says prefix has no '{' or '}', so a key's slot is found
+	// from prefixCRC without building its Redis key.
+	nodeBySlot  *[numSlots]atomic.Uint32
 	nodeGen     atomic.Uint64
+	nodeAddrs   atomic.Pointer[[]string] // the primaries Node has named, append-only
+	nodeAddrsMu sync.Mutex
 	prefixPlain bool
 	prefixCRC   uint16
 
@@ -123,7 +129,8 @@ func newStore(client redis.UniversalClient, opts Options) (*Store, error) {
 	s.waitTimeout = opts.Durability.Timeout
 	s.cluster, _ = client.(*redis.ClusterClient)
 	if s.cluster != nil {
-		s.nodeBySlot = new([numSlots]atomic.Pointer[slotNode])
+		s.nodeBySlot = new([numSlots]atomic.Uint32)
+		s.nodeAddrs.Store(new([]string))
 		s.prefixPlain = !strings.ContainsAny(s.prefix, "{}")
 		s.prefixCRC = crc16(s.prefix)
 	}
@@ -185,24 +192,44 @@ func (s *Store) Node(ctx context.Context, key string) string {
 	} else {
 		slot = hashSlot(s.prefix + key)
 	}
-	gen := s.nodeGen.Load()
-	if e := s.nodeBySlot[slot].Load(); e != nil && e.gen == gen {
-		return e.addr
+	gen := uint32(s.nodeGen.Load())
+	if v := s.nodeBySlot[slot].Load(); v>>8 == gen&(1<<24-1) && v&0xff != 0 {
+		return (*s.nodeAddrs.Load())[v&0xff-1]
 	}
 	node, err := s.cluster.MasterForKey(ctx, s.prefix+key)
 	if err != nil {
 		return ""
 	}
 	addr := node.Options().Addr
-	s.nodeBySlot[slot].Store(&slotNode{gen: gen, addr: addr})
+	if i := s.nodeIndex(addr); i > 0 {
+		s.nodeBySlot[slot].Store(gen<<8 | uint32(i))
+	}
 	return addr
 }
 
-// slotNode is a slot's primary as Node last read it, valid while the
-// Store's nodeGen is gen.
-type slotNode struct {
-	gen  uint64
-	addr string
+// nodeIndex returns addr's index in nodeAddrs plus one, adding it when it
+// is new; 0 when the list is full (Node then answers from the client).
+func (s *Store) nodeIndex(addr string) int {
+	addrs := *s.nodeAddrs.Load()
+	for i, a := range addrs {
+		if a == addr {
+			return i + 1
+		}
+	}
+	s.nodeAddrsMu.Lock()
+	defer s.nodeAddrsMu.Unlock()
+	addrs = *s.nodeAddrs.Load()
+	for i, a := range addrs {
+		if a == addr {
+			return i + 1
+		}
+	}
+	if len(addrs) == 0xff {
+		return 0
+	}
+	next := append(addrs[:len(addrs):len(addrs)], addr)
+	s.nodeAddrs.Store(&next)
+	return len(next)
 }
 
 // MultiNode reports whether the client is a ClusterClient, whose batches
