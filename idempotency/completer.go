@@ -649,6 +649,13 @@ func (b *batcher[Req, Res]) sendHedged(batch []*batchReq[Req, Res]) bool {
 		return true
 	case <-slow.C:
 	}
+	if parts := b.parts(batch); len(parts) == 1 {
+		// One node, which is slow: sending again would not help.
+		b.troubleAt(parts)
+		a := <-first
+		b.answerBatch(batch, a.res, a.err)
+		return false
+	}
 	ok := b.sendByNode(batch)
 	<-first // the first call ends within the flusher's life
 	return ok
@@ -662,6 +669,43 @@ func (b *batcher[Req, Res]) sendHedged(batch []*batchReq[Req, Res]) bool {
 // reason only costs calls of its own until its next one succeeds.
 const slowNode = 100 * time.Millisecond
 
+// part is the requests of one node in a batch.
+type part[Req, Res any] struct {
+	node  string
+	batch []*batchReq[Req, Res]
+}
+
+// parts splits batch by node, in order of each node's first request.
+func (b *batcher[Req, Res]) parts(batch []*batchReq[Req, Res]) []*part[Req, Res] {
+	// Node answers from the store's cache, and within its caller's
+	// context when it must read the layout: the first request's.
+	rctx := batch[0].ctx
+	first := b.route(rctx, b.key(batch[0].req))
+	split := len(batch) // index of the first request of another node
+	for i, r := range batch[1:] {
+		if b.route(rctx, b.key(r.req)) != first {
+			split = i + 1
+			break
+		}
+	}
+	parts := []*part[Req, Res]{{node: first, batch: batch[:split:split]}}
+	if split == len(batch) {
+		return parts
+	}
+	byNode := map[string]*part[Req, Res]{first: parts[0]}
+	for _, r := range batch[split:] {
+		n := b.route(rctx, b.key(r.req))
+		p := byNode[n]
+		if p == nil {
+			p = &part[Req, Res]{node: n}
+			byNode[n] = p
+			parts = append(parts, p)
+		}
+		p.batch = append(p.batch, r)
+	}
+	return parts
+}
+
 // sendByNode sends batch, whose keys may live on several nodes, as one
 // call a node, the calls concurrently, and answers each node's requests
 // when its call returns: a node that hangs holds back only its own keys.
@@ -672,45 +716,15 @@ const slowNode = 100 * time.Millisecond
 // its own batcher, and the flight is handed on: sendByNode then returns
 // false once its calls have returned, and its flusher ends.
 func (b *batcher[Req, Res]) sendByNode(batch []*batchReq[Req, Res]) bool {
-	// Node answers from the store's cache, and within its caller's
-	// context when it must read the layout: the first request's.
-	rctx := batch[0].ctx
-	first := b.route(rctx, b.key(batch[0].req))
-	split := -1 // index of the first request of another node
-	for i, r := range batch[1:] {
-		if b.route(rctx, b.key(r.req)) != first {
-			split = i + 1
-			break
-		}
-	}
-	if split < 0 {
-		b.sendBatch(batch)
-		return true
-	}
-	type part struct {
-		node  string
-		batch []*batchReq[Req, Res]
-	}
-	parts := []*part{{node: first, batch: batch[:split:split]}}
-	byNode := map[string]*part{first: parts[0]}
-	for _, r := range batch[split:] {
-		n := b.route(rctx, b.key(r.req))
-		p := byNode[n]
-		if p == nil {
-			p = &part{node: n}
-			byNode[n] = p
-			parts = append(parts, p)
-		}
-		p.batch = append(p.batch, r)
-	}
-	done := make(chan *part, len(parts))
+	parts := b.parts(batch)
+	done := make(chan *part[Req, Res], len(parts))
 	for _, p := range parts {
 		go func() {
 			b.sendBatch(p.batch)
 			done <- p
 		}()
 	}
-	out := make(map[*part]struct{}, len(parts))
+	out := make(map[*part[Req, Res]]struct{}, len(parts))
 	for _, p := range parts {
 		out[p] = struct{}{}
 	}
@@ -722,16 +736,26 @@ func (b *batcher[Req, Res]) sendByNode(batch []*batchReq[Req, Res]) bool {
 		case p := <-done:
 			delete(out, p)
 		case <-slow.C:
+			slowParts := make([]*part[Req, Res], 0, len(out))
 			for p := range out {
-				if p.node != "" {
-					b.trouble.mark(p.node, true)
-				}
+				slowParts = append(slowParts, p)
 			}
-			b.handOn()
+			b.troubleAt(slowParts)
 			handedOn = true
 		}
 	}
 	return !handedOn
+}
+
+// troubleAt puts the nodes of parts, slow to answer, in trouble, and hands
+// the flight on.
+func (b *batcher[Req, Res]) troubleAt(parts []*part[Req, Res]) {
+	for _, p := range parts {
+		if p.node != "" {
+			b.trouble.mark(p.node, true)
+		}
+	}
+	b.handOn()
 }
 
 // handOn ends the calling flusher's flight while its calls are still out:

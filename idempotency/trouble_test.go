@@ -133,8 +133,17 @@ func testHangOnset(t *testing.T, hedge bool) {
 	b.route = func(_ context.Context, k string) string { return k[:1] }
 	b.trouble = &nodeTrouble{}
 	b.hedge = hedge
+	b.maxFlights = 1 // as the preparer's: a flight held by node b would hold back every key
 	t.Cleanup(b.wait)
 	t.Cleanup(func() { close(unhang) })
+
+	// A batch of node b's keys alone, first: its call hangs.
+	b.doEach(t.Context(), []string{"b0"}, []int{0}, false, func(int, string, error) {})
+	select {
+	case <-hanging:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b0's call was not sent")
+	}
 
 	type answer struct {
 		key string
