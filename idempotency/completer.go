@@ -628,8 +628,8 @@ func (b *batcher[Req, Res]) answerBatch(batch []*batchReq[Req, Res], res []Res, 
 // cluster allows. When that call has not returned after slowNode, a node
 // may hang: each node's part is sent again as its own call (sendByNode),
 // answered as its node answers, and the first call's answer, when it
-// comes, is dropped. It reports what sendByNode does, true when it was
-// not needed.
+// comes, is dropped. It reports whether the flusher keeps its flight:
+// false when it was handed on meanwhile.
 func (b *batcher[Req, Res]) sendHedged(batch []*batchReq[Req, Res]) bool {
 	type answer struct {
 		res []Res
@@ -657,8 +657,19 @@ func (b *batcher[Req, Res]) sendHedged(batch []*batchReq[Req, Res]) bool {
 		return false
 	}
 	ok := b.sendByNode(batch)
+	if ok {
+		select {
+		case <-first:
+			return true
+		default:
+			// Every node answered again, but the first call is still
+			// out (a connection gone dead, say): it no longer holds the
+			// flight.
+			b.handOn()
+		}
+	}
 	<-first // the first call ends within the flusher's life
-	return ok
+	return false
 }
 
 // slowNode is how long a node's part of a batch of several nodes may take

@@ -193,3 +193,46 @@ func testHangOnset(t *testing.T, hedge bool) {
 		t.Error("node b, slow to answer, is not in trouble")
 	}
 }
+
+// A hedged call over several nodes that stays out after every node has
+// answered its part again (its connection gone dead, say) does not hold
+// the flight: later requests are answered while it is still out.
+func TestHedgedCallOutLivesItsParts(t *testing.T) {
+	unhang := make(chan struct{})
+	var calls atomic.Int32
+	send := func(ctx context.Context, keys []string) ([]string, error) {
+		if calls.Add(1) == 1 {
+			select { // the first call, over both nodes, hangs
+			case <-ctx.Done():
+			case <-unhang:
+			}
+			return nil, fmt.Errorf("%w: dead connection", ErrStoreUnavailable)
+		}
+		return keys, nil
+	}
+	b := newBatcher("test", 20*time.Second, func(k string) string { return k }, send)
+	b.route = func(_ context.Context, k string) string { return k[:1] }
+	b.trouble = &nodeTrouble{}
+	b.hedge = true
+	b.maxFlights = 1
+	t.Cleanup(b.wait)
+	t.Cleanup(func() { close(unhang) })
+
+	res, errs := b.doAll(t.Context(), []string{"a1", "b1"}, false)
+	if errs[0] != nil || errs[1] != nil || res[0] != "a1" || res[1] != "b1" {
+		t.Fatalf("a1, b1: %v %v; want both answered by their nodes' own calls", res, errs)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.do(t.Context(), "a2", false)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a2: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a2 waited for the first call of an earlier batch, still out")
+	}
+}
