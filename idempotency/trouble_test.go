@@ -9,45 +9,67 @@ import (
 	"time"
 )
 
+// twoNodes is a batcher's send over two nodes: keys that start with "b"
+// live on node b, which can fail its keys or hang until the call's context
+// ends or unhang is closed (then failing them); the others live on node a,
+// which always answers.
+type twoNodes struct {
+	mode    atomic.Value // node b: "", "fail", "hang"
+	unhang  chan struct{}
+	hanging chan struct{} // a call starts to hang on node b
+	calls   atomic.Int32
+}
+
+func newTwoNodes(mode string) *twoNodes {
+	n := &twoNodes{unhang: make(chan struct{}), hanging: make(chan struct{}, 8)}
+	n.mode.Store(mode)
+	return n
+}
+
+func (n *twoNodes) send(ctx context.Context, keys []string) ([]string, error) {
+	n.calls.Add(1)
+	errs := make([]error, len(keys))
+	failed := false
+	for i, k := range keys {
+		if !strings.HasPrefix(k, "b") {
+			continue
+		}
+		switch n.mode.Load() {
+		case "fail":
+			errs[i], failed = &NodeError{Node: "b", Err: fmt.Errorf("%w: down", ErrStoreUnavailable)}, true
+		case "hang":
+			n.hanging <- struct{}{}
+			select {
+			case <-ctx.Done():
+			case <-n.unhang:
+			}
+			errs[i], failed = &NodeError{Node: "b", Err: fmt.Errorf("%w: hung", ErrStoreUnavailable)}, true
+		}
+	}
+	if failed {
+		return keys, &BatchError{Errs: errs}
+	}
+	return keys, nil
+}
+
+// batcher returns a batcher over the two nodes, with node trouble, one
+// flight and a timeout far beyond the tests' waits.
+func (n *twoNodes) batcher() *batcher[string, string] {
+	b := newBatcher("test", 20*time.Second, func(k string) string { return k }, n.send)
+	b.maxFlights = 1
+	b.route = func(_ context.Context, k string) string { return k[:1] }
+	b.trouble = &nodeTrouble{}
+	return b
+}
+
 // A batcher with node trouble takes one batch for all nodes while they are
 // healthy, sent as a call a node; once a node failed a key, that node's requests go to its own
 // batcher, so that while its calls hang the other nodes' requests are
 // answered.
 func TestTroubledNodeGoesApart(t *testing.T) {
-	var mode atomic.Value // node b: "", "fail", "hang"
-	mode.Store("")
-	unhang := make(chan struct{})
-	hanging := make(chan struct{}, 8) // a call starts to hang
-	var calls atomic.Int32
-	send := func(ctx context.Context, keys []string) ([]string, error) {
-		calls.Add(1)
-		errs := make([]error, len(keys))
-		failed := false
-		for i, k := range keys {
-			if !strings.HasPrefix(k, "b") {
-				continue
-			}
-			switch mode.Load() {
-			case "fail":
-				errs[i], failed = &NodeError{Node: "b", Err: fmt.Errorf("%w: down", ErrStoreUnavailable)}, true
-			case "hang":
-				hanging <- struct{}{}
-				select {
-				case <-ctx.Done():
-				case <-unhang:
-				}
-				errs[i], failed = &NodeError{Node: "b", Err: fmt.Errorf("%w: hung", ErrStoreUnavailable)}, true
-			}
-		}
-		if failed {
-			return keys, &BatchError{Errs: errs}
-		}
-		return keys, nil
-	}
-	b := newBatcher("test", 20*time.Second, func(k string) string { return k }, send)
-	b.maxFlights = 1
-	b.route = func(_ context.Context, k string) string { return k[:1] }
-	b.trouble = &nodeTrouble{}
+	nodes := newTwoNodes("")
+	mode, unhang, hanging, calls := &nodes.mode, nodes.unhang, nodes.hanging, &nodes.calls
+	b := nodes.batcher()
 	t.Cleanup(b.wait)
 
 	ctx := t.Context()
@@ -108,32 +130,10 @@ func TestHangOnsetHoldsBackOnlyItsNode(t *testing.T) {
 }
 
 func testHangOnset(t *testing.T, hedge bool) {
-	unhang := make(chan struct{})
-	hanging := make(chan struct{}, 8)
-	send := func(ctx context.Context, keys []string) ([]string, error) {
-		errs := make([]error, len(keys))
-		failed := false
-		for i, k := range keys {
-			if !strings.HasPrefix(k, "b") {
-				continue
-			}
-			hanging <- struct{}{}
-			select {
-			case <-ctx.Done():
-			case <-unhang:
-			}
-			errs[i], failed = &NodeError{Node: "b", Err: fmt.Errorf("%w: hung", ErrStoreUnavailable)}, true
-		}
-		if failed {
-			return keys, &BatchError{Errs: errs}
-		}
-		return keys, nil
-	}
-	b := newBatcher("test", 20*time.Second, func(k string) string { return k }, send)
-	b.route = func(_ context.Context, k string) string { return k[:1] }
-	b.trouble = &nodeTrouble{}
-	b.hedge = hedge
-	b.maxFlights = 1 // as the preparer's: a flight held by node b would hold back every key
+	nodes := newTwoNodes("hang")
+	unhang, hanging := nodes.unhang, nodes.hanging
+	b := nodes.batcher()
+	b.hedge = hedge // maxFlights 1, as the preparer's: a flight held by node b would hold back every key
 	t.Cleanup(b.wait)
 	t.Cleanup(func() { close(unhang) })
 
