@@ -70,12 +70,18 @@ func (s *nodeStore) nodeB(ctx context.Context) error {
 }
 
 func (s *nodeStore) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) ([]idempotency.ClaimResult, error) {
+	return splitCall(ctx, s, reqs, func(r idempotency.ClaimRequest) string { return r.Key }, s.Store.Claim)
+}
+
+// splitCall is a batch call of the nodeStore: node b's keys fail as its
+// mode says, and the others go to the memstore in one call.
+func splitCall[Req, Res any](ctx context.Context, s *nodeStore, reqs []Req, key func(Req) string, call func(context.Context, []Req) ([]Res, error)) ([]Res, error) {
 	var bErr error
 	errs := make([]error, len(reqs))
-	var ok []idempotency.ClaimRequest
+	var ok []Req
 	var okIdx []int
 	for i, r := range reqs {
-		if s.Node(ctx, r.Key) == "b" {
+		if s.Node(ctx, key(r)) == "b" {
 			if bErr == nil {
 				bErr = s.nodeB(ctx)
 			}
@@ -86,9 +92,9 @@ func (s *nodeStore) Claim(ctx context.Context, reqs []idempotency.ClaimRequest) 
 		}
 		ok, okIdx = append(ok, r), append(okIdx, i)
 	}
-	res := make([]idempotency.ClaimResult, len(reqs))
+	res := make([]Res, len(reqs))
 	if len(ok) > 0 {
-		got, err := s.Store.Claim(ctx, ok)
+		got, err := call(ctx, ok)
 		if err != nil {
 			return nil, err
 		}
@@ -200,36 +206,7 @@ func TestHangingNodeHoldsBackOnlyItsKeys(t *testing.T) {
 }
 
 func (s *nodeStore) Complete(ctx context.Context, cs []idempotency.Completion) ([]bool, error) {
-	var bErr error
-	errs := make([]error, len(cs))
-	var ok []idempotency.Completion
-	var okIdx []int
-	for i, c := range cs {
-		if s.Node(ctx, c.Key) == "b" {
-			if bErr == nil {
-				bErr = s.nodeB(ctx)
-			}
-			if bErr != nil {
-				errs[i] = bErr
-				continue
-			}
-		}
-		ok, okIdx = append(ok, c), append(okIdx, i)
-	}
-	res := make([]bool, len(cs))
-	if len(ok) > 0 {
-		got, err := s.Store.Complete(ctx, ok)
-		if err != nil {
-			return nil, err
-		}
-		for j, i := range okIdx {
-			res[i] = got[j]
-		}
-	}
-	if bErr != nil {
-		return res, &idempotency.BatchError{Errs: errs}
-	}
-	return res, nil
+	return splitCall(ctx, s, cs, func(c idempotency.Completion) string { return c.Key }, s.Store.Complete)
 }
 
 // Once a node failed a completion, its completions go apart: while it
