@@ -39,11 +39,14 @@ func (n *clusterNode) addr() string { return n.srv.Addr() }
 func startPrivateCluster(t testing.TB, masters int, replicas bool, args ...string) *privateCluster {
 	t.Helper()
 	start := func() *clusterNode {
-		bus := testenv.FreePort(t)
-		srv := testenv.StartRedisServer(t, append([]string{
+		// The port and the bus port from one FreePorts: two FreePort calls
+		// may return the same port, which the bus then fails to bind.
+		ports := testenv.FreePorts(t, 2)
+		bus := ports[1]
+		srv := testenv.NewRedisServer(t, testenv.RedisServerConfig{Port: ports[0], Args: append([]string{
 			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-port", strconv.Itoa(bus),
 			"--cluster-node-timeout", "10000", "--maxmemory-policy", "noeviction",
-		}, args...)...)
+		}, args...)})
 		n := &clusterNode{srv: srv, client: srv.Client(t), bus: bus}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

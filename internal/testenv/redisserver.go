@@ -48,6 +48,10 @@ type RedisServerConfig struct {
 	// TLS, when set, makes the server speak only TLS on its port, with the
 	// server certificate of this CA and no client certificates.
 	TLS *TestCA
+	// Port is the server's port; a free loopback port when 0. A caller
+	// that needs more ports for the server (a Cluster bus) takes them
+	// with this one from one FreePorts, so that they differ.
+	Port int
 }
 
 // StartRedisServer runs a private redis-server on a free loopback port with
@@ -73,7 +77,11 @@ func NewRedisServer(t testing.TB, c RedisServerConfig) *RedisServer {
 	} else if err := os.MkdirAll(c.Dir, 0o755); err != nil {
 		t.Fatalf("testenv: redis-server directory: %v", err)
 	}
-	s := &RedisServer{t: t, bin: bin, port: FreePort(t), cfg: c}
+	port := c.Port
+	if port == 0 {
+		port = FreePort(t)
+	}
+	s := &RedisServer{t: t, bin: bin, port: port, cfg: c}
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
