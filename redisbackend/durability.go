@@ -83,13 +83,7 @@ func (s *Store) execDurable(ctx context.Context, op string, calls []*call) error
 		return err
 	}
 	s.pipelineDurable(ctx, batches, false)
-	var again []*call
-	for _, c := range calls {
-		if isNoScript(c.err()) {
-			again = append(again, c)
-		}
-	}
-	if len(again) > 0 {
+	if again := noScript(calls); len(again) > 0 {
 		s.loadScripts(ctx, op)
 		more, err := s.byNode(ctx, again)
 		if err != nil {

@@ -144,13 +144,7 @@ func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 		s.loadScripts(ctx, op)
 	}
 	s.pipeline(ctx, calls, false)
-	var again []*call
-	for _, c := range calls {
-		if isNoScript(c.err()) {
-			again = append(again, c)
-		}
-	}
-	if len(again) > 0 {
+	if again := noScript(calls); len(again) > 0 {
 		s.loadScripts(ctx, op)
 		s.pipeline(ctx, again, true)
 	}
@@ -233,6 +227,19 @@ func (s *Store) loadScripts(ctx context.Context, op string) {
 	}
 	s.scriptsLoaded.Store(true)
 	s.log.Debug("dedup: redis scripts loaded", "op", op)
+}
+
+// noScript returns the calls that failed because their node had not
+// loaded the script (a restarted or new node): they are sent again, as
+// EVAL, once the scripts are loaded.
+func noScript(calls []*call) []*call {
+	var again []*call
+	for _, c := range calls {
+		if isNoScript(c.err()) {
+			again = append(again, c)
+		}
+	}
+	return again
 }
 
 func isNoScript(err error) bool {

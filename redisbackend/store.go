@@ -929,6 +929,12 @@ func (s *Store) Release(ctx context.Context, key, token string, keep time.Durati
 	}
 	keepMs := max(durMs(keep), s.graceMs)
 	c := &call{script: s.release, keys: []string{rkey}, args: []any{token, keepMs, s.channel}}
+	return s.writeFlag(ctx, op, c)
+}
+
+// writeFlag runs one script call that answers 1 when it changed the
+// record and 0 when the claim was no longer the caller's.
+func (s *Store) writeFlag(ctx context.Context, op string, c *call) (bool, error) {
 	if err := s.write(ctx, op, []*call{c}); err != nil {
 		return false, err
 	}
@@ -954,14 +960,7 @@ func (s *Store) SaveStep(ctx context.Context, key, token, step string, result []
 		s.cache.dropPending(rkey, token) // its record will have steps: not cached
 	}
 	c := &call{script: s.step, keys: []string{rkey}, args: []any{token, step, base64.StdEncoding.EncodeToString(result)}}
-	if err := s.write(ctx, op, []*call{c}); err != nil {
-		return false, err
-	}
-	n, err := c.cmd.Int64()
-	if err != nil {
-		return false, storeErr(op, err)
-	}
-	return n == 1, nil
+	return s.writeFlag(ctx, op, c)
 }
 
 // Get returns the record of key, or nil when there is none or the stored
