@@ -137,7 +137,12 @@ func probeKafka(brokers []string) string {
 		}
 		errs = append(errs, err)
 	}
-	return "nothing answers on " + strings.Join(brokers, ",") + ": " + errors.Join(errs...).Error()
+	// One line, so a skip message shows the hint after it in a summary.
+	msgs := make([]string, len(errs))
+	for i, err := range errs {
+		msgs[i] = err.Error()
+	}
+	return "nothing answers on " + strings.Join(brokers, ",") + ": " + strings.Join(msgs, "; ")
 }
 
 // KFake starts an in-process Kafka-protocol broker (franz-go's kfake) on
