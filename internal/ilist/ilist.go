@@ -1,7 +1,3 @@
-// Package ilist is the module's one intrusive doubly linked list: an
-// element embeds [Links], so that listing and unlisting it allocate
-// nothing and take constant time. The engine's lease-renewal schedule and
-// the Redis store's local cache keep their entries in one.
 package ilist
 
 // Links are an element's place in a [List]; embed them in the element's
