@@ -7,8 +7,15 @@ package redisbackend
 
 const numSlots = 16384
 
-var crc16tab = func() (t [256]uint16) {
-	for i := range t {
+// crc16tabs[0] is the CRC16/XMODEM table: a byte's effect on the CRC
+// after one step. crc16tabs[k] is its effect after k+1 steps, so that
+// crc16From takes four bytes at a time with four lookups that do not wait
+// for each other. On a Cluster every key of a claim is hashed twice, by
+// the engine's routing (Store.Node) and by the store's grouping: a 44-byte
+// key hashes in 49 ns this way, 122 ns a byte at a time
+// (BenchmarkHashSlot).
+var crc16tabs = func() (t [4][256]uint16) {
+	for i := range t[0] {
 		crc := uint16(i) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
@@ -17,7 +24,13 @@ var crc16tab = func() (t [256]uint16) {
 				crc <<= 1
 			}
 		}
-		t[i] = crc
+		t[0][i] = crc
+	}
+	for k := 1; k < len(t); k++ {
+		for i := range t[k] {
+			c := t[k-1][i]
+			t[k][i] = c<<8 ^ t[0][c>>8]
+		}
 	}
 	return t
 }()
@@ -26,8 +39,13 @@ func crc16(s string) uint16 { return crc16From(0, s) }
 
 // crc16From continues the CRC16 crc of a string's beginning over s.
 func crc16From(crc uint16, s string) uint16 {
+	t := &crc16tabs
+	for len(s) >= 4 {
+		crc = t[3][byte(crc>>8)^s[0]] ^ t[2][byte(crc)^s[1]] ^ t[1][s[2]] ^ t[0][s[3]]
+		s = s[4:]
+	}
 	for i := 0; i < len(s); i++ {
-		crc = crc<<8 ^ crc16tab[byte(crc>>8)^s[i]]
+		crc = crc<<8 ^ t[0][byte(crc>>8)^s[i]]
 	}
 	return crc
 }
