@@ -68,6 +68,9 @@ type batcher[Req, Res any] struct {
 	route   func(ctx context.Context, key string) string
 	nodesMu sync.Mutex
 	nodes   map[string]*batcher[Req, Res]
+	// subsNow is the batchers of nodes, for nudge and wait to read
+	// without a lock or a copy: a node's batcher is added once and kept.
+	subsNow atomic.Pointer[[]*batcher[Req, Res]]
 	// trouble, when set, limits the route to the nodes in trouble: the
 	// requests of the others go together in this batcher's batches, each
 	// sent as a call a node (sendByNode).
@@ -270,19 +273,22 @@ func (b *batcher[Req, Res]) node(n string) *batcher[Req, Res] {
 			b.nodes = make(map[string]*batcher[Req, Res])
 		}
 		b.nodes[n] = nb
+		var subs []*batcher[Req, Res]
+		if p := b.subsNow.Load(); p != nil {
+			subs = *p
+		}
+		subs = append(subs[:len(subs):len(subs)], nb)
+		b.subsNow.Store(&subs)
 	}
 	return nb
 }
 
 // subs returns the per-node batchers made so far.
 func (b *batcher[Req, Res]) subs() []*batcher[Req, Res] {
-	b.nodesMu.Lock()
-	defer b.nodesMu.Unlock()
-	out := make([]*batcher[Req, Res], 0, len(b.nodes))
-	for _, nb := range b.nodes {
-		out = append(out, nb)
+	if p := b.subsNow.Load(); p != nil {
+		return *p
 	}
-	return out
+	return nil
 }
 
 // preparedBatchMax bounds a call of the batch claims of Prepare: several
@@ -406,7 +412,7 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req, patient bool)
 		r.ctx, r.req, r.patient = ctx, req, patient
 		rs[i] = r
 	}
-	if b.route == nil {
+	if b.route == nil || b.trouble != nil && !b.trouble.any() {
 		b.enqueue(rs, patient)
 	} else {
 		// In order of each node's first request, each node's requests
@@ -566,11 +572,13 @@ func (b *batcher[Req, Res]) flusher() {
 			return
 		}
 		if b.trouble != nil && b.route != nil && b.self == "" {
-			send := b.sendByNode
+			var kept bool
 			if b.hedge {
-				send = b.sendHedged
+				kept = b.sendHedged(batch)
+			} else {
+				kept = b.sendByNode(batch, true)
 			}
-			if !send(batch) {
+			if !kept {
 				return
 			}
 			continue
@@ -625,50 +633,51 @@ func (b *batcher[Req, Res]) answerBatch(batch []*batchReq[Req, Res], res []Res, 
 // sendHedged sends batch, whose keys may live on several nodes and whose
 // requests may be sent twice (Complete: a completion repeated by its token
 // changes nothing), in one call over all nodes, as cheap as a healthy
-// cluster allows. When that call has not returned after slowNode, a node
-// may hang: each node's part is sent again as its own call (sendByNode),
-// answered as its node answers, and the first call's answer, when it
-// comes, is dropped. It reports whether the flusher keeps its flight:
-// false when it was handed on meanwhile.
+// cluster allows: on the flusher's own goroutine, watched by a timer. When
+// that call has not returned after slowNode, a node may hang: the timer
+// hands the flight on, and sends each node's part again as its own call
+// (sendByNode), answered as its node answers; the first call's answer,
+// when it comes, is dropped. A batch of one node, which is slow, is not
+// sent again: its node is put in trouble and the first call answers it.
+// It reports whether the flusher keeps its flight: false when it was
+// handed on meanwhile.
 func (b *batcher[Req, Res]) sendHedged(batch []*batchReq[Req, Res]) bool {
-	type answer struct {
-		res []Res
-		err error
-	}
-	first := make(chan answer, 1)
-	reqs := b.reqsOf(batch)
-	go func() {
-		res, err := b.call(reqs)
-		first <- answer{res, err}
-	}()
-	slow := time.NewTimer(slowNode)
-	select {
-	case a := <-first:
-		slow.Stop()
-		b.answerBatch(batch, a.res, a.err)
-		return true
-	case <-slow.C:
-	}
-	if parts := b.parts(batch); len(parts) == 1 {
-		// One node, which is slow: sending again would not help.
-		b.troubleAt(parts)
-		a := <-first
-		b.answerBatch(batch, a.res, a.err)
-		return false
-	}
-	ok := b.sendByNode(batch)
-	if ok {
-		select {
-		case <-first:
-			return true
-		default:
-			// Every node answered again, but the first call is still
-			// out (a connection gone dead, say): it no longer holds the
-			// flight.
-			b.handOn()
+	// state says who answers batch: the first call (answered), or the
+	// timer's decision (slow: the first call's answer is dropped when
+	// the batch was sent again, else it answers), once decided is closed.
+	const (
+		pending int32 = iota
+		answered
+		slow
+	)
+	var state atomic.Int32
+	var resent bool
+	decided := make(chan struct{}) // closed when the timer's work is done
+	watch := time.AfterFunc(slowNode, func() {
+		if !state.CompareAndSwap(pending, slow) {
+			return
 		}
+		defer close(decided)
+		// The batch is not answered: its requests stay as they are.
+		parts := b.parts(batch)
+		if len(parts) == 1 {
+			b.troubleAt(parts)
+			return
+		}
+		resent = true
+		b.handOn()
+		b.sendByNode(batch, false)
+	})
+	res, err := b.call(b.reqsOf(batch))
+	if state.CompareAndSwap(pending, answered) {
+		watch.Stop()
+		b.answerBatch(batch, res, err)
+		return true
 	}
-	<-first // the first call ends within the flusher's life
+	<-decided
+	if !resent {
+		b.answerBatch(batch, res, err)
+	}
 	return false
 }
 
@@ -703,13 +712,19 @@ func (b *batcher[Req, Res]) parts(batch []*batchReq[Req, Res]) []*part[Req, Res]
 	if split == len(batch) {
 		return parts
 	}
-	byNode := map[string]*part[Req, Res]{first: parts[0]}
+	// A cluster has a few primaries: a part is found by a scan, cheaper
+	// than a map for every key.
 	for _, r := range batch[split:] {
 		n := b.route(rctx, b.key(r.req))
-		p := byNode[n]
+		var p *part[Req, Res]
+		for _, q := range parts {
+			if q.node == n {
+				p = q
+				break
+			}
+		}
 		if p == nil {
 			p = &part[Req, Res]{node: n}
-			byNode[n] = p
 			parts = append(parts, p)
 		}
 		p.batch = append(p.batch, r)
@@ -718,55 +733,81 @@ func (b *batcher[Req, Res]) parts(batch []*batchReq[Req, Res]) []*part[Req, Res]
 }
 
 // sendByNode sends batch, whose keys may live on several nodes, as one
-// call a node, the calls concurrently, and answers each node's requests
-// when its call returns: a node that hangs holds back only its own keys.
-// The calls are the store's per-node work of one call over all nodes, so
-// they cost the healthy cluster no more round trips; a call per node
-// batcher would (see newCompleter). When a node's call is still out after
-// slowNode, its node is put in trouble, so that its next requests go to
-// its own batcher, and the flight is handed on: sendByNode then returns
-// false once its calls have returned, and its flusher ends.
-func (b *batcher[Req, Res]) sendByNode(batch []*batchReq[Req, Res]) bool {
+// call a node, the calls concurrently (the first on the caller's
+// goroutine), and answers each node's requests when its call returns: a
+// node that hangs holds back only its own keys. The calls are the store's
+// per-node work of one call over all nodes, so they cost the healthy
+// cluster no more round trips; a call per node batcher would (see
+// newCompleter). When a node's call is still out after slowNode, its node
+// is put in trouble, so that its next requests go to its own batcher, and,
+// when the caller holds the flusher's flight (flight), the flight is
+// handed on. It returns once every call returned: false when the flight
+// was handed on, and the flusher ends.
+func (b *batcher[Req, Res]) sendByNode(batch []*batchReq[Req, Res], flight bool) bool {
 	parts := b.parts(batch)
-	done := make(chan *part[Req, Res], len(parts))
-	for _, p := range parts {
-		go func() {
-			b.sendBatch(p.batch)
-			done <- p
-		}()
+	var mu sync.Mutex
+	out := make([]bool, len(parts)) // under mu: the parts whose call is out
+	handedOn := false               // under mu
+	for i := range out {
+		out[i] = true
 	}
-	out := make(map[*part[Req, Res]]struct{}, len(parts))
-	for _, p := range parts {
-		out[p] = struct{}{}
-	}
-	slow := time.NewTimer(slowNode)
-	defer slow.Stop()
-	handedOn := false
-	for len(out) > 0 {
-		select {
-		case p := <-done:
-			delete(out, p)
-		case <-slow.C:
-			slowParts := make([]*part[Req, Res], 0, len(out))
-			for p := range out {
+	fired := make(chan struct{}) // closed when the timer's work is done
+	watch := time.AfterFunc(slowNode, func() {
+		defer close(fired)
+		mu.Lock()
+		var slowParts []*part[Req, Res]
+		for i, p := range parts {
+			if out[i] {
 				slowParts = append(slowParts, p)
 			}
-			b.troubleAt(slowParts)
-			handedOn = true
 		}
+		if len(slowParts) == 0 {
+			mu.Unlock()
+			return
+		}
+		handedOn = flight
+		mu.Unlock()
+		b.markTrouble(slowParts)
+		if flight {
+			b.handOn()
+		}
+	})
+	send := func(i int) {
+		b.sendBatch(parts[i].batch)
+		mu.Lock()
+		out[i] = false
+		mu.Unlock()
 	}
+	var wg sync.WaitGroup
+	for i := 1; i < len(parts); i++ {
+		wg.Go(func() { send(i) })
+	}
+	send(0)
+	wg.Wait()
+	if !watch.Stop() {
+		// The timer fired: it may hand the flight on, which must be done
+		// while this flusher still counts in wg.
+		<-fired
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	return !handedOn
 }
 
 // troubleAt puts the nodes of parts, slow to answer, in trouble, and hands
 // the flight on.
 func (b *batcher[Req, Res]) troubleAt(parts []*part[Req, Res]) {
+	b.markTrouble(parts)
+	b.handOn()
+}
+
+// markTrouble puts the nodes of parts, slow to answer, in trouble.
+func (b *batcher[Req, Res]) markTrouble(parts []*part[Req, Res]) {
 	for _, p := range parts {
 		if p.node != "" {
 			b.trouble.mark(p.node, true)
 		}
 	}
-	b.handOn()
 }
 
 // handOn ends the calling flusher's flight while its calls are still out:
@@ -788,10 +829,8 @@ func (b *batcher[Req, Res]) nudge() {
 	case b.full <- struct{}{}:
 	default:
 	}
-	if b.route != nil {
-		for _, nb := range b.subs() {
-			nb.nudge()
-		}
+	for _, nb := range b.subs() {
+		nb.nudge()
 	}
 }
 
