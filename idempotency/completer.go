@@ -65,12 +65,12 @@ type batcher[Req, Res any] struct {
 	// are answered in that node's own batcher in nodes, so that a node
 	// that hangs until the call's deadline holds back only its own keys,
 	// and the others' results reach their callers when their node answers.
-	route   func(ctx context.Context, key string) string
+	route func(ctx context.Context, key string) string
+	// nodes maps a node to its batcher: written rarely (a node's batcher
+	// is made once and kept), read by every nudge, so a copy-on-write map
+	// that readers load without a lock; nodesMu orders the writers.
 	nodesMu sync.Mutex
-	nodes   map[string]*batcher[Req, Res]
-	// subsNow is the batchers of nodes, for nudge and wait to read
-	// without a lock or a copy: a node's batcher is added once and kept.
-	subsNow atomic.Pointer[[]*batcher[Req, Res]]
+	nodes   atomic.Pointer[map[string]*batcher[Req, Res]]
 	// trouble, when set, limits the route to the nodes in trouble: the
 	// requests of the others go together in this batcher's batches, each
 	// sent as a call a node (sendByNode).
@@ -261,31 +261,32 @@ func (b *batcher[Req, Res]) node(n string) *batcher[Req, Res] {
 	if n == "" {
 		return b
 	}
+	if nb := b.subs()[n]; nb != nil {
+		return nb
+	}
 	b.nodesMu.Lock()
 	defer b.nodesMu.Unlock()
-	nb := b.nodes[n]
-	if nb == nil {
-		nb = &batcher[Req, Res]{
-			op: b.op, timeout: b.timeout, maxBatch: b.maxBatch, maxFlights: nodeFlights, key: b.key, send: b.send,
-			linger: b.linger, idle: b.idle, full: make(chan struct{}, 1), trouble: b.trouble, self: n,
-		}
-		if b.nodes == nil {
-			b.nodes = make(map[string]*batcher[Req, Res])
-		}
-		b.nodes[n] = nb
-		var subs []*batcher[Req, Res]
-		if p := b.subsNow.Load(); p != nil {
-			subs = *p
-		}
-		subs = append(subs[:len(subs):len(subs)], nb)
-		b.subsNow.Store(&subs)
+	nodes := b.subs()
+	if nb := nodes[n]; nb != nil {
+		return nb
 	}
+	nb := &batcher[Req, Res]{
+		op: b.op, timeout: b.timeout, maxBatch: b.maxBatch, maxFlights: nodeFlights, key: b.key, send: b.send,
+		linger: b.linger, idle: b.idle, full: make(chan struct{}, 1), trouble: b.trouble, self: n,
+	}
+	next := maps.Clone(nodes)
+	if next == nil {
+		next = make(map[string]*batcher[Req, Res], 1)
+	}
+	next[n] = nb
+	b.nodes.Store(&next)
 	return nb
 }
 
-// subs returns the per-node batchers made so far.
-func (b *batcher[Req, Res]) subs() []*batcher[Req, Res] {
-	if p := b.subsNow.Load(); p != nil {
+// subs returns the per-node batchers made so far, by node; the map is
+// never written after it is returned.
+func (b *batcher[Req, Res]) subs() map[string]*batcher[Req, Res] {
+	if p := b.nodes.Load(); p != nil {
 		return *p
 	}
 	return nil
