@@ -37,9 +37,7 @@ const (
 // complete after it, and no key is lost or run twice. The completions a
 // second of each phase are logged.
 func TestClusterFaultStaysInItsShard(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts private clusters and runs a load for a while")
-	}
+	testenv.Long(t, "starts private clusters and runs a load for a while")
 	for _, fault := range []string{"replica", "primary"} {
 		for _, durable := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s stopped, durability %v", fault, durable), func(t *testing.T) {

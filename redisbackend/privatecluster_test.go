@@ -195,9 +195,7 @@ func (n *clusterNode) pause(t *testing.T) (resume func()) {
 // private cluster where the store logs in as a user that may not write the
 // suite's broken keys, so a batch's key fails on its own slot's call.
 func TestStoreClusterPerKeyFailure(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a private cluster")
-	}
+	testenv.Long(t, "starts a private cluster")
 	c := startPrivateCluster(t, 3, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

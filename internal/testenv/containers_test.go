@@ -61,12 +61,7 @@ func TestOnlyContainersSkipsTopologies(t *testing.T) {
 // its own that answers, and that the container is gone once the child has
 // exited: at its end, and when it is killed.
 func TestContainerLeavesWithItsBinary(t *testing.T) {
-	if why := dockerAvailable(); why != "" {
-		if containersOnly() {
-			t.Fatalf("testenv: %s", why)
-		}
-		t.Skipf("needs a Docker engine: %s", why)
-	}
+	needDocker(t)
 	for _, how := range []string{"exit", "kill"} {
 		t.Run(how, func(t *testing.T) {
 			self, err := os.Executable()
@@ -223,12 +218,7 @@ func containerChild() int {
 // binary that no longer runs is removed by the next binary that looks for
 // a Docker engine, and that one whose binary still runs is left alone.
 func TestRemoveOrphans(t *testing.T) {
-	if why := dockerAvailable(); why != "" {
-		if containersOnly() {
-			t.Fatalf("testenv: %s", why)
-		}
-		t.Skipf("needs a Docker engine: %s", why)
-	}
+	needDocker(t)
 	gone := exec.Command("true")
 	if err := gone.Run(); err != nil {
 		t.Fatal(err)
@@ -266,4 +256,22 @@ func TestRemoveOrphans(t *testing.T) {
 	if !exists(live) {
 		t.Errorf("the container of this running binary was removed")
 	}
+}
+
+// needDocker skips t without a Docker engine, except where one is
+// required: under DEDUP_TEST_CONTAINERS=only, and under
+// DEDUP_REQUIRE_SERVICES=1 unless DEDUP_TEST_CONTAINERS=off says that
+// this run uses no container (as .ci/run's main suite, whose servers are
+// local; its container step runs these tests with only).
+func needDocker(t *testing.T) {
+	t.Helper()
+	why := dockerAvailable()
+	if why == "" {
+		return
+	}
+	mode, _ := containerMode()
+	if mode == "only" || mode != "off" && os.Getenv("DEDUP_REQUIRE_SERVICES") == "1" {
+		t.Fatalf("testenv: needs a Docker engine: %s", why)
+	}
+	t.Skipf("needs a Docker engine: %s", why)
 }
