@@ -36,11 +36,12 @@ var ErrReplicaShortfall = errors.New("dedup: too few replicas acknowledged the w
 const undoTimeout = 2 * time.Second
 
 // write runs calls whose result the engine acts on (claims, completions,
-// releases, steps): with Options.Durability, through execDurable; else as
-// exec does.
-func (s *Store) write(ctx context.Context, op string, calls []*call) error {
+// releases, steps): with Options.Durability, through execDurable, which
+// pipelines each node's calls on its own client already; else as execOn
+// does, on the primary on when it is set (see onePrimary).
+func (s *Store) write(ctx context.Context, op string, calls []*call, on *redis.Client) error {
 	if s.replicas == 0 {
-		return s.exec(ctx, op, calls)
+		return s.execOn(ctx, op, calls, on)
 	}
 	return s.execDurable(ctx, op, calls)
 }

@@ -130,6 +130,16 @@ func (c *call) err() error {
 // own node's. It returns the first error; each call's own error is in its
 // fail, and its reply in it (see call).
 func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
+	return s.execOn(ctx, op, calls, nil)
+}
+
+// execOn is exec, with the calls of a pipeline sent on on, a cluster's
+// primary, when it is set: onePrimary found that it serves all their
+// slots. A call that on answers MOVED or ASK (its slot changed hands
+// since) or TRYAGAIN did not run there: it is sent again through the
+// ClusterClient, which follows the redirect, and Node reads the layout
+// again.
+func (s *Store) execOn(ctx context.Context, op string, calls []*call, on *redis.Client) error {
 	if len(calls) == 1 {
 		c := calls[0]
 		c.send(ctx, s.client, false)
@@ -143,14 +153,25 @@ func (s *Store) exec(ctx context.Context, op string, calls []*call) error {
 	if !s.scriptsLoaded.Load() {
 		s.loadScripts(ctx, op)
 	}
-	s.pipeline(ctx, calls, false)
+	addr := "" // the node of the calls' errors, when known
+	if on != nil {
+		s.pipeline(ctx, on, calls, false)
+		addr = on.Options().Addr
+		if moved := redirected(calls); len(moved) > 0 {
+			s.nodeGen.Add(1) // Node reads the layout again
+			s.pipeline(ctx, s.client, moved, false)
+			addr = "" // callErr looks each call's node up
+		}
+	} else {
+		s.pipeline(ctx, s.client, calls, false)
+	}
 	if again := noScript(calls); len(again) > 0 {
 		s.loadScripts(ctx, op)
-		s.pipeline(ctx, again, true)
+		s.pipeline(ctx, s.client, again, true)
 	}
 	var first error
 	for _, c := range calls {
-		c.fail = s.callErr(ctx, op, c, "", c.err())
+		c.fail = s.callErr(ctx, op, c, addr, c.err())
 		if first == nil {
 			first = c.fail
 		}
@@ -203,10 +224,10 @@ func (s *Store) nodeOf(ctx context.Context, rkey string) string {
 // client has it cached except right after it starts or a slot moved.
 const nodeLookupTimeout = time.Second
 
-// pipeline sends calls in one pipeline (routed per slot by a ClusterClient),
-// with EVALSHA, or with EVAL when eval is set.
-func (s *Store) pipeline(ctx context.Context, calls []*call, eval bool) {
-	_, _ = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+// pipeline sends calls in one pipeline on client (routed per slot when it
+// is a ClusterClient), with EVALSHA, or with EVAL when eval is set.
+func (s *Store) pipeline(ctx context.Context, client redis.Cmdable, calls []*call, eval bool) {
+	_, _ = client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range calls {
 			c.send(ctx, p, eval)
 		}
@@ -236,6 +257,19 @@ func noScript(calls []*call) []*call {
 	var again []*call
 	for _, c := range calls {
 		if isNoScript(c.err()) {
+			again = append(again, c)
+		}
+	}
+	return again
+}
+
+// redirected returns the calls that a primary refused because it does
+// not serve their slot now (MOVED, ASK) or cannot yet (TRYAGAIN, during a
+// slot's migration): they did not run.
+func redirected(calls []*call) []*call {
+	var again []*call
+	for _, c := range calls {
+		if err := c.err(); err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") || redis.HasErrorPrefix(err, "TRYAGAIN")) {
 			again = append(again, c)
 		}
 	}

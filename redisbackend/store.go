@@ -207,6 +207,37 @@ func (s *Store) Node(ctx context.Context, key string) string {
 	return addr
 }
 
+// onePrimary returns the client of the primary that serves the slots of
+// all of groups, when Node's answers kept for them name one primary: a
+// batch the engine sent to one node (idempotency.NodeRouter). Their calls
+// then go in one pipeline on that node's own client, without the
+// ClusterClient's work to split a pipeline per node, which costs a
+// goroutine and a slot lookup per command. It returns nil, and the
+// ClusterClient routes the calls, when the groups are one or span
+// primaries, when not on a cluster, and when a slot's answer is not kept
+// (a call failed since, and the layout is read again). With durability it
+// returns nil: execDurable pipelines each node's calls on its own client
+// already.
+func (s *Store) onePrimary(ctx context.Context, groups []group) *redis.Client {
+	if s.cluster == nil || s.replicas > 0 || len(groups) < 2 {
+		return nil
+	}
+	gen := uint32(s.nodeGen.Load()) & (1<<24 - 1)
+	var node uint32
+	for _, g := range groups {
+		v := s.nodeBySlot[g.slot].Load()
+		if v>>8 != gen || v&0xff == 0 || node != 0 && v&0xff != node {
+			return nil
+		}
+		node = v & 0xff
+	}
+	c, err := s.cluster.MasterForKey(ctx, groups[0].keys[0])
+	if err != nil || c.Options().Addr != (*s.nodeAddrs.Load())[node-1] {
+		return nil
+	}
+	return c
+}
+
 // nodeIndex returns addr's index in nodeAddrs plus one, adding it when it
 // is new; 0 when the list is full (Node then answers from the client).
 func (s *Store) nodeIndex(addr string) int {
@@ -409,7 +440,7 @@ func (s *Store) claimForm(ctx context.Context, reqs []idempotency.ClaimRequest, 
 		calls[gi] = c
 	}
 	var errs []error // per request, when some of the calls failed
-	if err := s.write(ctx, op, calls); err != nil {
+	if err := s.write(ctx, op, calls, s.onePrimary(ctx, groups)); err != nil {
 		s.undoClaims(ctx, reqs, tokens, groups, calls) // those that fell short of replicas
 		if s.cluster == nil {
 			return nil, err
@@ -770,7 +801,7 @@ func (s *Store) Complete(ctx context.Context, cs []idempotency.Completion) ([]bo
 		calls[gi] = c
 	}
 	var errs []error // per completion, when some of the calls failed
-	if err := s.write(ctx, op, calls); err != nil {
+	if err := s.write(ctx, op, calls, s.onePrimary(ctx, groups)); err != nil {
 		if s.cluster == nil {
 			return nil, err
 		}
@@ -935,7 +966,7 @@ func (s *Store) Release(ctx context.Context, key, token string, keep time.Durati
 // writeFlag runs one script call that answers 1 when it changed the
 // record and 0 when the claim was no longer the caller's.
 func (s *Store) writeFlag(ctx context.Context, op string, c *call) (bool, error) {
-	if err := s.write(ctx, op, []*call{c}); err != nil {
+	if err := s.write(ctx, op, []*call{c}, nil); err != nil {
 		return false, err
 	}
 	n, err := c.cmd.Int64()
@@ -1051,6 +1082,7 @@ func (s *Store) Ping(ctx context.Context) error {
 type group struct {
 	idx  []int
 	keys []string
+	slot uint16 // on a cluster: the keys' hash slot
 }
 
 // groups splits a batch of n keys into script calls: one group on a single
@@ -1072,7 +1104,7 @@ func (s *Store) groups(n int, key func(int) string) []group {
 		if !ok {
 			gi = len(gs)
 			bySlot[slot] = gi
-			gs = append(gs, group{})
+			gs = append(gs, group{slot: slot})
 		}
 		gs[gi].idx = append(gs[gi].idx, i)
 		gs[gi].keys = append(gs[gi].keys, k)
