@@ -709,25 +709,40 @@ func (b *batcher[Req, Res]) parts(batch []*batchReq[Req, Res]) []*part[Req, Res]
 			break
 		}
 	}
-	parts := []*part[Req, Res]{{node: first, batch: batch[:split:split]}}
 	if split == len(batch) {
-		return parts
+		return []*part[Req, Res]{{node: first, batch: batch}}
 	}
-	// A cluster has a few primaries: a part is found by a scan, cheaper
-	// than a map for every key.
-	for _, r := range batch[split:] {
+	// Each request's part, found by a scan of the few primaries (cheaper
+	// than a map for every key), then the parts filled in one backing
+	// array, each with room for its requests.
+	in := make([]int, len(batch))
+	parts := []*part[Req, Res]{{node: first}}
+	count := []int{split}
+	for i, r := range batch[split:] {
 		n := b.route(rctx, b.key(r.req))
-		var p *part[Req, Res]
-		for _, q := range parts {
+		pi := -1
+		for j, q := range parts {
 			if q.node == n {
-				p = q
+				pi = j
 				break
 			}
 		}
-		if p == nil {
-			p = &part[Req, Res]{node: n}
-			parts = append(parts, p)
+		if pi < 0 {
+			pi = len(parts)
+			parts = append(parts, &part[Req, Res]{node: n})
+			count = append(count, 0)
 		}
+		in[split+i] = pi
+		count[pi]++
+	}
+	all := make([]*batchReq[Req, Res], len(batch))
+	off := 0
+	for j, p := range parts {
+		p.batch = all[off:off:off+count[j]]
+		off += count[j]
+	}
+	for i, r := range batch {
+		p := parts[in[i]]
 		p.batch = append(p.batch, r)
 	}
 	return parts
