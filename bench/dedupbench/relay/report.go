@@ -93,6 +93,12 @@ func printReport(w io.Writer, rep report) {
 		}
 		return fmt.Sprintf("%.2f", *r.LocalCacheHitShare)
 	})
+	table("Heap allocations of the relay process per message, from its start (KB allocated)", func(r result) string {
+		if r.AllocsPerMsg == nil || r.AllocBytesPerMsg == nil {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f (%.2f)", *r.AllocsPerMsg, *r.AllocBytesPerMsg/1024)
+	})
 	table("Peak RSS of the relay process, MB", func(r result) string { return fmt.Sprintf("%.0f", r.PeakRSSMB) })
 	table("Correctness: missing keys, order violations, repeated outputs", func(r result) string {
 		return fmt.Sprintf("%d, %d, %d", r.MissingKeys, r.OrderViolations, r.Repeats)

@@ -117,7 +117,16 @@ type result struct {
 	// the backlog ÷ the backlog's duplicates. Nil for the other contenders,
 	// the scale-out and a backlog without duplicates.
 	LocalCacheHitShare *float64 `json:"local_cache_hits_per_duplicate,omitempty"`
-	PeakRSSMB          float64  `json:"peak_rss_mb"`
+	// AllocsPerMsg and AllocBytesPerMsg are the heap allocations, and
+	// their bytes, of a single dedupworker process from its start to the
+	// backlog's end, per message (go_memstats_mallocs_total and
+	// go_memstats_alloc_bytes_total of its /metrics; start-up's count
+	// too). Unlike CPU time, they do not move with the load of the
+	// machine, so they tell two builds' work apart where CPU time cannot.
+	// Nil for the other contenders and the scale-out.
+	AllocsPerMsg     *float64 `json:"relay_allocs_per_msg,omitempty"`
+	AllocBytesPerMsg *float64 `json:"relay_alloc_bytes_per_msg,omitempty"`
+	PeakRSSMB        float64  `json:"peak_rss_mb"`
 	// The latency phase: LatencyN messages published at LatencyRate per
 	// second after the backlog, publish → output.
 	LatencyRate float64 `json:"latency_rate,omitempty"`
@@ -241,11 +250,12 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 			return fmt.Errorf("broker: %w", err)
 		}
 	}
-	// A single dedupworker process serves its /metrics, so that the share
-	// of duplicates its local cache answered can be read at the backlog's
-	// end.
-	countHits := strings.HasPrefix(sc.Contender, "dedupworker") && sc.Procs == 1 && res.Msgs > res.Distinct
-	if countHits {
+	// A single dedupworker process serves its /metrics, so that its
+	// allocations, and the share of duplicates its local cache answered,
+	// can be read at the backlog's end.
+	scrape := strings.HasPrefix(sc.Contender, "dedupworker") && sc.Procs == 1
+	countHits := scrape && res.Msgs > res.Distinct
+	if scrape {
 		if ep.metricsAddr, err = freePort(); err != nil {
 			return err
 		}
@@ -307,15 +317,23 @@ func (b *bench) measure(ctx context.Context, sc scenario, res *result) (err erro
 	if err := errors.Join(cerr, rserr, bserr, werr, m0err, rerr); err != nil {
 		return err
 	}
-	if countHits {
-		m, err := scrapeSamples(ctx, &http.Client{Timeout: 5 * time.Second}, ep.metricsAddr, cacheHitsMetric)
+	n := float64(res.Msgs)
+	if scrape {
+		names := []string{mallocsMetric, allocBytesMetric}
+		if countHits {
+			names = append(names, cacheHitsMetric)
+		}
+		m, err := scrapeSamples(ctx, &http.Client{Timeout: 5 * time.Second}, ep.metricsAddr, names...)
 		if err != nil {
 			return err
 		}
-		share := m[cacheHitsMetric] / float64(res.Msgs-res.Distinct)
-		res.LocalCacheHitShare = &share
+		allocs, bytes := m[mallocsMetric]/n, m[allocBytesMetric]/n
+		res.AllocsPerMsg, res.AllocBytesPerMsg = &allocs, &bytes
+		if countHits {
+			share := m[cacheHitsMetric] / float64(res.Msgs-res.Distinct)
+			res.LocalCacheHitShare = &share
+		}
 	}
-	n := float64(res.Msgs)
 	res.Outputs, res.Repeats = s.Total, s.Total-s.Distinct
 	res.Seconds = s.LastAt.Sub(s.FirstAt).Seconds()
 	if res.Seconds > 0 {

@@ -66,7 +66,13 @@ func TestRelaySmoke(t *testing.T) {
 		// with the backlog's duplicates far fewer than the cache's
 		// default 10 000 entries, the cache answers some of them and never
 		// more hits than duplicates.
-		if wantHits := (r.Contender == "dedupworker" || r.Contender == "dedupworker-http") && r.Procs == 1; wantHits != (r.LocalCacheHitShare != nil) {
+		single := (r.Contender == "dedupworker" || r.Contender == "dedupworker-http") && r.Procs == 1
+		if single != (r.AllocsPerMsg != nil && r.AllocBytesPerMsg != nil) {
+			t.Errorf("%s x%d: allocations per message %v, %v; want them: %v", name, r.Procs, r.AllocsPerMsg, r.AllocBytesPerMsg, single)
+		} else if single && (*r.AllocsPerMsg <= 0 || *r.AllocBytesPerMsg <= *r.AllocsPerMsg) {
+			t.Errorf("%s: %.1f allocations of %.0f bytes per message; want more than 0, of more than a byte each", name, *r.AllocsPerMsg, *r.AllocBytesPerMsg)
+		}
+		if wantHits := single; wantHits != (r.LocalCacheHitShare != nil) {
 			t.Errorf("%s x%d: local cache share %v, want one: %v", name, r.Procs, r.LocalCacheHitShare, wantHits)
 		} else if wantHits && (*r.LocalCacheHitShare <= 0 || *r.LocalCacheHitShare > 1) {
 			t.Errorf("%s: local cache answered %.2f of the duplicates, want (0, 1]", name, *r.LocalCacheHitShare)

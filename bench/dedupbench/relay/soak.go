@@ -222,6 +222,10 @@ const (
 	// cacheHitsMetric counts the claims the relay's local cache answered
 	// DUPLICATE (internal/app).
 	cacheHitsMetric = "dedup_local_cache_hits_total"
+	// mallocsMetric and allocBytesMetric count the relay's heap
+	// allocations and their bytes since it started.
+	mallocsMetric    = "go_memstats_mallocs_total"
+	allocBytesMetric = "go_memstats_alloc_bytes_total"
 )
 
 // scrapeMetrics reads the relay's heap in use and goroutines from
