@@ -81,15 +81,19 @@ type batcher[Req, Res any] struct {
 	// that call is slow (sendHedged); else apart at once (sendByNode).
 	hedge bool
 
-	// free holds requests whose caller took the answer, for reuse: a
-	// request and its channel per completion were a tenth of the worker's
-	// allocated bytes (a memory profile of the bench module's dedupbench).
+	// free holds requests whose answer was taken, for reuse: a request
+	// and its channel per completion were a tenth of the worker's
+	// allocated bytes (a memory profile of the bench module's dedupbench),
+	// and a request per key of a Prepare on a Cluster (doEach) 160 of its
+	// 4 600 bytes a message (redisbackend's BenchmarkClusterEngine).
 	free sync.Pool
 }
 
-// batchReq is one caller's request. It is answered exactly once, by a send
-// on done (buffered, so the sender never waits); a caller that left before
-// the answer never touches it again, and it is not reused.
+// batchReq is one caller's request. It is answered exactly once: by a send
+// on done (buffered, so the sender never waits), after which its caller
+// puts it back in the batcher's free pool once it took the answer (a
+// caller that left before the answer never touches it again, and it is
+// not reused); or by a call of then, after which the batcher puts it back.
 type batchReq[Req, Res any] struct {
 	ctx  context.Context
 	req  Req
@@ -105,13 +109,17 @@ type batchReq[Req, Res any] struct {
 	idx  int
 }
 
-// answer hands r its answer: to then, or on done.
-func (r *batchReq[Req, Res]) answer() {
-	if r.then != nil {
-		r.then(r.idx, r.res, r.err)
+// answer hands r its answer: on done, or to then, after which nothing
+// refers to r (its caller does not wait on done), and it goes back to
+// b.free.
+func (b *batcher[Req, Res]) answer(r *batchReq[Req, Res]) {
+	if r.then == nil {
+		r.done <- struct{}{}
 		return
 	}
-	r.done <- struct{}{}
+	r.then(r.idx, r.res, r.err)
+	*r = batchReq[Req, Res]{done: r.done}
+	b.free.Put(r)
 }
 
 // batchFlights is how many batch calls of one kind may be in flight at once.
@@ -461,10 +469,12 @@ func (b *batcher[Req, Res]) doAll(ctx context.Context, reqs []Req, patient bool)
 // request is answered exactly once, with ctx's cause when ctx ends before
 // it is sent.
 func (b *batcher[Req, Res]) doEach(ctx context.Context, reqs []Req, idx []int, patient bool, then func(idx int, res Res, err error)) {
-	rs := make([]batchReq[Req, Res], len(reqs))
 	ps := make([]*batchReq[Req, Res], len(reqs))
 	for i, req := range reqs {
-		r := &rs[i]
+		r, _ := b.free.Get().(*batchReq[Req, Res])
+		if r == nil {
+			r = &batchReq[Req, Res]{done: make(chan struct{}, 1)}
+		}
 		r.ctx, r.req, r.patient, r.then, r.idx = ctx, req, patient, then, idx[i]
 		ps[i] = r
 	}
@@ -532,7 +542,7 @@ func (b *batcher[Req, Res]) next() []*batchReq[Req, Res] {
 		}
 		if r.ctx.Err() != nil {
 			r.err = context.Cause(r.ctx)
-			r.answer()
+			b.answer(r)
 			continue
 		}
 		k := b.key(r.req)
@@ -627,7 +637,7 @@ func (b *batcher[Req, Res]) answerBatch(batch []*batchReq[Req, Res], res []Res, 
 		} else {
 			r.res = res[i]
 		}
-		r.answer()
+		b.answer(r)
 	}
 }
 
@@ -738,7 +748,7 @@ func (b *batcher[Req, Res]) parts(batch []*batchReq[Req, Res]) []*part[Req, Res]
 	all := make([]*batchReq[Req, Res], len(batch))
 	off := 0
 	for j, p := range parts {
-		p.batch = all[off:off:off+count[j]]
+		p.batch = all[off : off : off+count[j]]
 		off += count[j]
 	}
 	for i, r := range batch {
